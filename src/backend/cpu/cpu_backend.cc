@@ -1,0 +1,319 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "core/thread_pool.h"
+
+namespace fathom {
+
+namespace {
+
+using cpu::ConvertFromF32;
+using cpu::ConvertToF32;
+using cpu::DotF32;
+
+ThreadPool& Pool() { return DefaultThreadPool(); }
+
+float* F32Row(const TensorView& t, int64_t row) { return t.data<float>() + row * t.stride(0); }
+
+// Element pointer of a [blocks, block_size, heads, dim] cache view at (slot, head), as bytes.
+char* CacheRow(const TensorView& cache, int64_t slot, int64_t block_size, int64_t head) {
+  const int64_t block = slot / block_size, off = slot % block_size;
+  const int64_t elem = block * cache.stride(0) + off * cache.stride(1) + head * cache.stride(2);
+  return static_cast<char*>(cache.raw()) + elem * static_cast<int64_t>(DTypeSize(cache.dtype()));
+}
+
+// Loads row `r` of a linear weight into float32, applying fp8 block scales.
+void LoadWeightRow(const LinearWeight& w, int64_t r, float* dst) {
+  const int64_t in = w.in_features();
+  ConvertToF32(w.weight.raw(), w.weight.dtype(), r * w.weight.stride(0), in, dst);
+  if (w.weight.dtype() == DType::kF8E4M3) {
+    const float* scales = w.scale_inv.data<float>() + (r / w.block_n) * w.scale_inv.stride(0);
+    for (int64_t c = 0; c < in; ++c) dst[c] *= scales[c / w.block_k];
+  }
+}
+
+}  // namespace
+
+void CpuBackend::Fail(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = std::move(s);
+}
+
+Status CpuBackend::Synchronize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = first_error_;
+  first_error_ = OkStatus();
+  return s;
+}
+
+Tensor CpuBackend::Alloc(DType dtype, std::span<const int64_t> shape) { return Tensor::Empty(dtype, shape); }
+
+StatusOr<Tensor> CpuBackend::Upload(const TensorView& host) {
+  if (host.device() != Device::kCpu) return InvalidArgumentError("CpuBackend::Upload needs a host tensor");
+  if (!host.is_contiguous()) return InvalidArgumentError("CpuBackend::Upload needs a contiguous tensor");
+  const std::vector<int64_t> shape = host.shape();
+  return Tensor::Adopt(host.raw(), host.dtype(), shape, Device::kCpu, [](void*) {});
+}
+
+Status CpuBackend::CopyToHost(const TensorView& src, void* dst) {
+  if (!src.is_contiguous()) return InvalidArgumentError("CopyToHost needs a contiguous tensor");
+  std::memcpy(dst, src.raw(), src.nbytes());
+  return OkStatus();
+}
+
+void CpuBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  const int64_t n = ids.dim(0), hidden = table.dim(1), vocab = table.dim(0);
+  FATHOM_CHECK_EQ(out.dim(1), hidden);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = ids.data<int32_t>()[t];
+    if (id < 0 || id >= vocab) {
+      Fail(InvalidArgumentError(fmt::format("token id {} outside the vocabulary [0, {})", id, vocab)));
+      return;
+    }
+  }
+  Pool().ParallelFor(n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int32_t id = ids.data<int32_t>()[t];
+      ConvertToF32(table.raw(), table.dtype(), id * table.stride(0), hidden, F32Row(out, t));
+    }
+  });
+}
+
+void CpuBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  const int64_t n = x.dim(0), h = x.dim(1);
+  std::vector<float> w(static_cast<size_t>(h));
+  ConvertToF32(weight.raw(), weight.dtype(), 0, h, w.data());
+  Pool().ParallelFor(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* xr = F32Row(x, t);
+      float* o = F32Row(out, t);
+      double ss = 0.0;
+      for (int64_t i = 0; i < h; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(h)) + eps);
+      for (int64_t i = 0; i < h; ++i) o[i] = w[i] * (xr[i] * inv);
+    }
+  });
+}
+
+void CpuBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                            const TensorView& out) {
+  AddInPlace(residual, x);
+  RmsNorm(residual, weight, eps, out);
+}
+
+void CpuBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
+  const int64_t n = x.dim(0), in = x.dim(1), m = w.out_features();
+  FATHOM_CHECK_EQ(w.in_features(), in);
+  FATHOM_CHECK_EQ(out.dim(0), n);
+  FATHOM_CHECK_EQ(out.dim(1), m);
+  FATHOM_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "Linear needs unit inner strides");
+  if (w.weight.dtype() == DType::kF8E4M3) FATHOM_CHECK(!w.scale_inv.empty(), "fp8 weight without scale_inv");
+  std::vector<float> bias;
+  if (!w.bias.empty()) {
+    bias.resize(static_cast<size_t>(m));
+    ConvertToF32(w.bias.raw(), w.bias.dtype(), 0, m, bias.data());
+  }
+  // Row-parallel over W in tiles: each tile of weight rows is converted to float32 once, then dotted with every
+  // token. At n = 1 this is a row-parallel GEMV that reads each weight once.
+  constexpr int64_t kTile = 8;
+  const int64_t tiles = (m + kTile - 1) / kTile;
+  Pool().ParallelFor(tiles, 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(kTile * in));
+    for (int64_t tile = b; tile < e; ++tile) {
+      const int64_t r0 = tile * kTile, r1 = std::min(m, r0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) LoadWeightRow(w, r, buf.data() + (r - r0) * in);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xr = x.data<float>() + t * x.stride(0);
+        float* o = out.data<float>() + t * out.stride(0);
+        for (int64_t r = r0; r < r1; ++r) {
+          float acc = DotF32(xr, buf.data() + (r - r0) * in, in);
+          if (!bias.empty()) acc += bias[r];
+          o[r] = acc;
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::AddInPlace(const TensorView& a, const TensorView& b) {
+  const int64_t n = a.dim(0), d = a.dim(1);
+  Pool().ParallelFor(n, 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      float* ar = F32Row(a, t);
+      const float* br = F32Row(b, t);
+      for (int64_t i = 0; i < d; ++i) ar[i] += br[i];
+    }
+  });
+}
+
+void CpuBackend::SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  const int64_t n = gate.dim(0), d = gate.dim(1);
+  Pool().ParallelFor(n, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* g = F32Row(gate, t);
+      const float* u = F32Row(up, t);
+      float* o = F32Row(out, t);
+      for (int64_t i = 0; i < d; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+void CpuBackend::RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
+                            const TensorView& sin) {
+  const int64_t n = positions.dim(0), half = inv_freq.dim(0);
+  FATHOM_CHECK_EQ(cos.dim(1), half);
+  for (int64_t t = 0; t < n; ++t) {
+    const float pos = static_cast<float>(positions.data<int32_t>()[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      // float32 angle as transformers computes it, then cos/sin of that float.
+      const float angle = pos * inv_freq.data<float>()[i];
+      F32Row(cos, t)[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+      F32Row(sin, t)[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
+    }
+  }
+}
+
+void CpuBackend::ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) {
+  const int64_t n = x.dim(0), heads = x.dim(1), half = cos.dim(1);
+  FATHOM_CHECK_LE(2 * half, x.dim(2));
+  FATHOM_CHECK_EQ(x.stride(2), 1);
+  Pool().ParallelFor(n, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* c = F32Row(cos, t);
+      const float* s = F32Row(sin, t);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.data<float>() + t * x.stride(0) + h * x.stride(1);
+        for (int64_t i = 0; i < half; ++i) {
+          float* a = interleaved ? &v[2 * i] : &v[i];
+          float* b = interleaved ? &v[2 * i + 1] : &v[i + half];
+          const float x1 = *a, x2 = *b;
+          *a = x1 * c[i] - x2 * s[i];
+          *b = x2 * c[i] + x1 * s[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
+                         const KvLayerView& cache) {
+  const int64_t n = k.dim(0), heads = k.dim(1), kd = k.dim(2);
+  const int64_t vd = v.empty() ? 0 : v.dim(2);
+  const int64_t capacity = cache.k.dim(0) * cache.k.dim(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t slot = meta.slot_mapping.data<int32_t>()[t];
+    if (slot < 0 || slot >= capacity) {
+      Fail(InvalidArgumentError(fmt::format("token row {} has KV slot {} outside the cache's {} slots", t, slot, capacity)));
+      return;
+    }
+  }
+  Pool().ParallelFor(n, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int32_t slot = meta.slot_mapping.data<int32_t>()[t];
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* ks = k.data<float>() + t * k.stride(0) + h * k.stride(1);
+        char* kdst = CacheRow(cache.k, slot, meta.block_size, h);
+        ConvertFromF32(ks, kd, cache.k.dtype(), kdst, 0);
+        if (vd > 0) {
+          const float* vs = v.data<float>() + t * v.stride(0) + h * v.stride(1);
+          ConvertFromF32(vs, vd, cache.v.dtype(), CacheRow(cache.v, slot, meta.block_size, h), 0);
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
+                                float scale, const TensorView& out) {
+  const int64_t n = q.dim(0), heads = q.dim(1), kd = q.dim(2);
+  const int64_t kv_heads = cache.k.dim(2), vd = cache.v.dim(3);
+  FATHOM_CHECK_EQ(cache.k.dim(3), kd);
+  FATHOM_CHECK_EQ(heads % kv_heads, 0);
+  FATHOM_CHECK_EQ(out.dim(2), vd);
+  const int64_t group = heads / kv_heads;
+  const int32_t* qs = meta.query_start.data<int32_t>();
+  const int32_t* pos = meta.positions.data<int32_t>();
+  const int32_t* lens = meta.seq_lens.data<int32_t>();
+  const int32_t* bts = meta.block_table_start.data<int32_t>();
+  const int32_t* bt = meta.block_tables.data<int32_t>();
+  std::vector<int32_t> seq_of(static_cast<size_t>(n));
+  for (int64_t s = 0; s < meta.num_seqs; ++s) {
+    for (int32_t t = qs[s]; t < qs[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (pos[t] >= lens[seq_of[t]]) {
+      Fail(InvalidArgumentError(fmt::format("token row {} at position {} is past its sequence length {}", t, pos[t],
+                                            lens[seq_of[t]])));
+      return;
+    }
+  }
+  const bool k_f32 = cache.k.dtype() == DType::kF32, v_f32 = cache.v.dtype() == DType::kF32;
+  const int64_t bs = meta.block_size;
+  Pool().ParallelFor(n * heads, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> scores, acc, row;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t t = task / heads, h = task % heads, g = h / group;
+      const int32_t s = seq_of[t];
+      const int64_t ctx = pos[t] + 1;  // causal: positions 0..pos
+      const int32_t* table = bt + bts[s];
+      const float* qv = q.data<float>() + t * q.stride(0) + h * q.stride(1);
+      scores.resize(static_cast<size_t>(ctx));
+      row.resize(static_cast<size_t>(std::max(kd, vd)));
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < ctx; ++j) {
+        const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+        const char* kp = CacheRow(cache.k, slot, bs, g);
+        const float* kr = reinterpret_cast<const float*>(kp);
+        if (!k_f32) {
+          ConvertToF32(kp, cache.k.dtype(), 0, kd, row.data());
+          kr = row.data();
+        }
+        const float sc = DotF32(qv, kr, kd) * scale;
+        scores[j] = sc;
+        mx = std::max(mx, sc);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < ctx; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      acc.assign(static_cast<size_t>(vd), 0.0f);
+      for (int64_t j = 0; j < ctx; ++j) {
+        const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+        const char* vp = CacheRow(cache.v, slot, bs, g);
+        const float* vr = reinterpret_cast<const float*>(vp);
+        if (!v_f32) {
+          ConvertToF32(vp, cache.v.dtype(), 0, vd, row.data());
+          vr = row.data();
+        }
+        const float p = scores[j];
+        for (int64_t i = 0; i < vd; ++i) acc[i] += p * vr[i];
+      }
+      float* o = out.data<float>() + t * out.stride(0) + h * out.stride(1);
+      const float inv = 1.0f / sum;
+      for (int64_t i = 0; i < vd; ++i) o[i] = acc[i] * inv;
+    }
+  });
+}
+
+void CpuBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
+  const int64_t m = indices.dim(0), d = x.dim(1);
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t r = indices.data<int32_t>()[i];
+    if (r < 0 || r >= x.dim(0)) {
+      Fail(InvalidArgumentError(fmt::format("gather index {} outside [0, {})", r, x.dim(0))));
+      return;
+    }
+    std::memcpy(F32Row(out, i), F32Row(x, r), static_cast<size_t>(d) * sizeof(float));
+  }
+}
+
+}  // namespace fathom

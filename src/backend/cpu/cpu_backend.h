@@ -1,0 +1,47 @@
+// The CPU backend: float32 compute over f32/f16/bf16 weights (converted inside the kernels), multi-threaded
+// with the default ThreadPool. It is the correctness reference that every other backend is tested against.
+//
+//   CpuBackend cpu;
+//   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, cpu));
+#pragma once
+
+#include <mutex>
+
+#include "model/backend.h"
+
+namespace fathom {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  DType activation_dtype() const override { return DType::kF32; }
+
+  Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
+  StatusOr<Tensor> Upload(const TensorView& host) override;
+  Status CopyToHost(const TensorView& src, void* dst) override;
+
+  void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                  const TensorView& out) override;
+  void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
+  void AddInPlace(const TensorView& a, const TensorView& b) override;
+  void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
+                  const TensorView& sin) override;
+  void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) override;
+  void WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
+               const KvLayerView& cache) override;
+  void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
+                      const TensorView& out) override;
+  void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
+  Status Synchronize() override;
+
+ private:
+  void Fail(Status s);
+  std::mutex mu_;
+  Status first_error_;
+};
+
+}  // namespace fathom

@@ -1,0 +1,26 @@
+// `fathom`: one executable, one subcommand per task (logits, run, inspect, ...).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/model_commands.h"
+#include "core/logging.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fathom: an inference server for DeepSeek-family models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "fathom 0.1.0");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "debug | info | warn | error | off")->capture_default_str();
+  app.parse_complete_callback([&] {
+    auto level = fathom::ParseLogLevel(log_level);
+    if (!level.ok()) throw CLI::ValidationError("--log-level", level.status().message());
+    fathom::SetLogLevel(*level);
+  });
+  fathom::AddModelCommands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return 0;
+}

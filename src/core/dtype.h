@@ -1,0 +1,95 @@
+// Element types and scalar conversions.
+//
+//   DType t = DType::kBF16;
+//   size_t bytes = DTypeSize(t) * numel;
+//   float x = Bf16ToF32(raw_bits);
+//   StatusOr<DType> d = DTypeFromSafetensors("F8_E4M3");
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace fathom {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI64, kI32, kI8, kU8 };
+
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
+                                       DType::kI64, DType::kI32, DType::kI8,   DType::kU8};
+
+constexpr size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
+    case DType::kI64: return 8;
+    case DType::kI32: return 4;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
+  }
+  return 0;
+}
+
+constexpr bool IsFloating(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
+}
+
+// Short lower-case name used in logs and in `fathom inspect`: "f32", "bf16", "f8_e4m3", ...
+std::string_view DTypeName(DType t);
+// The safetensors header spelling: "F32", "BF16", "F8_E4M3", ...
+std::string_view DTypeSafetensorsName(DType t);
+StatusOr<DType> DTypeFromSafetensors(std::string_view name);
+// Accepts HF `torch_dtype` values ("bfloat16", "float16", "float32") and our short names.
+StatusOr<DType> DTypeFromString(std::string_view name);
+
+inline float Bf16ToF32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+// Round to nearest even, NaN stays NaN.
+inline uint16_t F32ToBf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0) {
+    // Zero or subnormal: man * 2^-24.
+    float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+uint16_t F32ToF16(float f);
+
+// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, 0x7f/0xff are NaN.
+inline float F8E4M3ToF32(uint8_t b) {
+  const bool neg = b & 0x80u;
+  const uint32_t exp = (b >> 3) & 0xfu;
+  const uint32_t man = b & 0x7u;
+  float v;
+  if (exp == 0xf && man == 0x7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man), -9);  // (man / 8) * 2^-6
+  } else {
+    v = std::bit_cast<float>(((exp + 120u) << 23) | (man << 20));
+  }
+  return neg ? -v : v;
+}
+
+// Nearest-even rounding with saturation to ±448, as torch's float8_e4m3fn cast does for finite values.
+uint8_t F32ToF8E4M3(float f);
+
+}  // namespace fathom

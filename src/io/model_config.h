@@ -1,0 +1,120 @@
+// A typed view of a Hugging Face config.json for the architectures fathom runs.
+//
+//   FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig("/models/qwen"));  // folder or config.json path
+//   cfg.num_heads, cfg.head_dim, cfg.rope.type, cfg.mla.kv_lora_rank, ...
+//
+// Both rope spellings are read: the legacy `rope_theta` + `rope_scaling` keys and the transformers v5
+// `rope_parameters` object. Unknown architectures and inconsistent configs are rejected with a message that
+// lists what is supported.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace fathom {
+
+enum class RopeType { kDefault, kLinear, kDynamic, kLlama3, kYarn };
+std::string_view RopeTypeName(RopeType t);
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;  // 0: use max_position_embeddings
+  // yarn
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+  std::optional<double> attention_factor;
+  bool truncate = true;
+  // Rotation layout: false rotates halves (NeoX; Llama, Qwen2), true rotates interleaved pairs (DeepSeek MLA).
+  bool interleaved = false;
+};
+
+struct MlaConfig {
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+};
+
+struct MoeConfig {
+  int64_t n_routed_experts = 0;  // 0: dense model
+  int64_t n_shared_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  std::string topk_method = "greedy";  // greedy | group_limited_greedy | noaux_tc
+  std::string scoring_func = "softmax";  // softmax | sigmoid
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+};
+
+struct QuantConfig {
+  bool fp8 = false;
+  std::string fmt;          // "e4m3"
+  int64_t block_n = 128;    // weight_block_size[0]: output rows per scale
+  int64_t block_k = 128;    // weight_block_size[1]: input columns per scale
+};
+
+struct ModelConfig {
+  std::string architecture;  // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
+  std::string model_type;    // "llama", "qwen2", "deepseek_v2", "deepseek_v3"
+  DType dtype = DType::kBF16;  // torch_dtype / dtype
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2 always; Llama when attention_bias
+  bool o_bias = false;    // Llama attention_bias
+  bool mlp_bias = false;
+  std::string hidden_act = "silu";
+  RopeConfig rope;
+
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+
+  bool is_mla = false;
+  MlaConfig mla;
+  MoeConfig moe;
+  int64_t num_nextn_predict_layers = 0;
+  QuantConfig quant;
+
+  bool is_moe() const { return moe.n_routed_experts > 0; }
+  // True when layer `i` uses the MoE block (DeepSeek's first_k_dense_replace / moe_layer_freq rule).
+  bool IsMoeLayer(int64_t i) const {
+    return is_moe() && i >= moe.first_k_dense_replace && i % moe.moe_layer_freq == 0;
+  }
+};
+
+// The model_type values ParseModelConfig understands, for error messages and `fathom --help`.
+const std::vector<std::string>& SupportedModelTypes();
+
+StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& j);
+StatusOr<ModelConfig> ParseModelConfigText(const std::string& text, const std::string& source = "config.json");
+// `path` is a config.json file or a folder that holds one.
+StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+}  // namespace fathom

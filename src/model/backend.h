@@ -1,0 +1,120 @@
+// The backend-neutral ops that model code is written against. backend/cpu implements them as the reference;
+// backend/cuda implements the same contract on the GPU.
+//
+//   Backend& be = ...;                                   // CpuBackend, later CudaBackend
+//   Tensor x = be.Alloc(be.activation_dtype(), {n, hidden});
+//   be.Embedding(ids, table, x);                         // x: [n_tokens, hidden]
+//   be.Linear(x, w_q, q);                                // q: [n_tokens, n_heads * head_dim]
+//   FATHOM_RETURN_IF_ERROR(be.Synchronize());            // first error of any op since the last call
+//
+// Contract for every op: outputs are allocated by the caller, inputs and outputs live on device(), ops never
+// allocate device memory and never throw. Ops record the first failure; Synchronize() returns it (CUDA launch
+// errors become a Status there). Shapes are documented per op as comments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace fathom {
+
+// A linear layer's weights: y = x W^T + b. `weight` [out, in] may be f32, f16, bf16, or f8_e4m3 with
+// block scales `scale_inv` [ceil(out/block_n), ceil(in/block_k)] (float32), as in DeepSeek-V3 checkpoints.
+struct LinearWeight {
+  TensorView weight;     // [out, in]
+  TensorView bias;       // [out] or empty
+  TensorView scale_inv;  // [ceil(out / block_n), ceil(in / block_k)] f32, only for f8 weights
+  int64_t block_n = 128;
+  int64_t block_k = 128;
+
+  int64_t out_features() const { return weight.dim(0); }
+  int64_t in_features() const { return weight.dim(1); }
+};
+
+// Paged KV-cache layout of one layer: K [num_blocks, block_size, num_kv_heads, k_dim] and V likewise with
+// v_dim. Views may be strided (MLA keeps V inside the latent K rows).
+struct KvLayerView {
+  TensorView k;
+  TensorView v;
+};
+
+// Per-step attention metadata, on device(). Flattened over the batch as in vLLM v1.
+struct AttentionMetadata {
+  TensorView positions;          // i32 [n_tokens]
+  TensorView slot_mapping;       // i32 [n_tokens], block_id * block_size + offset where each new token's K/V goes
+  TensorView query_start;        // i32 [n_seqs + 1], token row where each sequence starts
+  TensorView seq_lens;           // i32 [n_seqs], tokens in the cache after this step
+  TensorView block_table_start;  // i32 [n_seqs + 1], CSR offsets into block_tables
+  TensorView block_tables;       // i32 [total blocks], physical block ids of each sequence in order
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;
+  int64_t block_size = 16;
+  int64_t max_seq_len = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  // The dtype of activations between ops (f32 on the CPU reference).
+  virtual DType activation_dtype() const = 0;
+
+  // Memory. Alloc returns zeroed memory on device().
+  virtual Tensor Alloc(DType dtype, std::span<const int64_t> shape) = 0;
+  Tensor Alloc(DType dtype, std::initializer_list<int64_t> shape) {
+    return Alloc(dtype, std::span<const int64_t>(shape.begin(), shape.size()));
+  }
+  // Makes a host tensor usable on device(). The CPU backend returns a view of `host` without copying; the
+  // caller keeps `host` alive for as long as the result is used.
+  virtual StatusOr<Tensor> Upload(const TensorView& host) = 0;
+  // Copies `src` (contiguous, on device()) into host memory of src.nbytes() bytes.
+  virtual Status CopyToHost(const TensorView& src, void* dst) = 0;
+
+  // out[t, :] = table[ids[t], :].   ids i32 [n]; table [vocab, hidden] (any float dtype); out [n, hidden]
+  virtual void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) = 0;
+
+  // out = x / rms(x) * weight.   x, out [n, hidden]; weight [hidden]
+  virtual void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) = 0;
+
+  // residual += x; out = RmsNorm(residual).   residual, x, out [n, hidden]
+  virtual void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                          const TensorView& out) = 0;
+
+  // out = x W^T + b.   x [n, in]; out [n, out]
+  virtual void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) = 0;
+
+  // a += b.   a, b [n, d]
+  virtual void AddInPlace(const TensorView& a, const TensorView& b) = 0;
+
+  // out = silu(gate) * up.   gate, up, out [n, d]
+  virtual void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
+
+  // cos/sin tables for the batch: angle = positions[t] * inv_freq[i]; cos, sin [n, rot_dim / 2], times `scale`.
+  virtual void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
+                          const TensorView& sin) = 0;
+  // Rotates the first rot_dim = 2 * cos.dim(1) values of each head in place. x [n, heads, head_dim] (strided
+  // views allowed). interleaved=false rotates halves (NeoX); true rotates pairs (x[2i], x[2i+1]).
+  virtual void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) = 0;
+
+  // Writes each new token's K and V into its slot. k [n, kv_heads, k_dim], v [n, kv_heads, v_dim].
+  virtual void WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
+                       const KvLayerView& cache) = 0;
+
+  // Causal attention of each new token over its sequence's cached tokens (the new ones included, as written by
+  // WriteKv). q [n, heads, k_dim]; out [n, heads, v_dim]; heads is a multiple of the cache's kv_heads (GQA).
+  virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
+                              float scale, const TensorView& out) = 0;
+
+  // out[i, :] = x[indices[i], :].   x [n, d]; indices i32 [m]; out [m, d]
+  virtual void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) = 0;
+
+  // Returns (and clears) the first error recorded by an op since the last call; waits for queued work.
+  virtual Status Synchronize() = 0;
+};
+
+}  // namespace fathom

@@ -1,0 +1,71 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+
+namespace fathom {
+
+StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
+                                    int64_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0) {
+    return InvalidArgumentError(fmt::format("KV cache needs positive num_blocks ({}) and block_size ({})", num_blocks,
+                                            block_size));
+  }
+  KvCache kv;
+  kv.spec_ = spec;
+  kv.dtype_ = dtype;
+  kv.num_blocks_ = num_blocks;
+  kv.block_size_ = block_size;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    Tensor k = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, spec.k_dim});
+    KvLayerView view;
+    view.k = k.view();
+    if (spec.v_in_k) {
+      // V is the first v_dim values of each K row: a strided view of the same storage.
+      TensorView v = k.view();
+      view.v = v.Slice(3, 0, spec.v_dim);
+    } else {
+      Tensor v = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, spec.v_dim});
+      view.v = v.view();
+      kv.storage_.push_back(std::move(v));
+    }
+    kv.storage_.push_back(std::move(k));
+    kv.layers_.push_back(view);
+  }
+  return kv;
+}
+
+namespace {
+
+StatusOr<Tensor> UploadInts(const std::vector<int32_t>& v, Backend& backend) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  TensorView host(const_cast<int32_t*>(v.data()), DType::kI32, {n});
+  return backend.Upload(host);
+}
+
+}  // namespace
+
+StatusOr<BatchOnDevice> BatchOnDevice::Upload(const ForwardBatch& b, Backend& backend) {
+  BatchOnDevice out;
+  auto up = [&](const std::vector<int32_t>& v, TensorView* dst) -> Status {
+    FATHOM_ASSIGN_OR_RETURN(Tensor t, UploadInts(v, backend));
+    *dst = t.view();
+    out.keep_.push_back(std::move(t));
+    return OkStatus();
+  };
+  AttentionMetadata& m = out.meta_;
+  FATHOM_RETURN_IF_ERROR(up(b.positions, &m.positions));
+  FATHOM_RETURN_IF_ERROR(up(b.slot_mapping, &m.slot_mapping));
+  FATHOM_RETURN_IF_ERROR(up(b.query_start, &m.query_start));
+  FATHOM_RETURN_IF_ERROR(up(b.seq_lens, &m.seq_lens));
+  FATHOM_RETURN_IF_ERROR(up(b.block_table_start, &m.block_table_start));
+  FATHOM_RETURN_IF_ERROR(up(b.block_tables, &m.block_tables));
+  m.num_seqs = b.num_seqs();
+  m.num_tokens = b.num_tokens();
+  m.block_size = b.block_size;
+  m.max_seq_len = b.max_seq_len();
+  FATHOM_ASSIGN_OR_RETURN(out.token_ids_, UploadInts(b.token_ids, backend));
+  FATHOM_ASSIGN_OR_RETURN(out.logits_indices_, UploadInts(b.logits_indices, backend));
+  return out;
+}
+
+}  // namespace fathom

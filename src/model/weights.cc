@@ -1,0 +1,189 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <optional>
+
+#include "core/logging.h"
+#include "core/thread_pool.h"
+
+namespace fathom {
+
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t HashName(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
+  if (name == "auto") return LoadFormat::kAuto;
+  if (name == "safetensors") return LoadFormat::kSafetensors;
+  if (name == "dummy") return LoadFormat::kDummy;
+  return InvalidArgumentError(fmt::format("unknown load format '{}' (use auto, safetensors or dummy)", name));
+}
+
+const TensorView& WeightStore::Get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FATHOM_CHECK(it != tensors_.end(), "weight '{}' was not loaded", name);
+  return it->second;
+}
+
+const TensorView* WeightStore::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+void WeightStore::Put(const std::string& name, Tensor owned) {
+  tensors_[name] = owned.view();
+  owned_.push_back(std::move(owned));
+}
+
+void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
+  const int64_t n = out.numel();
+  const DType dt = out.dtype();
+  if (spec.init != WeightInit::kRandom) {
+    const float v = spec.init == WeightInit::kOnes ? 1.0f : 0.0f;
+    DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        switch (dt) {
+          case DType::kF32: out.data<float>()[i] = v; break;
+          case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
+          case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
+          case DType::kF8E4M3: out.data<uint8_t>()[i] = v == 0.0f ? 0 : 0x38; break;  // 0x38 is 1.0
+          default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
+        }
+      }
+    });
+    return;
+  }
+  // Uniform in [-a, a] with a standard deviation of 0.02, the usual initializer_range.
+  const float a = 0.02f * 1.7320508f;
+  const uint64_t key = SplitMix64(HashName(spec.name) ^ SplitMix64(seed));
+  DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t r = SplitMix64(key + static_cast<uint64_t>(i));
+      const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      const float v = (2.0f * u - 1.0f) * a;
+      switch (dt) {
+        case DType::kF32: out.data<float>()[i] = v; break;
+        case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
+        case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
+        case DType::kF8E4M3: out.data<uint8_t>()[i] = static_cast<uint8_t>(r & 0x77);  // finite, |v| <= 240
+          break;
+        default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
+      }
+    }
+  });
+}
+
+StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir, const std::vector<WeightSpec>& specs,
+                                                   const LoadOptions& options, Backend& backend) {
+  auto store = std::make_unique<WeightStore>();
+  LoadFormat format = options.format;
+  std::unique_ptr<Checkpoint> ckpt;
+  if (format == LoadFormat::kAuto || format == LoadFormat::kSafetensors) {
+    StatusOr<std::unique_ptr<Checkpoint>> opened = Checkpoint::Open(model_dir);
+    if (!opened.ok()) return opened.status();
+    ckpt = std::move(opened).value();
+    format = LoadFormat::kSafetensors;
+  }
+  int64_t total_bytes = 0;
+  for (const WeightSpec& s : specs) total_bytes += Numel(s.shape) * static_cast<int64_t>(DTypeSize(s.dtype));
+  std::optional<Progress> progress;
+  if (options.show_progress) {
+    progress.emplace(format == LoadFormat::kDummy ? "generating dummy weights" : "loading weights", total_bytes, "B");
+  }
+
+  for (const WeightSpec& s : specs) {
+    const int64_t spec_bytes = Numel(s.shape) * static_cast<int64_t>(DTypeSize(s.dtype));
+    if (format == LoadFormat::kDummy) {
+      if (!s.fallback.empty() && store->Has(s.fallback) && s.shares_storage) {
+        store->PutView(s.name, store->Get(s.fallback));
+        continue;
+      }
+      Tensor host = Tensor::Empty(s.dtype, s.shape);
+      FillDummy(s, options.seed, host);
+      FATHOM_ASSIGN_OR_RETURN(Tensor dev, backend.Upload(host));
+      if (dev.view().raw() == host.view().raw()) {
+        store->Put(s.name, std::move(host));
+      } else {
+        store->Put(s.name, std::move(dev));
+      }
+      if (progress) progress->Advance(spec_bytes);
+      continue;
+    }
+    std::string source = s.name;
+    // Tied weights always read the tensor they are tied to, as transformers does; other fallbacks only apply when
+    // the checkpoint lacks the tensor.
+    if (!s.fallback.empty() && (s.shares_storage || !ckpt->Has(source)) && ckpt->Has(s.fallback)) source = s.fallback;
+    if (!ckpt->Has(source)) {
+      return NotFoundError(fmt::format("tensor '{}' is missing from the checkpoint in '{}'", s.name, model_dir));
+    }
+    if (source != s.name && store->Has(source)) {
+      store->PutView(s.name, store->Get(source));
+      continue;
+    }
+    FATHOM_ASSIGN_OR_RETURN(TensorView view, ckpt->Get(source, std::nullopt, s.shape));
+    // Any float dtype can stand in for another (kernels convert), but fp8 weights need their scales and an fp8
+    // spec, so the two must agree.
+    if (IsFloating(s.dtype) != IsFloating(view.dtype()) ||
+        (s.dtype == DType::kF8E4M3) != (view.dtype() == DType::kF8E4M3)) {
+      return InvalidArgumentError(fmt::format("tensor '{}' in '{}' has dtype {}, expected {}", source,
+                                              ckpt->FileOf(source), DTypeSafetensorsName(view.dtype()),
+                                              DTypeSafetensorsName(s.dtype)));
+    }
+    FATHOM_ASSIGN_OR_RETURN(Tensor dev, backend.Upload(view));
+    store->Put(s.name, std::move(dev));
+    if (progress) progress->Advance(spec_bytes);
+  }
+  if (progress) progress->Finish();
+  if (ckpt) {
+    int skipped = 0;
+    for (const std::string& name : ckpt->names()) {
+      bool used = store->Has(name);
+      if (!used) ++skipped;
+    }
+    if (skipped > 0) FATHOM_LOG_DEBUG("{} checkpoint tensors are not used by the model", skipped);
+    store->KeepAlive(std::shared_ptr<Checkpoint>(std::move(ckpt)));
+  }
+  return store;
+}
+
+WeightStats ComputeWeightStats(const std::vector<WeightSpec>& specs, const WeightStore* store) {
+  WeightStats st;
+  for (const WeightSpec& s : specs) {
+    const int64_t n = Numel(s.shape);
+    DType dt = s.dtype;
+    if (store != nullptr) {
+      if (const TensorView* v = store->Find(s.name)) dt = v->dtype();
+    }
+    const double bytes = static_cast<double>(n) * static_cast<double>(DTypeSize(dt));
+    st.bytes_read_per_token += bytes * s.read_fraction;
+    if (s.shares_storage) continue;
+    st.total_params += n;
+    st.active_params += static_cast<double>(n) * s.active_fraction;
+    st.bytes_by_dtype[dt] += static_cast<int64_t>(bytes);
+    st.total_bytes += static_cast<int64_t>(bytes);
+  }
+  return st;
+}
+
+}  // namespace fathom

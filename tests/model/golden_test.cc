@@ -1,0 +1,183 @@
+// The dense fixtures against the oracle (HF transformers, float32): the same logits must come out of a whole-prompt
+// forward, token-by-token decoding through the paged cache, and uneven chunks, with the four cases batched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cpu/cpu_backend.h"
+#include "io/model_config.h"
+#include "model/registry.h"
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+using testing::GoldenSet;
+using testing::MaxAbsDiff;
+using testing::ModelDir;
+using testing::ScatteredBlocks;
+
+constexpr float kTolerance = 2e-3f;
+constexpr int32_t kBlockSize = 16;
+
+class GoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string dir = ModelDir(GetParam());
+    StatusOr<ModelConfig> cfg = LoadModelConfig(dir);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    LoadOptions opts;
+    opts.show_progress = false;
+    StatusOr<std::unique_ptr<Model>> m = LoadModel(dir, *cfg, opts, cpu_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(m).value();
+    StatusOr<GoldenSet> g = testing::LoadGolden(dir);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    golden_ = std::move(g).value();
+    ASSERT_EQ(golden_.cases.size(), 4u);
+    vocab_ = model_->config().vocab_size;
+    ASSERT_EQ(golden_.cases[0].vocab, vocab_);
+  }
+
+  KvCache NewCache(int64_t blocks) {
+    StatusOr<KvCache> kv = KvCache::Allocate(cpu_, model_->kv_cache_spec(), DType::kF32, blocks, kBlockSize);
+    FATHOM_CHECK(kv.ok());
+    return std::move(kv).value();
+  }
+
+  std::vector<float> ToHost(const Tensor& t) {
+    std::vector<float> h(static_cast<size_t>(t.numel()));
+    FATHOM_CHECK(cpu_.CopyToHost(t, h.data()).ok());
+    return h;
+  }
+
+  // Runs all cases together; each step takes the next chunk of every unfinished case, with sizes cycling through
+  // `pattern` (0 = the whole rest). Returns every position's logits per case.
+  std::vector<std::vector<float>> RunChunked(const std::vector<int>& pattern) {
+    const size_t n = golden_.cases.size();
+    KvCache kv = NewCache(64);
+    ScatteredBlocks blocks(64, 17);
+    std::vector<std::vector<int32_t>> tables(n);
+    std::vector<int32_t> done(n, 0);
+    std::vector<std::vector<float>> out(n);
+    for (size_t c = 0; c < n; ++c) {
+      const int32_t len = static_cast<int32_t>(golden_.cases[c].input_ids.size());
+      tables[c] = blocks.Take((len + kBlockSize - 1) / kBlockSize);
+    }
+    size_t step = 0;
+    for (;;) {
+      ForwardBatch batch(kBlockSize);
+      std::vector<std::pair<size_t, int32_t>> rows;  // case, count
+      for (size_t c = 0; c < n; ++c) {
+        const auto& ids = golden_.cases[c].input_ids;
+        const int32_t left = static_cast<int32_t>(ids.size()) - done[c];
+        if (left == 0) continue;
+        const int want = pattern[(step + c) % pattern.size()];
+        const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
+        batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c],
+                          tables[c], LogitsMode::kAll);
+        rows.emplace_back(c, take);
+        done[c] += take;
+      }
+      if (rows.empty()) break;
+      Tensor logits;
+      Status s = model_->Forward(batch, kv, &logits);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      if (!s.ok()) return {};
+      std::vector<float> h = ToHost(logits);
+      size_t r = 0;
+      for (auto [c, count] : rows) {
+        out[c].insert(out[c].end(), h.begin() + static_cast<int64_t>(r) * vocab_,
+                      h.begin() + static_cast<int64_t>(r + static_cast<size_t>(count)) * vocab_);
+        r += static_cast<size_t>(count);
+      }
+      ++step;
+    }
+    return out;
+  }
+
+  void ExpectMatchesOracle(const std::vector<std::vector<float>>& got, const std::string& how) {
+    ASSERT_EQ(got.size(), golden_.cases.size()) << how;
+    for (size_t c = 0; c < got.size(); ++c) {
+      const auto& gc = golden_.cases[c];
+      ASSERT_EQ(got[c].size(), gc.logits.size()) << how << " case" << c;
+      for (size_t t = 0; t < gc.input_ids.size(); ++t) {
+        const float d = MaxAbsDiff(got[c].data() + t * vocab_, gc.row(static_cast<int64_t>(t)), vocab_);
+        EXPECT_LE(d, kTolerance) << how << ": case" << c << " position " << t;
+      }
+    }
+  }
+
+  CpuBackend cpu_;
+  std::unique_ptr<Model> model_;
+  GoldenSet golden_;
+  int64_t vocab_ = 0;
+};
+
+TEST_P(GoldenTest, WholePromptAlone) {
+  for (size_t c = 0; c < golden_.cases.size(); ++c) {
+    const auto& gc = golden_.cases[c];
+    KvCache kv = NewCache(8);
+    ScatteredBlocks blocks(8, static_cast<uint32_t>(c));
+    std::vector<int32_t> table = blocks.Take(static_cast<int32_t>((gc.input_ids.size() + kBlockSize - 1) / kBlockSize));
+    ForwardBatch batch(kBlockSize);
+    batch.AddSequence(gc.input_ids, 0, table, LogitsMode::kAll);
+    Tensor logits;
+    ASSERT_TRUE(model_->Forward(batch, kv, &logits).ok());
+    std::vector<float> h = ToHost(logits);
+    float worst = 0;
+    for (size_t t = 0; t < gc.input_ids.size(); ++t) {
+      worst = std::max(worst, MaxAbsDiff(h.data() + t * vocab_, gc.row(static_cast<int64_t>(t)), vocab_));
+    }
+    EXPECT_LE(worst, kTolerance) << "case" << c;
+    RecordProperty("case" + std::to_string(c) + "_max_abs_diff", std::to_string(worst));
+  }
+}
+
+TEST_P(GoldenTest, WholePromptsBatched) { ExpectMatchesOracle(RunChunked({0}), "batched whole prompts"); }
+
+TEST_P(GoldenTest, TokenByTokenBatched) { ExpectMatchesOracle(RunChunked({1}), "token by token"); }
+
+TEST_P(GoldenTest, UnevenChunksBatched) { ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "uneven chunks"); }
+
+TEST_P(GoldenTest, GreedyContinuationBatched) {
+  const size_t n = golden_.cases.size();
+  KvCache kv = NewCache(64);
+  ScatteredBlocks blocks(64, 99);
+  std::vector<std::vector<int32_t>> tables(n), generated(n), next_input(n);
+  std::vector<int32_t> cached(n, 0);
+  for (size_t c = 0; c < n; ++c) {
+    const int32_t total = static_cast<int32_t>(golden_.cases[c].input_ids.size() + golden_.cases[c].greedy.size());
+    tables[c] = blocks.Take((total + kBlockSize - 1) / kBlockSize);
+    next_input[c] = golden_.cases[c].input_ids;
+  }
+  const size_t steps = golden_.cases[0].greedy.size();
+  for (size_t step = 0; step < steps; ++step) {
+    ForwardBatch batch(kBlockSize);
+    for (size_t c = 0; c < n; ++c) batch.AddSequence(next_input[c], cached[c], tables[c], LogitsMode::kLast);
+    Tensor logits;
+    ASSERT_TRUE(model_->Forward(batch, kv, &logits).ok());
+    std::vector<float> h = ToHost(logits);
+    for (size_t c = 0; c < n; ++c) {
+      cached[c] += static_cast<int32_t>(next_input[c].size());
+      const float* row = h.data() + c * vocab_;
+      const int32_t best = static_cast<int32_t>(std::max_element(row, row + vocab_) - row);
+      generated[c].push_back(best);
+      next_input[c] = {best};
+    }
+  }
+  for (size_t c = 0; c < n; ++c) EXPECT_EQ(generated[c], golden_.cases[c].greedy) << "case" << c;
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest,
+                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
+                                           "qwen2-tied-tiny"),
+                         [](const auto& param_info) {
+                           std::string s = param_info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace fathom

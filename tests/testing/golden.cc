@@ -1,0 +1,64 @@
+#include "testing/golden.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "io/safetensors.h"
+
+namespace fathom::testing {
+
+std::string DataDir() { return FATHOM_TEST_DATA_DIR; }
+std::string ModelDir(const std::string& name) { return DataDir() + "/models/" + name; }
+
+StatusOr<GoldenSet> LoadGolden(const std::string& model_dir) {
+  FATHOM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(model_dir + "/expected.safetensors"));
+  GoldenSet g;
+  for (int k = 0;; ++k) {
+    const SafetensorsEntry* ids = file->Find(fmt::format("case{}.input_ids", k));
+    if (ids == nullptr) break;
+    const SafetensorsEntry* logits = file->Find(fmt::format("case{}.logits", k));
+    const SafetensorsEntry* greedy = file->Find(fmt::format("case{}.greedy", k));
+    if (logits == nullptr || greedy == nullptr || ids->dtype != DType::kI64 || logits->dtype != DType::kF32 ||
+        greedy->dtype != DType::kI64 || logits->shape.size() != 2) {
+      return DataLossError(fmt::format("expected.safetensors case{} is malformed", k));
+    }
+    GoldenCase c;
+    TensorView iv = file->View(*ids), lv = file->View(*logits), gv = file->View(*greedy);
+    for (int64_t i = 0; i < iv.numel(); ++i) c.input_ids.push_back(static_cast<int32_t>(iv.data<int64_t>()[i]));
+    for (int64_t i = 0; i < gv.numel(); ++i) c.greedy.push_back(static_cast<int32_t>(gv.data<int64_t>()[i]));
+    c.vocab = lv.dim(1);
+    c.logits.assign(lv.data<float>(), lv.data<float>() + lv.numel());
+    if (lv.dim(0) != iv.numel()) return DataLossError(fmt::format("case{}: logits rows != input length", k));
+    g.cases.push_back(std::move(c));
+  }
+  if (g.cases.empty()) return DataLossError("expected.safetensors holds no cases");
+  return g;
+}
+
+ScatteredBlocks::ScatteredBlocks(int32_t num_blocks, uint32_t seed) : num_blocks_(num_blocks) {
+  for (int32_t i = 0; i < num_blocks; ++i) free_.push_back(i);
+  std::mt19937 rng(seed);
+  std::shuffle(free_.begin(), free_.end(), rng);
+}
+
+std::vector<int32_t> ScatteredBlocks::Take(int32_t n) {
+  FATHOM_CHECK_LE(static_cast<size_t>(n), free_.size());
+  std::vector<int32_t> out(free_.end() - n, free_.end());
+  free_.resize(free_.size() - static_cast<size_t>(n));
+  return out;
+}
+
+float MaxAbsDiff(const float* a, const float* b, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace fathom::testing

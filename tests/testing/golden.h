@@ -1,0 +1,50 @@
+// Test helpers: the oracle's expected outputs and a block allocator that hands out scattered block ids.
+//
+//   FATHOM_ASSIGN_OR_RETURN(GoldenSet g, LoadGolden(ModelDir("qwen2-distill-tiny")));
+//   g.cases[2].input_ids, g.cases[2].logits /* [T * vocab] */, g.cases[2].greedy
+//   ScatteredBlocks blocks(/*num_blocks=*/256, /*seed=*/7);
+//   std::vector<int32_t> table = blocks.Take(5);
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace fathom::testing {
+
+std::string DataDir();
+std::string ModelDir(const std::string& name);
+
+struct GoldenCase {
+  std::vector<int32_t> input_ids;  // [T]
+  std::vector<float> logits;       // [T, vocab]
+  std::vector<int32_t> greedy;     // [16]
+  int64_t vocab = 0;
+  const float* row(int64_t t) const { return logits.data() + t * vocab; }
+};
+
+struct GoldenSet {
+  std::vector<GoldenCase> cases;
+};
+
+// Reads `<dir>/expected.safetensors` (case0..case3) through fathom's own safetensors reader.
+StatusOr<GoldenSet> LoadGolden(const std::string& model_dir);
+
+// A pool of block ids handed out in a shuffled order, so that block tables are never the identity.
+class ScatteredBlocks {
+ public:
+  ScatteredBlocks(int32_t num_blocks, uint32_t seed);
+  std::vector<int32_t> Take(int32_t n);
+  int32_t num_blocks() const { return num_blocks_; }
+
+ private:
+  int32_t num_blocks_;
+  std::vector<int32_t> free_;
+};
+
+float MaxAbsDiff(const float* a, const float* b, int64_t n);
+
+}  // namespace fathom::testing
