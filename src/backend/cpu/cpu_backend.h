@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
 
+  using Backend::Alloc;
   Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
   StatusOr<Tensor> Upload(const TensorView& host) override;
   Status CopyToHost(const TensorView& src, void* dst) override;

@@ -1,0 +1,270 @@
+// CpuBackend ops against straightforward double-precision references.
+#include "backend/cpu/cpu_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "model/forward_batch.h"
+#include "model/model.h"
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Tensor FromVector(const std::vector<float>& v, std::initializer_list<int64_t> shape, DType dtype = DType::kF32) {
+  Tensor t = Tensor::Empty(dtype, shape);
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (dtype) {
+      case DType::kF32: t.data<float>()[i] = v[i]; break;
+      case DType::kBF16: t.data<uint16_t>()[i] = F32ToBf16(v[i]); break;
+      case DType::kF16: t.data<uint16_t>()[i] = F32ToF16(v[i]); break;
+      case DType::kF8E4M3: t.data<uint8_t>()[i] = F32ToF8E4M3(v[i]); break;
+      default: FATHOM_CHECK(false);
+    }
+  }
+  return t;
+}
+
+float Stored(const Tensor& t, size_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return t.data<float>()[i];
+    case DType::kBF16: return Bf16ToF32(t.data<uint16_t>()[i]);
+    case DType::kF16: return F16ToF32(t.data<uint16_t>()[i]);
+    case DType::kF8E4M3: return F8E4M3ToF32(t.data<uint8_t>()[i]);
+    default: return NAN;
+  }
+}
+
+class LinearTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LinearTest, MatchesReference) {
+  CpuBackend be;
+  const int64_t n = 5, in = 37, out = 19;
+  Tensor x = FromVector(Random(n * in, 1), {n, in});
+  Tensor w = FromVector(Random(out * in, 2), {out, in}, GetParam());
+  Tensor b = FromVector(Random(out, 3), {out}, GetParam());
+  LinearWeight lw;
+  lw.weight = w;
+  lw.bias = b;
+  Tensor y = be.Alloc(DType::kF32, {n, out});
+  be.Linear(x, lw, y);
+  ASSERT_TRUE(be.Synchronize().ok());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < out; ++r) {
+      double ref = Stored(b, static_cast<size_t>(r));
+      for (int64_t c = 0; c < in; ++c) ref += double(x.data<float>()[t * in + c]) * Stored(w, static_cast<size_t>(r * in + c));
+      EXPECT_NEAR(y.data<float>()[t * out + r], ref, 1e-5) << t << "," << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LinearTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+
+TEST(CpuBackendTest, LinearFp8BlockScales) {
+  CpuBackend be;
+  const int64_t n = 3, in = 20, out = 10, bn = 4, bk = 8;  // partial edge blocks in both dims
+  Tensor x = FromVector(Random(n * in, 4), {n, in});
+  Tensor w = FromVector(Random(out * in, 5, 2.0f), {out, in}, DType::kF8E4M3);
+  const int64_t sn = (out + bn - 1) / bn, sk = (in + bk - 1) / bk;
+  std::vector<float> sv(static_cast<size_t>(sn * sk));
+  for (size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.25f * static_cast<float>(i);
+  Tensor s = Tensor::Empty(DType::kF32, {sn, sk});
+  std::copy(sv.begin(), sv.end(), s.data<float>());
+  LinearWeight lw;
+  lw.weight = w;
+  lw.scale_inv = s;
+  lw.block_n = bn;
+  lw.block_k = bk;
+  Tensor y = be.Alloc(DType::kF32, {n, out});
+  be.Linear(x, lw, y);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < out; ++r) {
+      double ref = 0;
+      for (int64_t c = 0; c < in; ++c) {
+        ref += double(x.data<float>()[t * in + c]) * Stored(w, static_cast<size_t>(r * in + c)) *
+               sv[static_cast<size_t>((r / bn) * sk + c / bk)];
+      }
+      EXPECT_NEAR(y.data<float>()[t * out + r], ref, 1e-4);
+    }
+  }
+}
+
+TEST(CpuBackendTest, RmsNormAndAddRmsNorm) {
+  CpuBackend be;
+  const int64_t n = 3, h = 10;
+  auto xv = Random(n * h, 6);
+  Tensor x = FromVector(xv, {n, h});
+  Tensor w = FromVector(Random(h, 7), {h}, DType::kBF16);
+  Tensor y = be.Alloc(DType::kF32, {n, h});
+  be.RmsNorm(x, w, 1e-6f, y);
+  for (int64_t t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < h; ++i) ss += double(xv[t * h + i]) * xv[t * h + i];
+    const double inv = 1.0 / std::sqrt(ss / h + 1e-6);
+    for (int64_t i = 0; i < h; ++i) {
+      EXPECT_NEAR(y.data<float>()[t * h + i], xv[t * h + i] * inv * Stored(w, static_cast<size_t>(i)), 1e-5);
+    }
+  }
+  Tensor res = FromVector(xv, {n, h});
+  Tensor d = FromVector(Random(n * h, 8), {n, h});
+  be.AddRmsNorm(res, d, w, 1e-6f, y);
+  Tensor sum = FromVector(xv, {n, h});
+  be.AddInPlace(sum, d);
+  Tensor y2 = be.Alloc(DType::kF32, {n, h});
+  be.RmsNorm(sum, w, 1e-6f, y2);
+  for (int64_t i = 0; i < n * h; ++i) {
+    EXPECT_EQ(res.data<float>()[i], sum.data<float>()[i]);
+    EXPECT_EQ(y.data<float>()[i], y2.data<float>()[i]);
+  }
+}
+
+TEST(CpuBackendTest, RopeInterleavedEqualsNeoxOnPermutedInput) {
+  CpuBackend be;
+  const int64_t n = 4, heads = 2, d = 8, half = d / 2;
+  Tensor pos = Tensor::Empty(DType::kI32, {n});
+  for (int i = 0; i < n; ++i) pos.data<int32_t>()[i] = 3 * i + 1;
+  Tensor inv = Tensor::Empty(DType::kF32, {half});
+  for (int i = 0; i < half; ++i) inv.data<float>()[i] = std::pow(10000.0f, -2.0f * i / d);
+  Tensor cos = be.Alloc(DType::kF32, {n, half}), sin = be.Alloc(DType::kF32, {n, half});
+  be.RopeCosSin(pos, inv, 1.0f, cos, sin);
+  EXPECT_NEAR(cos.data<float>()[1 * half + 0], std::cos(4.0), 1e-6);
+  auto xv = Random(n * heads * d, 9);
+  Tensor a = FromVector(xv, {n, heads, d});
+  // b holds a's pairs de-interleaved: (x0, x2, x4, x6, x1, x3, x5, x7).
+  Tensor b = Tensor::Empty(DType::kF32, {n, heads, d});
+  for (int64_t r = 0; r < n * heads; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      b.data<float>()[r * d + i] = xv[r * d + 2 * i];
+      b.data<float>()[r * d + half + i] = xv[r * d + 2 * i + 1];
+    }
+  }
+  be.ApplyRope(a, cos, sin, /*interleaved=*/true);
+  be.ApplyRope(b, cos, sin, /*interleaved=*/false);
+  for (int64_t r = 0; r < n * heads; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      EXPECT_FLOAT_EQ(a.data<float>()[r * d + 2 * i], b.data<float>()[r * d + i]);
+      EXPECT_FLOAT_EQ(a.data<float>()[r * d + 2 * i + 1], b.data<float>()[r * d + half + i]);
+    }
+  }
+  // Rotation keeps each pair's norm.
+  const float x0 = xv[0], x1 = xv[half];
+  Tensor c = FromVector(xv, {n, heads, d});
+  be.ApplyRope(c, cos, sin, false);
+  EXPECT_NEAR(std::hypot(c.data<float>()[0], c.data<float>()[half]), std::hypot(x0, x1), 1e-6);
+}
+
+// Paged attention over scattered blocks against dense causal attention on the original K/V.
+class PagedAttentionTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PagedAttentionTest, MatchesDenseReference) {
+  CpuBackend be;
+  const int64_t heads = 4, kv_heads = 2, d = 8, block = 4;
+  const std::vector<int32_t> cached = {0, 5, 9};  // three sequences: prefill, partial block, crosses blocks
+  const std::vector<int32_t> fresh = {6, 1, 3};
+  KvCacheSpec spec{1, kv_heads, d, d, false};
+  auto kv = KvCache::Allocate(be, spec, GetParam(), 32, block);
+  ASSERT_TRUE(kv.ok());
+  testing::ScatteredBlocks blocks(32, 3);
+  std::vector<std::vector<float>> ks(3), vs(3);  // [len, kv_heads, d] per sequence
+  std::vector<std::vector<int32_t>> tables(3);
+  for (int s = 0; s < 3; ++s) {
+    const int32_t len = cached[s] + fresh[s];
+    ks[s] = Random(static_cast<size_t>(len * kv_heads * d), 100 + s);
+    vs[s] = Random(static_cast<size_t>(len * kv_heads * d), 200 + s);
+    tables[s] = blocks.Take((len + block - 1) / block);
+  }
+  // First write the cached prefixes, then run the batch of new tokens.
+  for (int phase = 0; phase < 2; ++phase) {
+    ForwardBatch fb(static_cast<int32_t>(block));
+    std::vector<float> kin, vin;
+    for (int s = 0; s < 3; ++s) {
+      const int32_t from = phase == 0 ? 0 : cached[s], count = phase == 0 ? cached[s] : fresh[s];
+      std::vector<int32_t> toks(static_cast<size_t>(count), 0);
+      fb.AddSequence(toks, from, tables[s], LogitsMode::kNone);
+      kin.insert(kin.end(), ks[s].begin() + from * kv_heads * d, ks[s].begin() + (from + count) * kv_heads * d);
+      vin.insert(vin.end(), vs[s].begin() + from * kv_heads * d, vs[s].begin() + (from + count) * kv_heads * d);
+    }
+    const int64_t n = fb.num_tokens();
+    if (n == 0) continue;
+    auto dev = BatchOnDevice::Upload(fb, be);
+    ASSERT_TRUE(dev.ok());
+    Tensor kt = FromVector(kin, {n, kv_heads, d}), vt = FromVector(vin, {n, kv_heads, d});
+    be.WriteKv(kt, vt, dev->meta(), kv->layer(0));
+    if (phase == 0) continue;
+    auto qv = Random(static_cast<size_t>(n * heads * d), 7);
+    Tensor q = FromVector(qv, {n, heads, d});
+    Tensor out = be.Alloc(DType::kF32, {n, heads, d});
+    const float scale = 0.35f;
+    be.PagedAttention(q, kv->layer(0), dev->meta(), scale, out);
+    ASSERT_TRUE(be.Synchronize().ok());
+    auto round = [&](float v) { return GetParam() == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : v; };
+    int64_t row = 0;
+    for (int s = 0; s < 3; ++s) {
+      for (int32_t i = 0; i < fresh[s]; ++i, ++row) {
+        const int32_t p = cached[s] + i;
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / (heads / kv_heads);
+          std::vector<double> sc(static_cast<size_t>(p + 1));
+          double mx = -1e30;
+          for (int32_t j = 0; j <= p; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < d; ++e) dot += double(qv[(row * heads + h) * d + e]) * round(ks[s][(j * kv_heads + g) * d + e]);
+            sc[j] = dot * scale;
+            mx = std::max(mx, sc[j]);
+          }
+          double sum = 0;
+          for (auto& v : sc) sum += (v = std::exp(v - mx));
+          for (int64_t e = 0; e < d; ++e) {
+            double ref = 0;
+            for (int32_t j = 0; j <= p; ++j) ref += sc[j] / sum * round(vs[s][(j * kv_heads + g) * d + e]);
+            EXPECT_NEAR(out.data<float>()[(row * heads + h) * d + e], ref, 1e-5) << s << " " << i << " " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CacheDtypes, PagedAttentionTest, ::testing::Values(DType::kF32, DType::kBF16));
+
+TEST(CpuBackendTest, BadIndicesBecomeErrorsNotCrashes) {
+  CpuBackend be;
+  Tensor table = FromVector(Random(4 * 3, 1), {4, 3});
+  Tensor ids = Tensor::Empty(DType::kI32, {2});
+  ids.data<int32_t>()[1] = 9;
+  Tensor out = be.Alloc(DType::kF32, {2, 3});
+  be.Embedding(ids, table, out);
+  Status s = be.Synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token id 9"), std::string::npos);
+  EXPECT_TRUE(be.Synchronize().ok()) << "Synchronize clears the error";
+
+  Tensor rows = be.Alloc(DType::kF32, {1, 3});
+  Tensor idx = Tensor::Empty(DType::kI32, {1});
+  idx.data<int32_t>()[0] = -1;
+  be.GatherRows(table, idx, rows);
+  EXPECT_FALSE(be.Synchronize().ok());
+}
+
+TEST(CpuBackendTest, SiluMul) {
+  CpuBackend be;
+  Tensor g = FromVector({-2.0f, 0.0f, 3.0f}, {1, 3}), u = FromVector({1.0f, 5.0f, -1.0f}, {1, 3});
+  Tensor o = be.Alloc(DType::kF32, {1, 3});
+  be.SiluMul(g, u, o);
+  EXPECT_NEAR(o.data<float>()[0], -2.0 / (1 + std::exp(2.0)), 1e-6);
+  EXPECT_EQ(o.data<float>()[1], 0.0f);
+  EXPECT_NEAR(o.data<float>()[2], -3.0 / (1 + std::exp(-3.0)), 1e-6);
+}
+
+}  // namespace
+}  // namespace fathom

@@ -1,0 +1,174 @@
+// End-to-end tests of the `fathom` executable: output formats, oracle agreement, and clean failures.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+RunResult RunFathom(const std::string& args) {
+  static int counter = 0;
+  const std::string err_path = (fs::temp_directory_path() / ("fathom_cli_err_" + std::to_string(::getpid()) + "_" +
+                                                              std::to_string(counter++)))
+                                   .string();
+  const std::string cmd = std::string(FATHOM_CLI_PATH) + " " + args + " 2>" + err_path;
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream e(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err_path);
+  return r;
+}
+
+std::string Join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+TEST(CliTest, LogitsMatchTheOracle) {
+  const std::string dir = testing::ModelDir("qwen2-distill-tiny");
+  auto golden = testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok());
+  const auto& c = golden->cases[2];
+  RunResult r = RunFathom("logits --model " + dir + " --tokens " + Join(c.input_ids));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["tokens"].get<std::vector<int32_t>>(), c.input_ids);
+  ASSERT_EQ(j["logits"].size(), c.input_ids.size());
+  float worst = 0;
+  for (size_t t = 0; t < c.input_ids.size(); ++t) {
+    auto row = j["logits"][t].get<std::vector<float>>();
+    ASSERT_EQ(static_cast<int64_t>(row.size()), c.vocab);
+    worst = std::max(worst, testing::MaxAbsDiff(row.data(), c.row(static_cast<int64_t>(t)), c.vocab));
+  }
+  EXPECT_LE(worst, 2e-3f);
+}
+
+TEST(CliTest, LogitsToFile) {
+  const std::string out = (fs::temp_directory_path() / ("fathom_logits_" + std::to_string(::getpid()) + ".json")).string();
+  RunResult r = RunFathom("logits --model " + testing::ModelDir("llama-coder-tiny") + " --tokens 1,2,3 --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["logits"].size(), 3u);
+  fs::remove(out);
+}
+
+TEST(CliTest, RunPrintsTheOracleGreedyTokens) {
+  const std::string dir = testing::ModelDir("llama3-distill-tiny");
+  auto golden = testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok());
+  const auto& c = golden->cases[3];
+  RunResult r = RunFathom("run --model " + dir + " --ignore-eos --max-tokens 16 --tokens " + Join(c.input_ids));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string expect;
+  for (size_t i = 0; i < c.greedy.size(); ++i) expect += (i ? " " : "") + std::to_string(c.greedy[i]);
+  EXPECT_EQ(r.out, expect + "\n");
+}
+
+TEST(CliTest, InspectDummy7B) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters:        7.62 B (7615616512)"), std::string::npos) << r.out;
+  // 28 layers x 4 kv heads x (128 + 128) x 2 bytes
+  EXPECT_NE(r.out.find("kv cache:          57344 bytes per token (bf16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode reads:"), std::string::npos);
+}
+
+TEST(CliTest, InspectCheckpoint) {
+  RunResult r = RunFathom("inspect --model " + testing::ModelDir("qwen2-tied-tiny"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("(119360)"), std::string::npos) << r.out;
+}
+
+class BrokenModelDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("fathom_cli_broken_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    fs::copy(testing::ModelDir("qwen2-tied-tiny"), dir_, fs::copy_options::recursive);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(BrokenModelDir, TruncatedSafetensorsFailsCleanly) {
+  fs::resize_file(dir_ / "model.safetensors", 1000);
+  for (const char* cmd : {"logits", "run", "inspect"}) {
+    std::string args = std::string(cmd) + " --model " + dir_.string();
+    if (std::string(cmd) != "inspect") args += " --tokens 1,2";
+    RunResult r = RunFathom(args);
+    EXPECT_EQ(r.exit_code, 1) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("error: DATA_LOSS: safetensors file"), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(BrokenModelDir, CorruptHeaderFailsCleanly) {
+  {
+    std::fstream f(dir_ / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f << "\x01\x02garbage}}}";
+  }
+  RunResult r = RunFathom("logits --model " + dir_.string() + " --tokens 1");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+}
+
+TEST_F(BrokenModelDir, BrokenConfigFailsCleanly) {
+  std::ofstream(dir_ / "config.json") << R"({"model_type": "qwen2", "vocab_size": 512)";
+  RunResult r = RunFathom("logits --model " + dir_.string() + " --tokens 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not valid JSON"), std::string::npos) << r.err;
+  std::ofstream(dir_ / "config.json") << R"({"model_type": "gpt2", "vocab_size": 512})";
+  r = RunFathom("inspect --model " + dir_.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("supported: LlamaForCausalLM"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, BadArgumentsFailCleanly) {
+  const std::string dir = testing::ModelDir("qwen2-tied-tiny");
+  RunResult r = RunFathom("logits --model " + dir + " --tokens 1,x,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("bad token id 'x'"), std::string::npos) << r.err;
+  r = RunFathom("logits --model " + dir + " --tokens 1,99999");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
+  r = RunFathom("logits --model /no/such/dir --tokens 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/no/such/dir"), std::string::npos) << r.err;
+  r = RunFathom("frobnicate");
+  EXPECT_NE(r.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace fathom

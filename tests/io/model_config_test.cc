@@ -1,0 +1,150 @@
+#include "io/model_config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+using json = nlohmann::json;
+
+json Base() {
+  return json::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "rope_theta": 100000, "torch_dtype": "bfloat16",
+    "eos_token_id": 2, "bos_token_id": 1})");
+}
+
+TEST(ModelConfigTest, ReferenceFixtures) {
+  auto c = LoadModelConfig(testing::ModelDir("llama-coder-tiny"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->rope.type, RopeType::kLinear);
+  EXPECT_EQ(c->rope.factor, 4.0);
+  EXPECT_EQ(c->rope.theta, 100000.0);
+  EXPECT_FALSE(c->qkv_bias);
+
+  c = LoadModelConfig(testing::ModelDir("llama3-distill-tiny") + "/config.json");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->rope.type, RopeType::kLlama3);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 64);
+  EXPECT_EQ(c->num_kv_heads, 2);
+
+  c = LoadModelConfig(testing::ModelDir("qwen2-tied-tiny"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rope.theta, 1e6);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int64_t>{2});
+}
+
+TEST(ModelConfigTest, RealConfigs) {
+  for (const char* name : {"deepseek-coder-1.3b-instruct", "deepseek-coder-6.7b-instruct", "deepseek-r1-distill-llama-8b",
+                           "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-v2-lite",
+                           "deepseek-v3"}) {
+    auto c = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+  }
+  auto v3 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-v3.json");
+  ASSERT_TRUE(v3.ok());
+  EXPECT_TRUE(v3->is_mla);
+  EXPECT_EQ(v3->mla.kv_lora_rank, 512);
+  EXPECT_EQ(v3->moe.n_routed_experts, 256);
+  EXPECT_EQ(v3->moe.topk_method, "noaux_tc");
+  EXPECT_TRUE(v3->quant.fp8);
+  EXPECT_EQ(v3->quant.block_n, 128);
+  EXPECT_EQ(v3->rope.type, RopeType::kYarn);
+  auto r1 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-r1-distill-llama-8b.json");
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->rope.type, RopeType::kLlama3);
+}
+
+TEST(ModelConfigTest, RopeParametersV5Form) {
+  json j = Base();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5}, {"factor", 4.0},
+                          {"original_max_position_embeddings", 1024}, {"beta_fast", 16}};
+  auto c = ParseModelConfig(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->rope.type, RopeType::kYarn);
+  EXPECT_EQ(c->rope.theta, 5e5);
+  EXPECT_EQ(c->rope.beta_fast, 16);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 1024);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
+  c = ParseModelConfig(j);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->rope.type, RopeType::kDefault);
+  EXPECT_EQ(c->rope.theta, 1234.0);
+}
+
+struct BadConfig {
+  const char* name;
+  std::function<void(json&)> edit;
+  const char* expect;
+};
+
+TEST(ModelConfigTest, BrokenConfigsAreRejectedClearly) {
+  const std::vector<BadConfig> cases = {
+      {"unknown_arch", [](json& j) { j["model_type"] = "mamba"; j["architectures"] = {"MambaForCausalLM"}; },
+       "supported: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2), DeepseekV2ForCausalLM"},
+      {"arch_mismatch", [](json& j) { j["architectures"] = {"Qwen2ForCausalLM"}; }, "does not match"},
+      {"heads_not_multiple", [](json& j) { j["num_key_value_heads"] = 3; }, "multiple of num_key_value_heads"},
+      {"hidden_not_divisible", [](json& j) { j["num_attention_heads"] = 3; j["num_key_value_heads"] = 3; },
+       "not a multiple of num_attention_heads"},
+      {"missing_vocab", [](json& j) { j.erase("vocab_size"); }, "'vocab_size' is missing"},
+      {"string_hidden", [](json& j) { j["hidden_size"] = "128"; }, "'hidden_size' must be an integer"},
+      {"zero_layers", [](json& j) { j["num_hidden_layers"] = 0; }, "must all be positive"},
+      {"bad_rope", [](json& j) { j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}}; },
+       "unsupported rope scaling type 'longrope'"},
+      {"dynamic_rope", [](json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; }, "dynamic"},
+      {"rope_no_factor", [](json& j) { j["rope_scaling"] = {{"type", "linear"}}; }, "'factor' is missing"},
+      {"llama3_no_orig", [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+       }, "original_max_position_embeddings"},
+      {"bad_act", [](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act 'gelu'"},
+      {"bad_dtype", [](json& j) { j["torch_dtype"] = "int4"; }, "unsupported dtype 'int4'"},
+      {"not_object", [](json& j) { j = json::array(); }, "not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    json j = Base();
+    c.edit(j);
+    auto r = ParseModelConfig(j);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.name << ": " << r.status().message();
+  }
+  EXPECT_NE(ParseModelConfigText("{oops", "x/config.json").status().message().find("not valid JSON"),
+            std::string::npos);
+  EXPECT_EQ(LoadModelConfig("/no/such/dir").status().code(), StatusCode::kNotFound);
+}
+
+TEST(ModelConfigTest, MalformedMoeConfigs) {
+  auto base = LoadModelConfig(testing::ModelDir("deepseek-v3-tiny"));
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  std::ifstream in(testing::ModelDir("deepseek-v3-tiny") + "/config.json");
+  const json orig = json::parse(in);
+  const std::vector<std::pair<std::function<void(json&)>, const char*>> cases = {
+      {[](json& j) { j["topk_group"] = j["n_group"].get<int>() + 1; }, "topk_group"},
+      {[](json& j) { j["num_experts_per_tok"] = j["n_routed_experts"].get<int>() + 1; }, "num_experts_per_tok"},
+      {[](json& j) { j["n_group"] = 3; }, "multiple of n_group"},
+      {[](json& j) { j["topk_method"] = "random"; }, "topk_method 'random'"},
+      {[](json& j) { j["scoring_func"] = "relu"; }, "scoring_func 'relu'"},
+      {[](json& j) { j["qk_rope_head_dim"] = 7; }, "MLA dims"},
+  };
+  for (const auto& [edit, expect] : cases) {
+    json j = orig;
+    edit(j);
+    auto r = ParseModelConfig(j);
+    ASSERT_FALSE(r.ok()) << expect;
+    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace fathom
