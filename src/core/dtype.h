@@ -89,6 +89,11 @@ inline float F8E4M3ToF32(uint8_t b) {
   return neg ? -v : v;
 }
 
+// Converts `count` elements of `src` (of `dtype`, any float dtype) starting at element `offset` into float32.
+void ConvertToF32(const void* src, DType dtype, int64_t offset, int64_t count, float* dst);
+// Converts float32 into `dtype` (f32, f16 or bf16) at element `offset` of `dst`.
+void ConvertFromF32(const float* src, int64_t count, DType dtype, void* dst, int64_t offset);
+
 // Nearest-even rounding with saturation to ±448, as torch's float8_e4m3fn cast does for finite values.
 uint8_t F32ToF8E4M3(float f);
 

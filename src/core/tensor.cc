@@ -44,6 +44,18 @@ TensorView TensorView::Slice(int d, int64_t begin, int64_t end) const {
   return out;
 }
 
+TensorView TensorView::Select(int d, int64_t index) const {
+  TensorView out = Slice(d, index, index + 1);
+  for (int i = d; i + 1 < ndim_; ++i) {
+    out.shape_[i] = out.shape_[i + 1];
+    out.strides_[i] = out.strides_[i + 1];
+  }
+  --out.ndim_;
+  out.shape_[out.ndim_] = 0;
+  out.strides_[out.ndim_] = 0;
+  return out;
+}
+
 TensorView TensorView::Reshape(std::span<const int64_t> shape) const {
   FATHOM_CHECK(is_contiguous(), "reshape of a non-contiguous view {}", ShapeString());
   TensorView out(data_, dtype_, shape, device_);

@@ -58,6 +58,8 @@ class TensorView {
 
   // Rows [begin, end) of dimension `d`.
   TensorView Slice(int d, int64_t begin, int64_t end) const;
+  // The view at `index` of dimension `d`, with that dimension removed: [a, b, c].Select(1, i) -> [a, c].
+  TensorView Select(int d, int64_t index) const;
   // Same data, new contiguous shape with the same element count. Requires a contiguous view.
   TensorView Reshape(std::span<const int64_t> shape) const;
   TensorView Reshape(std::initializer_list<int64_t> shape) const {

@@ -113,6 +113,14 @@ class Backend {
   // out[i, :] = x[indices[i], :].   x [n, d]; indices i32 [m]; out [m, d]
   virtual void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) = 0;
 
+  // out[indices[i], :] += weights[i] * x[i, :], in order of i.   x [m, d]; indices i32 [m]; weights f32 [m];
+  // out [n, d]. The MoE combine step.
+  virtual void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
+                              const TensorView& out) = 0;
+
+  // dst = src for same-shaped 2-d or 3-d views (strided, unit inner stride).
+  virtual void Copy(const TensorView& src, const TensorView& dst) = 0;
+
   // Returns (and clears) the first error recorded by an op since the last call; waits for queued work.
   virtual Status Synchronize() = 0;
 };

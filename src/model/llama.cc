@@ -27,7 +27,8 @@ std::vector<WeightSpec> LlamaWeightSpecs(const ModelConfig& c) {
     s.push_back(std::move(w));
   };
   add("model.embed_tokens.weight", {c.vocab_size, h});
-  s.back().read_fraction = 1.0 / static_cast<double>(c.vocab_size);  // one row per token
+  // One row per token: counted neither as read nor as active beyond that row (DeepSeek's "activated" convention).
+  s.back().read_fraction = s.back().active_fraction = 1.0 / static_cast<double>(c.vocab_size);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     add(LayerName(i, "input_layernorm.weight"), {h}, WeightInit::kOnes);
     add(LayerName(i, "self_attn.q_proj.weight"), {q_dim, h});

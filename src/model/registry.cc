@@ -9,6 +9,7 @@ const std::vector<Architecture>& Architectures() {
   static const std::vector<Architecture> archs = [] {
     std::vector<Architecture> v;
     RegisterLlamaFamily(v);
+    RegisterDeepseekFamily(v);
     return v;
   }();
   return archs;

@@ -32,5 +32,6 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const M
 
 // Per-family registration hooks (one per model/<family>.cc).
 void RegisterLlamaFamily(std::vector<Architecture>& out);
+void RegisterDeepseekFamily(std::vector<Architecture>& out);
 
 }  // namespace fathom

@@ -57,13 +57,7 @@ RopeFrequencies ComputeRopeFrequencies(const RopeConfig& rope, int64_t dim, int6
     case RopeType::kYarn: {
       double factor = rope.factor;
       int64_t original = rope.original_max_position_embeddings;
-      if (original > 0) {
-        // As transformers does: models that enlarge max_position_embeddings and keep the pretrained length in
-        // original_max_position_embeddings use their ratio as the factor.
-        factor = static_cast<double>(max_position_embeddings) / static_cast<double>(original);
-      } else {
-        original = max_position_embeddings;
-      }
+      if (original <= 0) original = max_position_embeddings;
       if (rope.attention_factor) {
         out.attention_scale = static_cast<float>(*rope.attention_factor);
       } else if (rope.mscale && rope.mscale_all_dim && *rope.mscale != 0.0 && *rope.mscale_all_dim != 0.0) {

@@ -60,14 +60,14 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
   if (spec.init != WeightInit::kRandom) {
-    const float v = spec.init == WeightInit::kOnes ? 1.0f : 0.0f;
+    const float v = spec.init == WeightInit::kOnes ? 1.0f : spec.init == WeightInit::kConstant ? spec.init_value : 0.0f;
     DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         switch (dt) {
           case DType::kF32: out.data<float>()[i] = v; break;
           case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
           case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
-          case DType::kF8E4M3: out.data<uint8_t>()[i] = v == 0.0f ? 0 : 0x38; break;  // 0x38 is 1.0
+          case DType::kF8E4M3: out.data<uint8_t>()[i] = F32ToF8E4M3(v); break;
           default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
         }
       }
@@ -86,7 +86,8 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
         case DType::kF32: out.data<float>()[i] = v; break;
         case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
         case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
-        case DType::kF8E4M3: out.data<uint8_t>()[i] = static_cast<uint8_t>(r & 0x77);  // finite, |v| <= 240
+        case DType::kF8E4M3:  // random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
+          out.data<uint8_t>()[i] = static_cast<uint8_t>(r & 0xbf);
           break;
         default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
       }

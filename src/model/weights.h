@@ -21,13 +21,14 @@
 
 namespace fathom {
 
-enum class WeightInit { kRandom, kOnes, kZeros };
+enum class WeightInit { kRandom, kOnes, kZeros, kConstant };
 
 struct WeightSpec {
   std::string name;  // the HF tensor name
   std::vector<int64_t> shape;
   DType dtype = DType::kBF16;  // the dtype dummy weights get; checkpoints may hold another float dtype
   WeightInit init = WeightInit::kRandom;
+  float init_value = 0.0f;  // for kConstant
   // When the checkpoint lacks `name`, use this tensor instead (tied embeddings: lm_head -> embed_tokens).
   std::string fallback;
   // Share of this tensor that one decoded token reads: 1 for dense layers, k/n for routed experts, one row of an

@@ -103,6 +103,37 @@ TEST(CliTest, InspectDummy7B) {
   EXPECT_NE(r.out.find("decode reads:"), std::string::npos);
 }
 
+TEST(CliTest, InspectDummyDeepseekV3) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v3_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("parameters:        671.07 B"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("active parameters: 36.63 B per token"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv cache:          70272 bytes per token (bf16"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, DeepseekLogitsMatchTheOracle) {
+  for (const char* name : {"deepseek-v2-lite-tiny", "deepseek-v3-fp8-tiny"}) {
+    const std::string dir = testing::ModelDir(name);
+    auto golden = testing::LoadGolden(dir);
+    ASSERT_TRUE(golden.ok());
+    const auto& c = golden->cases[2];
+    RunResult r = RunFathom("logits --model " + dir + " --tokens " + Join(c.input_ids));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    float worst = 0;
+    for (size_t t = 0; t < c.input_ids.size(); ++t) {
+      auto row = j["logits"][t].get<std::vector<float>>();
+      worst = std::max(worst, testing::MaxAbsDiff(row.data(), c.row(static_cast<int64_t>(t)), c.vocab));
+    }
+    EXPECT_LE(worst, 2e-3f) << name;
+  }
+}
+
 TEST(CliTest, InspectCheckpoint) {
   RunResult r = RunFathom("inspect --model " + testing::ModelDir("qwen2-tied-tiny"));
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -1,4 +1,4 @@
-// The dense fixtures against the oracle (HF transformers, float32): the same logits must come out of a whole-prompt
+// Every reference fixture against the oracle (HF transformers, float32): the same logits must come out of a whole-prompt
 // forward, token-by-token decoding through the paged cache, and uneven chunks, with the four cases batched.
 #include <gtest/gtest.h>
 
@@ -36,6 +36,16 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     golden_ = std::move(g).value();
     ASSERT_EQ(golden_.cases.size(), 4u);
+    if (GetParam() == "deepseek-v3-tiny") {
+      // expected.safetensors disagrees with transformers itself on case2's greedy tokens and case3 (see
+      // OracleRerunTest below and tests/data/models/README.md). Those two cases are checked against a re-run of the
+      // same oracle instead; expected.safetensors is left as it was delivered.
+      for (int c : {2, 3}) {
+        StatusOr<GoldenSet> rerun = testing::LoadGolden(dir, "oracle_rerun.safetensors", c);
+        ASSERT_TRUE(rerun.ok()) << rerun.status().ToString();
+        golden_.cases[static_cast<size_t>(c)] = rerun->cases[0];
+      }
+    }
     vocab_ = model_->config().vocab_size;
     ASSERT_EQ(golden_.cases[0].vocab, vocab_);
   }
@@ -170,14 +180,49 @@ TEST_P(GoldenTest, GreedyContinuationBatched) {
   for (size_t c = 0; c < n; ++c) EXPECT_EQ(generated[c], golden_.cases[c].greedy) << "case" << c;
 }
 
+std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+// The delivered expected.safetensors of deepseek-v3-tiny and a re-run of transformers 5.17 / torch 2.11 (float32,
+// CPU; the same on CUDA without TF32) agree on every logit of cases 0-2 and on case3 up to position 30. At case3
+// position 31 layer 1's router has experts 13 and 11 within 3.4e-5 (0.573924303 vs 0.573889971 with the bias):
+// transformers picks 13, as fathom does, while the file follows 11. Case2's greedy tokens part at step 7, where
+// transformers' top-1 margin is 0.17. This test pins that finding: if a corrected oracle is delivered, it fails,
+// and the override in SetUp should go.
+TEST(OracleRerunTest, DeepseekV3TinyDisagreesWithTransformers) {
+  const std::string dir = ModelDir("deepseek-v3-tiny");
+  StatusOr<GoldenSet> delivered = testing::LoadGolden(dir);
+  ASSERT_TRUE(delivered.ok());
+  StatusOr<GoldenSet> case2 = testing::LoadGolden(dir, "oracle_rerun.safetensors", 2);
+  StatusOr<GoldenSet> case3 = testing::LoadGolden(dir, "oracle_rerun.safetensors", 3);
+  ASSERT_TRUE(case2.ok() && case3.ok());
+  const auto& a3 = delivered->cases[3];
+  const auto& b3 = case3->cases[0];
+  ASSERT_EQ(a3.input_ids, b3.input_ids);
+  for (int64_t t = 0; t < 31; ++t) EXPECT_LE(MaxAbsDiff(a3.row(t), b3.row(t), a3.vocab), 2e-5f) << t;
+  EXPECT_GT(MaxAbsDiff(a3.row(31), b3.row(31), a3.vocab), 1.0f);
+  EXPECT_NE(a3.greedy, b3.greedy);
+  const auto& a2 = delivered->cases[2];
+  const auto& b2 = case2->cases[0];
+  EXPECT_LE(MaxAbsDiff(a2.logits.data(), b2.logits.data(), static_cast<int64_t>(a2.logits.size())), 2e-5f);
+  EXPECT_EQ(std::vector<int32_t>(a2.greedy.begin(), a2.greedy.begin() + 7),
+            std::vector<int32_t>(b2.greedy.begin(), b2.greedy.begin() + 7));
+  EXPECT_NE(a2.greedy[7], b2.greedy[7]);
+}
+
 INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest,
                          ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
                                            "qwen2-tied-tiny"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         FixtureName);
+
+// MLA over the latent paged cache, MoE routing (V2 softmax greedy, V3 sigmoid noaux_tc), and V3's FP8 weights
+// (the oracle ran on the dequantized weights, so the float32 tolerance holds there too).
+INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, GoldenTest,
+                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+                         FixtureName);
 
 }  // namespace
 }  // namespace fathom

@@ -68,6 +68,55 @@ TEST(WeightsTest, StatsForRealConfig) {
   EXPECT_EQ(st.bytes_by_dtype.at(DType::kBF16), 2 * 7615616512);
   // Decode reads everything but the embedding table (one row of it).
   EXPECT_NEAR(st.bytes_read_per_token, 2.0 * (7615616512 - 152064 * 3584 + 3584), 1.0);
+  EXPECT_NEAR(st.active_params, 7615616512.0 - 152064 * 3584 + 3584, 1.0);
+}
+
+TEST(WeightsTest, DeepseekTotalAndActiveParameters) {
+  struct Want {
+    const char* config;
+    double total_b, active_b;
+  };
+  for (const Want& w : {Want{"deepseek-v3", 671.07, 36.63}, Want{"deepseek-v2-lite", 15.71, 2.45}}) {
+    auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + w.config + ".json");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    auto arch = FindArchitecture(cfg->architecture);
+    ASSERT_TRUE(arch.ok());
+    WeightStats st = ComputeWeightStats((*arch)->weight_specs(*cfg), nullptr);
+    EXPECT_NEAR(st.total_params / 1e9, w.total_b, 0.01) << w.config;
+    EXPECT_NEAR(st.active_params / 1e9, w.active_b, 0.01) << w.config;
+    EXPECT_EQ((*arch)->kv_cache_spec(*cfg).values_per_token() * 2,
+              cfg->num_layers * (cfg->mla.kv_lora_rank + cfg->mla.qk_rope_head_dim) * 2);
+  }
+}
+
+TEST(WeightsTest, MissingExpertAndScaleTensorsAreClearErrors) {
+  for (const auto& [fixture, drop] : std::vector<std::pair<std::string, std::string>>{
+           {"deepseek-v3-tiny", "model.layers.1.mlp.experts.3.up_proj.weight"},
+           {"deepseek-v3-fp8-tiny", "model.layers.0.self_attn.o_proj.weight_scale_inv"}}) {
+    const fs::path dir = fs::temp_directory_path() / ("fathom_drop_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy_file(testing::ModelDir(fixture) + "/config.json", dir / "config.json");
+    auto src = Checkpoint::Open(testing::ModelDir(fixture));
+    ASSERT_TRUE(src.ok());
+    std::vector<SafetensorsWriteItem> items;
+    for (const std::string& name : (*src)->names()) {
+      if (name == drop) continue;
+      const SafetensorsEntry* e = *(*src)->Entry(name);
+      TensorView v = *(*src)->Get(name);
+      items.push_back({name, e->dtype, e->shape, {static_cast<const uint8_t*>(v.raw()), v.nbytes()}});
+    }
+    ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), items).ok());
+    auto cfg = LoadModelConfig(dir.string());
+    ASSERT_TRUE(cfg.ok());
+    CpuBackend cpu;
+    LoadOptions o;
+    o.show_progress = false;
+    Status s = LoadModel(dir.string(), *cfg, o, cpu).status();
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << fixture;
+    EXPECT_NE(s.message().find(drop), std::string::npos) << s.message();
+    fs::remove_all(dir);
+  }
 }
 
 TEST(WeightsTest, TiedEmbeddingsCountOnce) {

@@ -13,10 +13,11 @@ namespace fathom::testing {
 std::string DataDir() { return FATHOM_TEST_DATA_DIR; }
 std::string ModelDir(const std::string& name) { return DataDir() + "/models/" + name; }
 
-StatusOr<GoldenSet> LoadGolden(const std::string& model_dir) {
-  FATHOM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(model_dir + "/expected.safetensors"));
+StatusOr<GoldenSet> LoadGolden(const std::string& model_dir, const std::string& file_name, int only_case) {
+  FATHOM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(model_dir + "/" + file_name));
   GoldenSet g;
-  for (int k = 0;; ++k) {
+  for (int k = only_case < 0 ? 0 : only_case;; ++k) {
+    if (only_case >= 0 && k > only_case) break;
     const SafetensorsEntry* ids = file->Find(fmt::format("case{}.input_ids", k));
     if (ids == nullptr) break;
     const SafetensorsEntry* logits = file->Find(fmt::format("case{}.logits", k));

@@ -30,8 +30,9 @@ struct GoldenSet {
   std::vector<GoldenCase> cases;
 };
 
-// Reads `<dir>/expected.safetensors` (case0..case3) through fathom's own safetensors reader.
-StatusOr<GoldenSet> LoadGolden(const std::string& model_dir);
+// Reads `<dir>/<file>` (case0..case3, or only case `only_case`) through fathom's own safetensors reader.
+StatusOr<GoldenSet> LoadGolden(const std::string& model_dir, const std::string& file = "expected.safetensors",
+                               int only_case = -1);
 
 // A pool of block ids handed out in a shuffled order, so that block tables are never the identity.
 class ScatteredBlocks {

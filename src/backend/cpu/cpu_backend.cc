@@ -14,8 +14,6 @@ namespace fathom {
 
 namespace {
 
-using cpu::ConvertFromF32;
-using cpu::ConvertToF32;
 using cpu::DotF32;
 
 ThreadPool& Pool() { return DefaultThreadPool(); }
@@ -313,6 +311,44 @@ void CpuBackend::GatherRows(const TensorView& x, const TensorView& indices, cons
       return;
     }
     std::memcpy(F32Row(out, i), F32Row(x, r), static_cast<size_t>(d) * sizeof(float));
+  }
+}
+
+void CpuBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
+                                const TensorView& out) {
+  const int64_t m = indices.dim(0), d = x.dim(1);
+  FATHOM_CHECK_EQ(out.dim(1), d);
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t r = indices.data<int32_t>()[i];
+    if (r < 0 || r >= out.dim(0)) {
+      Fail(InvalidArgumentError(fmt::format("scatter index {} outside [0, {})", r, out.dim(0))));
+      return;
+    }
+  }
+  // Serial over i keeps the accumulation order fixed; parallel over columns.
+  Pool().ParallelFor(d, 256, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = 0; i < m; ++i) {
+      const float w = weights.data<float>()[i];
+      const float* src = F32Row(x, i);
+      float* dst = F32Row(out, indices.data<int32_t>()[i]);
+      for (int64_t c = lo; c < hi; ++c) dst[c] += w * src[c];
+    }
+  });
+}
+
+void CpuBackend::Copy(const TensorView& src, const TensorView& dst) {
+  FATHOM_CHECK_EQ(src.ndim(), dst.ndim());
+  FATHOM_CHECK(src.ndim() == 2 || src.ndim() == 3, "Copy of a {}-d view", src.ndim());
+  FATHOM_CHECK(src.dtype() == DType::kF32 && dst.dtype() == DType::kF32, "Copy of non-f32 views");
+  for (int i = 0; i < src.ndim(); ++i) FATHOM_CHECK_EQ(src.dim(i), dst.dim(i));
+  const int64_t d0 = src.dim(0), d1 = src.ndim() == 3 ? src.dim(1) : 1, inner = src.dim(src.ndim() - 1);
+  FATHOM_CHECK(src.stride(src.ndim() - 1) == 1 && dst.stride(dst.ndim() - 1) == 1, "Copy needs unit inner strides");
+  for (int64_t a = 0; a < d0; ++a) {
+    for (int64_t b = 0; b < d1; ++b) {
+      const int64_t so = a * src.stride(0) + (src.ndim() == 3 ? b * src.stride(1) : 0);
+      const int64_t dof = a * dst.stride(0) + (dst.ndim() == 3 ? b * dst.stride(1) : 0);
+      std::memcpy(dst.data<float>() + dof, src.data<float>() + so, static_cast<size_t>(inner) * sizeof(float));
+    }
   }
 }
 

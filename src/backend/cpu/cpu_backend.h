@@ -37,6 +37,9 @@ class CpuBackend final : public Backend {
   void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
+  void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
+                      const TensorView& out) override;
+  void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 
  private:

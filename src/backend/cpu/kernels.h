@@ -1,6 +1,6 @@
-// Scalar CPU kernels shared by CpuBackend's ops: dtype-converting row loads and a vectorizable dot product.
+// Scalar CPU kernels shared by CpuBackend's ops: a vectorized dot product. (Dtype conversion of whole rows is
+// core's ConvertToF32 / ConvertFromF32.)
 //
-//   LoadRowF32(w_view, row, buf);        // any float dtype -> float32 [cols]
 //   float d = DotF32(a, b, n);
 #pragma once
 
@@ -9,11 +9,6 @@
 #include "core/tensor.h"
 
 namespace fathom::cpu {
-
-// Converts `count` elements of `src` (dtype `dtype`) starting at element `offset` into float32.
-void ConvertToF32(const void* src, DType dtype, int64_t offset, int64_t count, float* dst);
-// Converts float32 into `dtype` (f32, f16 or bf16).
-void ConvertFromF32(const float* src, int64_t count, DType dtype, void* dst, int64_t offset);
 
 float DotF32(const float* a, const float* b, int64_t n);
 

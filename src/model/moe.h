@@ -1,0 +1,42 @@
+// Mixture-of-experts routing as DeepSeek defines it, on the host in float32. Backends with a device router must
+// choose exactly the same experts (see the tie rule).
+//
+//   RouterConfig rc = RouterConfigFrom(cfg.moe);
+//   std::vector<int32_t> ids(n * rc.top_k);     // [n_tokens, top_k]
+//   std::vector<float> weights(n * rc.top_k);   // [n_tokens, top_k]
+//   RouteExperts(rc, logits /* [n_tokens, n_experts] */, n, bias /* [n_experts] or nullptr */, ids.data(),
+//                weights.data());
+//
+// Tie rule: between equal scores the lower expert (or group) index wins; selected experts are listed from the
+// highest selection score down.
+#pragma once
+
+#include <cstdint>
+
+#include "io/model_config.h"
+
+namespace fathom {
+
+struct RouterConfig {
+  enum class Scoring { kSoftmax, kSigmoid };
+  enum class Method { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  Scoring scoring = Scoring::kSoftmax;
+  Method method = Method::kGreedy;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+RouterConfig RouterConfigFrom(const MoeConfig& moe);
+
+// V2: softmax scores; greedy top-k, or top-k within the topk_group groups with the highest max score.
+// V3 (noaux_tc): sigmoid scores; selection on score + bias; groups ranked by the sum of their top-2 selection
+// scores; experts outside the kept groups masked to -inf. Weights are the unbiased scores of the chosen experts,
+// normalized to sum 1 when norm_topk_prob, then times routed_scaling_factor.
+void RouteExperts(const RouterConfig& rc, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
+                  float* weights);
+
+}  // namespace fathom
