@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef FATHOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "cli/cli_util.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
@@ -32,7 +35,7 @@ struct ModelOptions {
 
 void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--model", o.model, "Model folder (config.json + safetensors)")->required();
-  cmd->add_option("--device", o.device, "Backend: cpu")->capture_default_str();
+  cmd->add_option("--device", o.device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--load-format", o.load_format, "auto | safetensors | dummy (random weights, no checkpoint)")
       ->capture_default_str();
   cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block")->capture_default_str();
@@ -45,16 +48,33 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 
+// "cpu", "cuda" or "cuda:N".
+StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (device.size() > 5) {
+      FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> parsed, ParseTokenList(device.substr(5)));
+      index = parsed[0];
+    }
+#ifdef FATHOM_HAVE_CUDA
+    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, CudaBackend::Create(index));
+    return std::unique_ptr<Backend>(std::move(gpu));
+#else
+    (void)index;
+    return UnimplementedError("this fathom was built without CUDA (configure with the cuda-release preset)");
+#endif
+  }
+  return InvalidArgumentError(fmt::format("unknown device '{}' (use cpu, cuda or cuda:N)", device));
+}
+
 StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
   if (o.threads > 0) SetDefaultThreadCount(o.threads);
-  if (o.device != "cpu") {
-    return UnimplementedError(fmt::format("device '{}' cannot run models yet; use --device cpu", o.device));
-  }
   if (o.block_size <= 0) return InvalidArgumentError("--block-size must be positive");
   FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.load_format));
   Loaded l;
-  l.backend = std::make_unique<CpuBackend>();
+  FATHOM_ASSIGN_OR_RETURN(l.backend, MakeBackend(o.device));
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.seed;

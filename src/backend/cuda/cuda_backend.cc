@@ -1,0 +1,212 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace fathom {
+
+namespace {
+
+Status CudaStatus(cudaError_t e, std::string_view what) {
+  if (e == cudaSuccess) return OkStatus();
+  const StatusCode code = e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  return Status(code, fmt::format("{}: CUDA error {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+int Dt(const TensorView& t) { return static_cast<int>(t.dtype()); }
+
+cuda::CacheView Cache(const TensorView& c) {
+  return cuda::CacheView{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  int count = 0;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (device < 0 || device >= count) {
+    return InvalidArgumentError(fmt::format("CUDA device {} does not exist ({} found)", device, count));
+  }
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  std::unique_ptr<CudaBackend> be(new CudaBackend());
+  be->device_ = device;
+  cudaStream_t s = nullptr;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+  be->stream_ = s;
+  return be;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CudaBackend::Check(int err, const char* op) {
+  if (err == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = CudaStatus(static_cast<cudaError_t>(err), op);
+}
+
+Status CudaBackend::Synchronize() {
+  Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "cudaStreamSynchronize");
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = first_error_;
+  first_error_ = OkStatus();
+  return s;
+}
+
+Tensor CudaBackend::Alloc(DType dtype, std::span<const int64_t> shape) {
+  TensorView probe(nullptr, dtype, shape);
+  const size_t bytes = std::max<size_t>(probe.nbytes(), 16);
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  FATHOM_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(e));
+  Check(static_cast<int>(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream_))), "cudaMemsetAsync");
+  return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
+}
+
+StatusOr<Tensor> CudaBackend::Upload(const TensorView& host) {
+  if (host.device() != Device::kCpu || !host.is_contiguous()) {
+    return InvalidArgumentError("CudaBackend::Upload needs a contiguous host tensor");
+  }
+  const std::vector<int64_t> shape = host.shape();
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(host.nbytes(), 16);
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of {} bytes", bytes)));
+  Tensor t = Tensor::Adopt(p, host.dtype(), shape, Device::kCuda, [](void* q) { cudaFree(q); });
+  if (host.nbytes() > 0) {
+    FATHOM_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(p, host.raw(), host.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
+        "upload"));
+    // The host buffer may be freed by the caller right after; finish the copy first.
+    FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "upload"));
+  }
+  return t;
+}
+
+Status CudaBackend::CopyToHost(const TensorView& src, void* dst) {
+  if (!src.is_contiguous()) return InvalidArgumentError("CopyToHost needs a contiguous tensor");
+  FATHOM_RETURN_IF_ERROR(Synchronize());
+  return CudaStatus(cudaMemcpy(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost), "copy to host");
+}
+
+void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  Check(cuda::LaunchEmbedding(ids.data<int32_t>(), ids.dim(0), table.raw(), Dt(table), table.stride(0), table.dim(1),
+                              out.data<float>(), out.stride(0), stream_),
+        "Embedding");
+}
+
+void CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  Check(cuda::LaunchRmsNorm(x.data<float>(), x.stride(0), nullptr, 0, weight.raw(), Dt(weight), eps,
+                            out.data<float>(), out.stride(0), x.dim(0), x.dim(1), stream_),
+        "RmsNorm");
+}
+
+void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                             const TensorView& out) {
+  Check(cuda::LaunchRmsNorm(residual.data<float>(), residual.stride(0), x.data<float>(), x.stride(0), weight.raw(),
+                            Dt(weight), eps, out.data<float>(), out.stride(0), residual.dim(0), residual.dim(1),
+                            stream_),
+        "AddRmsNorm");
+}
+
+void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
+  FATHOM_CHECK_EQ(w.in_features(), x.dim(1));
+  FATHOM_CHECK_EQ(out.dim(1), w.out_features());
+  const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
+  Check(cuda::LaunchLinear(x.data<float>(), x.stride(0), x.dim(0), x.dim(1), w.weight.raw(), Dt(w.weight),
+                           w.weight.stride(0), w.out_features(), fp8 ? w.scale_inv.data<float>() : nullptr,
+                           fp8 ? w.scale_inv.stride(0) : 0, w.block_n, w.block_k,
+                           w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
+                           out.data<float>(), out.stride(0), stream_),
+        "Linear");
+}
+
+void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
+  Check(cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
+                               stream_),
+        "AddInPlace");
+}
+
+void CudaBackend::SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  Check(cuda::LaunchSiluMul(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), out.data<float>(),
+                            out.stride(0), gate.dim(0), gate.dim(1), stream_),
+        "SiluMul");
+}
+
+void CudaBackend::RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale,
+                             const TensorView& cos, const TensorView& sin) {
+  Check(cuda::LaunchRopeCosSin(positions.data<int32_t>(), positions.dim(0), inv_freq.data<float>(), inv_freq.dim(0),
+                               scale, cos.data<float>(), sin.data<float>(), stream_),
+        "RopeCosSin");
+}
+
+void CudaBackend::ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) {
+  FATHOM_CHECK_EQ(x.stride(2), 1);
+  Check(cuda::LaunchApplyRope(x.data<float>(), x.dim(0), x.dim(1), x.stride(0), x.stride(1), cos.data<float>(),
+                              sin.data<float>(), cos.dim(1), interleaved, stream_),
+        "ApplyRope");
+}
+
+void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
+                          const KvLayerView& cache) {
+  Check(cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
+                               meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_),
+        "WriteKv(k)");
+  if (!v.empty()) {
+    Check(cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
+                                 meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_),
+          "WriteKv(v)");
+  }
+}
+
+void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
+                                 float scale, const TensorView& out) {
+  cuda::AttentionArgs a{};
+  a.q = q.data<float>();
+  a.q_s0 = q.stride(0);
+  a.q_s1 = q.stride(1);
+  a.out = out.data<float>();
+  a.o_s0 = out.stride(0);
+  a.o_s1 = out.stride(1);
+  a.n = q.dim(0);
+  a.heads = q.dim(1);
+  a.kv_heads = cache.k.dim(2);
+  a.k_dim = q.dim(2);
+  a.v_dim = out.dim(2);
+  a.k = Cache(cache.k);
+  a.v = Cache(cache.v);
+  a.positions = meta.positions.data<int32_t>();
+  a.query_start = meta.query_start.data<int32_t>();
+  a.block_table_start = meta.block_table_start.data<int32_t>();
+  a.block_tables = meta.block_tables.data<int32_t>();
+  a.num_seqs = meta.num_seqs;
+  a.block_size = meta.block_size;
+  a.max_seq_len = meta.max_seq_len;
+  a.scale = scale;
+  Check(cuda::LaunchPagedAttention(a, stream_), "PagedAttention");
+}
+
+void CudaBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
+  Check(cuda::LaunchGatherRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), indices.dim(0), x.dim(1),
+                               out.data<float>(), out.stride(0), stream_),
+        "GatherRows");
+}
+
+void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
+                                 const TensorView& out) {
+  Check(cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
+                                   indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_),
+        "ScatterAddRows");
+}
+
+void CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
+  const bool three = src.ndim() == 3;
+  Check(cuda::LaunchCopy(src.data<float>(), src.stride(0), three ? src.stride(1) : 0, dst.data<float>(),
+                         dst.stride(0), three ? dst.stride(1) : 0, src.dim(0), three ? src.dim(1) : 1,
+                         src.dim(src.ndim() - 1), stream_),
+        "Copy");
+}
+
+}  // namespace fathom

@@ -1,0 +1,75 @@
+// CUDA kernel launchers. Each takes device pointers, element strides and a stream, never allocates, and returns the
+// launch's cudaError_t (as int, so that this header needs no CUDA include). Activations are float32; weights and
+// tables are f32, f16, bf16 or (Linear) f8 e4m3 with float32 block scales, named by fathom::DType's integer value.
+//
+//   int err = cuda::LaunchRmsNorm(x, x_stride, w, w_dtype, eps, out, out_stride, rows, cols, stream);
+#pragma once
+
+#include <cstdint>
+
+namespace fathom::cuda {
+
+using Stream = void*;  // cudaStream_t
+
+int LaunchEmbedding(const int32_t* ids, int64_t n, const void* table, int table_dtype, int64_t table_stride,
+                    int64_t hidden, float* out, int64_t out_stride, Stream s);
+
+// residual (optional, may be null): residual += add first, then out = rmsnorm(residual).
+int LaunchRmsNorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const void* w, int w_dtype,
+                  float eps, float* out, int64_t out_stride, int64_t rows, int64_t cols, Stream s);
+
+// out[t, r] = sum_c x[t, c] * W[r, c] (* scale_inv[r / bn, c / bk] for f8) + bias[r]
+int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const void* w, int w_dtype,
+                 int64_t w_stride, int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk,
+                 const void* bias, int bias_dtype, float* out, int64_t out_stride, Stream s);
+
+int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t rows, int64_t cols,
+                     Stream s);
+
+int LaunchSiluMul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out,
+                  int64_t o_stride, int64_t rows, int64_t cols, Stream s);
+
+int LaunchRopeCosSin(const int32_t* positions, int64_t n, const float* inv_freq, int64_t half, float scale,
+                     float* cos, float* sin, Stream s);
+
+// x [n, heads, >= 2 * half] with strides (s0, s1, 1); rotates in place.
+int LaunchApplyRope(float* x, int64_t n, int64_t heads, int64_t s0, int64_t s1, const float* cos, const float* sin,
+                    int64_t half, bool interleaved, Stream s);
+
+struct CacheView {
+  void* data;
+  int dtype;
+  int64_t s0, s1, s2;  // block, offset, head strides (elements)
+};
+
+// src [n, heads, dim] strides (s0, s1, 1) -> cache rows at slot_mapping.
+int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
+                     const int32_t* slot_mapping, int64_t block_size, CacheView cache, Stream s);
+
+struct AttentionArgs {
+  const float* q;  // [n, heads, k_dim]
+  int64_t q_s0, q_s1;
+  float* out;  // [n, heads, v_dim]
+  int64_t o_s0, o_s1;
+  int64_t n, heads, kv_heads, k_dim, v_dim;
+  CacheView k, v;
+  const int32_t* positions;
+  const int32_t* query_start;
+  const int32_t* block_table_start;
+  const int32_t* block_tables;
+  int64_t num_seqs;
+  int64_t block_size;
+  int64_t max_seq_len;
+  float scale;
+};
+int LaunchPagedAttention(const AttentionArgs& a, Stream s);
+
+int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64_t m, int64_t d, float* out,
+                     int64_t out_stride, Stream s);
+int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, const float* w, int64_t m, int64_t d,
+                         float* out, int64_t out_stride, Stream s);
+// 3-d strided copy (a 2-d copy passes d1 = 1).
+int LaunchCopy(const float* src, int64_t s0, int64_t s1, float* dst, int64_t d0s, int64_t d1s, int64_t d0, int64_t d1,
+               int64_t inner, Stream s);
+
+}  // namespace fathom::cuda
