@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -142,12 +143,16 @@ Status RunGreedy(const ModelOptions& o, const std::string& tokens_arg, int max_t
   std::vector<int32_t> step = tokens;
   int32_t cached = 0;
   std::vector<float> host(static_cast<size_t>(cfg.vocab_size));
+  using Clock = std::chrono::steady_clock;
+  double prefill_s = 0.0, decode_s = 0.0;
   for (int i = 0; i < max_tokens; ++i) {
     ForwardBatch batch(o.block_size);
     batch.AddSequence(step, cached, table, LogitsMode::kLast);
     Tensor logits;
+    const auto t0 = Clock::now();
     FATHOM_RETURN_IF_ERROR(l.model->Forward(batch, kv, &logits));
     FATHOM_RETURN_IF_ERROR(l.backend->CopyToHost(logits, host.data()));
+    (i == 0 ? prefill_s : decode_s) += std::chrono::duration<double>(Clock::now() - t0).count();
     cached += static_cast<int32_t>(step.size());
     const int32_t next = Argmax(host.data(), cfg.vocab_size);
     out.push_back(next);
@@ -156,6 +161,10 @@ Status RunGreedy(const ModelOptions& o, const std::string& tokens_arg, int max_t
     step.assign(1, next);
   }
   std::cout << fmt::format("{}", fmt::join(out, " ")) << "\n";
+  const size_t decoded = out.empty() ? 0 : out.size() - 1;
+  FATHOM_LOG_INFO("prefill: {} tokens in {:.2f} ms; decode: {} tokens in {:.2f} ms ({:.1f} tok/s, batch 1, {})",
+                  tokens.size(), prefill_s * 1e3, decoded, decode_s * 1e3,
+                  decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0.0, l.backend->name());
   return OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 
@@ -133,6 +134,49 @@ __global__ void LinearKernel(const float* x, int64_t xs, int64_t n, int64_t in, 
   for (int j = 0; j < kTok; ++j) {
     const float v = WarpSum(acc[j]);
     if (lane == 0 && j < tn) out[(t0 + j) * os + r] = v + b;
+  }
+}
+
+// bf16 weights with 16-byte aligned rows: each lane loads 8 weights (16 bytes) at a time, so a warp streams 512
+// contiguous bytes of the row per step; several steps stay in flight (unrolled). This is the decode-shaped GEMV.
+__global__ void LinearBf16VecKernel(const float* x, int64_t xs, int64_t n, int64_t in, const __nv_bfloat16* w,
+                                    int64_t ws, int64_t m, const void* bias, int bd, float* out, int64_t os) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  if (r >= m) return;
+  float acc[kTok];
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
+  const int64_t tn = min(static_cast<int64_t>(kTok), n - t0);
+  const uint4* wr = reinterpret_cast<const uint4*>(w + r * ws);
+  const int64_t chunks = in / 8;
+#pragma unroll 4
+  for (int64_t k = lane; k < chunks; k += 32) {
+    const uint4 raw = __ldg(wr + k);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(h[e]);
+      wf[2 * e] = f.x;
+      wf[2 * e + 1] = f.y;
+    }
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      if (j < tn) {
+        const float4* xv = reinterpret_cast<const float4*>(x + (t0 + j) * xs + k * 8);
+        const float4 a = xv[0], b = xv[1];
+        acc[j] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] +
+                  b.w * wf[7];
+      }
+    }
+  }
+  const float bv = bias != nullptr ? Load(bias, bd, r) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) {
+    const float v = WarpSum(acc[j]);
+    if (lane == 0 && j < tn) out[(t0 + j) * os + r] = v + bv;
   }
 }
 
@@ -270,7 +314,16 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
   if (n == 0 || m == 0) return 0;
   constexpr int kWarps = 8;
   dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok));
-  LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os);
+  const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       in % 8 == 0 && ws % 8 == 0 && xs % 4 == 0;
+  // FATHOM_CUDA_GENERIC_LINEAR=1 forces the generic kernel, to measure one against the other.
+  static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
+  if (wd == kBF16 && aligned && !force_generic) {
+    LinearBf16VecKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, static_cast<const __nv_bfloat16*>(w), ws, m,
+                                                        bias, bd, out, os);
+  } else {
+    LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os);
+  }
   return Done();
 }
 
