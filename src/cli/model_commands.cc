@@ -153,6 +153,11 @@ Status RunGreedy(const ModelOptions& o, const std::string& tokens_arg, int max_t
     FATHOM_RETURN_IF_ERROR(l.model->Forward(batch, kv, &logits));
     FATHOM_RETURN_IF_ERROR(l.backend->CopyToHost(logits, host.data()));
     (i == 0 ? prefill_s : decode_s) += std::chrono::duration<double>(Clock::now() - t0).count();
+#ifdef FATHOM_HAVE_CUDA
+    if (i == 0) {
+      if (auto* gpu = dynamic_cast<CudaBackend*>(l.backend.get())) gpu->ResetProfile();  // time decode steps only
+    }
+#endif
     cached += static_cast<int32_t>(step.size());
     const int32_t next = Argmax(host.data(), cfg.vocab_size);
     out.push_back(next);
@@ -165,6 +170,12 @@ Status RunGreedy(const ModelOptions& o, const std::string& tokens_arg, int max_t
   FATHOM_LOG_INFO("prefill: {} tokens in {:.2f} ms; decode: {} tokens in {:.2f} ms ({:.1f} tok/s, batch 1, {})",
                   tokens.size(), prefill_s * 1e3, decoded, decode_s * 1e3,
                   decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0.0, l.backend->name());
+#ifdef FATHOM_HAVE_CUDA
+  if (auto* gpu = dynamic_cast<CudaBackend*>(l.backend.get())) {
+    const std::string report = gpu->ProfileReport();
+    if (!report.empty()) std::cerr << "kernel time over the decode steps (FATHOM_CUDA_PROFILE):\n" << report;
+  }
+#endif
   return OkStatus();
 }
 

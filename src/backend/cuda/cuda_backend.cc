@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "backend/cuda/kernels.h"
 
 namespace fathom {
@@ -35,11 +38,84 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
+  if (std::getenv("FATHOM_CUDA_PROFILE") != nullptr) be->profile_ = std::make_unique<Profile>();
   return be;
 }
 
 CudaBackend::~CudaBackend() {
+  if (workspace_ != nullptr) cudaFree(workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void* CudaBackend::Workspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  // Grows (rarely): the stream must be done with the old buffer before it is freed.
+  Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "workspace");
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+  const cudaError_t e = cudaMalloc(&workspace_, bytes);
+  if (e != cudaSuccess) {
+    Check(static_cast<int>(e), "workspace cudaMalloc");
+    workspace_ = nullptr;
+    return nullptr;
+  }
+  workspace_bytes_ = bytes;
+  return workspace_;
+}
+
+CudaBackend::Profile::~Profile() = default;
+
+void CudaBackend::Launch(const char* op, const std::function<int()>& launch) {
+  if (!profile_) {
+    Check(launch(), op);
+    return;
+  }
+  cudaEvent_t start = nullptr, end = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&end);
+  cudaEventRecord(start, static_cast<cudaStream_t>(stream_));
+  Check(launch(), op);
+  cudaEventRecord(end, static_cast<cudaStream_t>(stream_));
+  profile_->pending.push_back({op, start, end});
+}
+
+void CudaBackend::CollectProfile() {
+  if (!profile_) return;
+  for (const auto& p : profile_->pending) {
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(p.start), static_cast<cudaEvent_t>(p.end));
+    auto& row = profile_->totals[p.op];
+    row.first += ms;
+    row.second += 1;
+    cudaEventDestroy(static_cast<cudaEvent_t>(p.start));
+    cudaEventDestroy(static_cast<cudaEvent_t>(p.end));
+  }
+  profile_->pending.clear();
+}
+
+std::string CudaBackend::ProfileReport() {
+  if (!profile_) return "";
+  CollectProfile();
+  double total = 0.0;
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(profile_->totals.begin(),
+                                                                       profile_->totals.end());
+  for (const auto& r : rows) total += r.second.first;
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::string out = fmt::format("{:<16} {:>10} {:>8} {:>10} {:>7}\n", "op", "total ms", "calls", "us/call", "share");
+  for (const auto& [op, v] : rows) {
+    out += fmt::format("{:<16} {:>10.2f} {:>8} {:>10.1f} {:>6.1f}%\n", op, v.first, v.second,
+                       1e3 * v.first / static_cast<double>(std::max<int64_t>(v.second, 1)),
+                       total > 0 ? 100.0 * v.first / total : 0.0);
+  }
+  out += fmt::format("{:<16} {:>10.2f}\n", "all kernels", total);
+  return out;
+}
+
+void CudaBackend::ResetProfile() {
+  if (!profile_) return;
+  CollectProfile();
+  profile_->totals.clear();
 }
 
 void CudaBackend::Check(int err, const char* op) {
@@ -50,6 +126,7 @@ void CudaBackend::Check(int err, const char* op) {
 
 Status CudaBackend::Synchronize() {
   Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "cudaStreamSynchronize");
+  CollectProfile();
   std::lock_guard<std::mutex> lock(mu_);
   Status s = first_error_;
   first_error_ = OkStatus();
@@ -92,72 +169,62 @@ Status CudaBackend::CopyToHost(const TensorView& src, void* dst) {
 }
 
 void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
-  Check(cuda::LaunchEmbedding(ids.data<int32_t>(), ids.dim(0), table.raw(), Dt(table), table.stride(0), table.dim(1),
-                              out.data<float>(), out.stride(0), stream_),
-        "Embedding");
+  Launch("Embedding", [&] { return cuda::LaunchEmbedding(ids.data<int32_t>(), ids.dim(0), table.raw(), Dt(table), table.stride(0), table.dim(1),
+                              out.data<float>(), out.stride(0), stream_); });
 }
 
 void CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
-  Check(cuda::LaunchRmsNorm(x.data<float>(), x.stride(0), nullptr, 0, weight.raw(), Dt(weight), eps,
-                            out.data<float>(), out.stride(0), x.dim(0), x.dim(1), stream_),
-        "RmsNorm");
+  Launch("RmsNorm", [&] { return cuda::LaunchRmsNorm(x.data<float>(), x.stride(0), nullptr, 0, weight.raw(), Dt(weight), eps,
+                            out.data<float>(), out.stride(0), x.dim(0), x.dim(1), stream_); });
 }
 
 void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                              const TensorView& out) {
-  Check(cuda::LaunchRmsNorm(residual.data<float>(), residual.stride(0), x.data<float>(), x.stride(0), weight.raw(),
+  Launch("AddRmsNorm", [&] { return cuda::LaunchRmsNorm(residual.data<float>(), residual.stride(0), x.data<float>(), x.stride(0), weight.raw(),
                             Dt(weight), eps, out.data<float>(), out.stride(0), residual.dim(0), residual.dim(1),
-                            stream_),
-        "AddRmsNorm");
+                            stream_); });
 }
 
 void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
   FATHOM_CHECK_EQ(w.in_features(), x.dim(1));
   FATHOM_CHECK_EQ(out.dim(1), w.out_features());
   const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
-  Check(cuda::LaunchLinear(x.data<float>(), x.stride(0), x.dim(0), x.dim(1), w.weight.raw(), Dt(w.weight),
+  Launch("Linear", [&] { return cuda::LaunchLinear(x.data<float>(), x.stride(0), x.dim(0), x.dim(1), w.weight.raw(), Dt(w.weight),
                            w.weight.stride(0), w.out_features(), fp8 ? w.scale_inv.data<float>() : nullptr,
                            fp8 ? w.scale_inv.stride(0) : 0, w.block_n, w.block_k,
                            w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
-                           out.data<float>(), out.stride(0), stream_),
-        "Linear");
+                           out.data<float>(), out.stride(0), stream_); });
 }
 
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
-  Check(cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
-                               stream_),
-        "AddInPlace");
+  Launch("AddInPlace", [&] { return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
+                               stream_); });
 }
 
 void CudaBackend::SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) {
-  Check(cuda::LaunchSiluMul(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), out.data<float>(),
-                            out.stride(0), gate.dim(0), gate.dim(1), stream_),
-        "SiluMul");
+  Launch("SiluMul", [&] { return cuda::LaunchSiluMul(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), out.data<float>(),
+                            out.stride(0), gate.dim(0), gate.dim(1), stream_); });
 }
 
 void CudaBackend::RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale,
                              const TensorView& cos, const TensorView& sin) {
-  Check(cuda::LaunchRopeCosSin(positions.data<int32_t>(), positions.dim(0), inv_freq.data<float>(), inv_freq.dim(0),
-                               scale, cos.data<float>(), sin.data<float>(), stream_),
-        "RopeCosSin");
+  Launch("RopeCosSin", [&] { return cuda::LaunchRopeCosSin(positions.data<int32_t>(), positions.dim(0), inv_freq.data<float>(), inv_freq.dim(0),
+                               scale, cos.data<float>(), sin.data<float>(), stream_); });
 }
 
 void CudaBackend::ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) {
   FATHOM_CHECK_EQ(x.stride(2), 1);
-  Check(cuda::LaunchApplyRope(x.data<float>(), x.dim(0), x.dim(1), x.stride(0), x.stride(1), cos.data<float>(),
-                              sin.data<float>(), cos.dim(1), interleaved, stream_),
-        "ApplyRope");
+  Launch("ApplyRope", [&] { return cuda::LaunchApplyRope(x.data<float>(), x.dim(0), x.dim(1), x.stride(0), x.stride(1), cos.data<float>(),
+                              sin.data<float>(), cos.dim(1), interleaved, stream_); });
 }
 
 void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
                           const KvLayerView& cache) {
-  Check(cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
-                               meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_),
-        "WriteKv(k)");
+  Launch("WriteKv(k)", [&] { return cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
+                               meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_); });
   if (!v.empty()) {
-    Check(cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
-                                 meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_),
-          "WriteKv(v)");
+    Launch("WriteKv(v)", [&] { return cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
+                                 meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_); });
   }
 }
 
@@ -185,28 +252,34 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.block_size = meta.block_size;
   a.max_seq_len = meta.max_seq_len;
   a.scale = scale;
-  Check(cuda::LaunchPagedAttention(a, stream_), "PagedAttention");
+  // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
+  // (token, head).
+  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a);
+  if (ws <= kMaxAttentionWorkspace && std::getenv("FATHOM_CUDA_NO_SPLIT_ATTENTION") == nullptr) {
+    void* w = Workspace(static_cast<size_t>(ws));
+    if (w == nullptr) return;
+    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, w, stream_); });
+  } else {
+    Launch("PagedAttention", [&] { return cuda::LaunchPagedAttention(a, stream_); });
+  }
 }
 
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
-  Check(cuda::LaunchGatherRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), indices.dim(0), x.dim(1),
-                               out.data<float>(), out.stride(0), stream_),
-        "GatherRows");
+  Launch("GatherRows", [&] { return cuda::LaunchGatherRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), indices.dim(0), x.dim(1),
+                               out.data<float>(), out.stride(0), stream_); });
 }
 
 void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                                  const TensorView& out) {
-  Check(cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
-                                   indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_),
-        "ScatterAddRows");
+  Launch("ScatterAddRows", [&] { return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
+                                   indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_); });
 }
 
 void CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
   const bool three = src.ndim() == 3;
-  Check(cuda::LaunchCopy(src.data<float>(), src.stride(0), three ? src.stride(1) : 0, dst.data<float>(),
+  Launch("Copy", [&] { return cuda::LaunchCopy(src.data<float>(), src.stride(0), three ? src.stride(1) : 0, dst.data<float>(),
                          dst.stride(0), three ? dst.stride(1) : 0, src.dim(0), three ? src.dim(1) : 1,
-                         src.dim(src.ndim() - 1), stream_),
-        "Copy");
+                         src.dim(src.ndim() - 1), stream_); });
 }
 
 }  // namespace fathom

@@ -9,7 +9,11 @@
 // Launch errors are recorded and returned by Synchronize().
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 #include <mutex>
 
 #include "model/backend.h"
@@ -50,9 +54,34 @@ class CudaBackend final : public Backend {
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 
+  // With FATHOM_CUDA_PROFILE set, every launch is timed with CUDA events; this returns the per-op table (total
+  // time, calls, time per call, share) since the backend was created. Empty when profiling is off.
+  std::string ProfileReport();
+  // Forgets what was timed so far (to time decode steps apart from the prefill).
+  void ResetProfile();
+
  private:
+  struct Profile {
+    struct Pending {
+      const char* op;
+      void* start;  // cudaEvent_t
+      void* end;
+    };
+    ~Profile();
+    std::vector<Pending> pending;
+    std::map<std::string, std::pair<double, int64_t>> totals;  // op -> (ms, calls)
+  };
+
   CudaBackend() = default;
   void Check(int err, const char* op);
+  void Launch(const char* op, const std::function<int()>& launch);
+  void CollectProfile();
+  std::unique_ptr<Profile> profile_;
+  // Scratch memory for kernels that need it (split-K attention partials); grows on demand, never shrinks.
+  void* Workspace(size_t bytes);
+  static constexpr int64_t kMaxAttentionWorkspace = 256ll << 20;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::mutex mu_;

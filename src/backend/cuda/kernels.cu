@@ -138,17 +138,19 @@ __global__ void LinearKernel(const float* x, int64_t xs, int64_t n, int64_t in, 
 }
 
 // bf16 weights with 16-byte aligned rows: each lane loads 8 weights (16 bytes) at a time, so a warp streams 512
-// contiguous bytes of the row per step; several steps stay in flight (unrolled). This is the decode-shaped GEMV.
+// contiguous bytes of the row per step; several steps stay in flight (unrolled). kT tokens share each weight load;
+// the token count is a template parameter so that batch-1 decode keeps one accumulator (and full occupancy).
+template <int kT>
 __global__ void LinearBf16VecKernel(const float* x, int64_t xs, int64_t n, int64_t in, const __nv_bfloat16* w,
                                     int64_t ws, int64_t m, const void* bias, int bd, float* out, int64_t os) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
   if (r >= m) return;
-  float acc[kTok];
+  float acc[kT];
 #pragma unroll
-  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
-  const int64_t tn = min(static_cast<int64_t>(kTok), n - t0);
+  for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
+  const int64_t tn = min(static_cast<int64_t>(kT), n - t0);
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * ws);
   const int64_t chunks = in / 8;
 #pragma unroll 4
@@ -163,10 +165,10 @@ __global__ void LinearBf16VecKernel(const float* x, int64_t xs, int64_t n, int64
       wf[2 * e + 1] = f.y;
     }
 #pragma unroll
-    for (int j = 0; j < kTok; ++j) {
-      if (j < tn) {
+    for (int j = 0; j < kT; ++j) {
+      if (kT == 1 || j < tn) {
         const float4* xv = reinterpret_cast<const float4*>(x + (t0 + j) * xs + k * 8);
-        const float4 a = xv[0], b = xv[1];
+        const float4 a = __ldg(xv), b = __ldg(xv + 1);
         acc[j] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] +
                   b.w * wf[7];
       }
@@ -174,21 +176,32 @@ __global__ void LinearBf16VecKernel(const float* x, int64_t xs, int64_t n, int64
   }
   const float bv = bias != nullptr ? Load(bias, bd, r) : 0.0f;
 #pragma unroll
-  for (int j = 0; j < kTok; ++j) {
+  for (int j = 0; j < kT; ++j) {
     const float v = WarpSum(acc[j]);
     if (lane == 0 && j < tn) out[(t0 + j) * os + r] = v + bv;
   }
 }
 
+template <int kT>
+void LaunchBf16Vec(const float* x, int64_t xs, int64_t n, int64_t in, const void* w, int64_t ws, int64_t m,
+                   const void* bias, int bd, float* out, int64_t os, cudaStream_t s) {
+  constexpr int kWarps = 8;
+  dim3 grid(static_cast<unsigned>((m + kWarps - 1) / kWarps), static_cast<unsigned>((n + kT - 1) / kT));
+  LinearBf16VecKernel<kT><<<grid, kWarps * 32, 0, s>>>(x, xs, n, in, static_cast<const __nv_bfloat16*>(w), ws, m,
+                                                         bias, bd, out, os);
+}
+
+// Elementwise kernels run on a 2-d grid: blockIdx.y is the row, blockIdx.x a chunk of 256 columns, so that a
+// single decode row still spreads over many SMs.
 __global__ void AddKernel(float* a, int64_t as, const float* b, int64_t bs, int64_t cols) {
-  const int64_t r = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) a[r * as + i] += b[r * bs + i];
+  const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < cols) a[r * as + i] += b[r * bs + i];
 }
 
 __global__ void SiluMulKernel(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os,
                               int64_t cols) {
-  const int64_t r = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+  const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < cols) {
     const float gv = g[r * gs + i];
     o[r * os + i] = gv / (1.0f + expf(-gv)) * u[r * us + i];
   }
@@ -273,6 +286,82 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
   }
 }
 
+// Flash-decoding: the causal context of each (token, head) is cut into chunks of kChunk keys, one block per chunk;
+// each block writes its partial softmax state (max, sum, unnormalized V sum) and a second kernel merges them.
+constexpr int kChunk = 64;
+__global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  __shared__ float scores[kChunk];
+  extern __shared__ float q[];  // [k_dim]
+  const int64_t th = blockIdx.x, c = blockIdx.y;
+  const int64_t t = th / a.heads, h = th % a.heads, g = h / (a.heads / a.kv_heads);
+  const int64_t slot_idx = th * chunks + c;
+  const int64_t ctx = a.positions[t] + 1, j0 = c * kChunk;
+  if (j0 >= ctx) {
+    if (threadIdx.x == 0) {
+      part_m[slot_idx] = -INFINITY;
+      part_l[slot_idx] = 0.0f;
+    }
+    return;
+  }
+  const int64_t j1 = min(ctx, j0 + kChunk);
+  int64_t seq = 0;
+  while (seq + 1 < a.num_seqs && a.query_start[seq + 1] <= t) ++seq;
+  const int32_t* table = a.block_tables + a.block_table_start[seq];
+  for (int64_t i = threadIdx.x; i < a.k_dim; i += blockDim.x) q[i] = a.q[t * a.q_s0 + h * a.q_s1 + i];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int64_t j = j0 + warp; j < j1; j += warps) {
+    const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const int64_t base = (slot / a.block_size) * a.k.s0 + (slot % a.block_size) * a.k.s1 + g * a.k.s2;
+    float d = 0.0f;
+    for (int64_t i = lane; i < a.k_dim; i += 32) d += q[i] * Load(a.k.data, a.k.dtype, base + i);
+    d = WarpSum(d);
+    if (lane == 0) scores[j - j0] = d * a.scale;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < j1 - j0; ++j) mx = fmaxf(mx, scores[j]);
+  float l = 0.0f;
+  for (int64_t j = 0; j < j1 - j0; ++j) l += expf(scores[j] - mx);
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < j1 - j0; j += blockDim.x) scores[j] = expf(scores[j] - mx);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < a.v_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+      const int64_t base = (slot / a.block_size) * a.v.s0 + (slot % a.block_size) * a.v.s1 + g * a.v.s2;
+      acc += scores[j - j0] * Load(a.v.data, a.v.dtype, base + i);
+    }
+    part_acc[slot_idx * a.v_dim + i] = acc;
+  }
+  if (threadIdx.x == 0) {
+    part_m[slot_idx] = mx;
+    part_l[slot_idx] = l;
+  }
+}
+
+__global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const float* part_m, const float* part_l,
+                                     const float* part_acc) {
+  const int64_t th = blockIdx.x, t = th / a.heads, h = th % a.heads;
+  float m = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, part_m[th * chunks + c]);
+  float l = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float pm = part_m[th * chunks + c];
+    if (pm != -INFINITY) l += part_l[th * chunks + c] * expf(pm - m);
+  }
+  const float inv = 1.0f / l;
+  for (int64_t i = threadIdx.x; i < a.v_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float pm = part_m[th * chunks + c];
+      if (pm != -INFINITY) acc += part_acc[(th * chunks + c) * a.v_dim + i] * expf(pm - m);
+    }
+    a.out[t * a.o_s0 + h * a.o_s1 + i] = acc * inv;
+  }
+}
+
 __global__ void GatherKernel(const float* x, int64_t xs, const int32_t* idx, int64_t d, float* out, int64_t os) {
   const int64_t r = blockIdx.x;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[r * os + i] = x[idx[r] * xs + i];
@@ -319,8 +408,15 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
   // FATHOM_CUDA_GENERIC_LINEAR=1 forces the generic kernel, to measure one against the other.
   static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
   if (wd == kBF16 && aligned && !force_generic) {
-    LinearBf16VecKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, static_cast<const __nv_bfloat16*>(w), ws, m,
-                                                        bias, bd, out, os);
+    if (n == 1) {
+      LaunchBf16Vec<1>(x, xs, n, in, w, ws, m, bias, bd, out, os, S(s));
+    } else if (n == 2) {
+      LaunchBf16Vec<2>(x, xs, n, in, w, ws, m, bias, bd, out, os, S(s));
+    } else if (n <= 4) {
+      LaunchBf16Vec<4>(x, xs, n, in, w, ws, m, bias, bd, out, os, S(s));
+    } else {
+      LaunchBf16Vec<kTok>(x, xs, n, in, w, ws, m, bias, bd, out, os, S(s));
+    }
   } else {
     LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os);
   }
@@ -329,14 +425,14 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
 
 int LaunchAddInPlace(float* a, int64_t as, const float* b, int64_t bs, int64_t rows, int64_t cols, Stream s) {
   if (rows == 0) return 0;
-  AddKernel<<<static_cast<unsigned>(rows), 256, 0, S(s)>>>(a, as, b, bs, cols);
+  AddKernel<<<dim3(Blocks(cols, 256), static_cast<unsigned>(rows)), 256, 0, S(s)>>>(a, as, b, bs, cols);
   return Done();
 }
 
 int LaunchSiluMul(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os, int64_t rows,
                   int64_t cols, Stream s) {
   if (rows == 0) return 0;
-  SiluMulKernel<<<static_cast<unsigned>(rows), 256, 0, S(s)>>>(g, gs, u, us, o, os, cols);
+  SiluMulKernel<<<dim3(Blocks(cols, 256), static_cast<unsigned>(rows)), 256, 0, S(s)>>>(g, gs, u, us, o, os, cols);
   return Done();
 }
 
@@ -358,6 +454,26 @@ int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, in
                      const int32_t* slots, int64_t bs, CacheView c, Stream s) {
   if (n == 0) return 0;
   WriteCacheKernel<<<static_cast<unsigned>(n), 128, 0, S(s)>>>(src, heads, dim, s0, s1, slots, bs, c);
+  return Done();
+}
+
+int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a) {
+  const int64_t chunks = (a.max_seq_len + kChunk - 1) / kChunk;
+  return a.n * a.heads * chunks * (2 + a.v_dim) * static_cast<int64_t>(sizeof(float));
+}
+
+int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
+  if (a.n == 0) return 0;
+  const int64_t chunks = (a.max_seq_len + kChunk - 1) / kChunk;
+  float* part_m = static_cast<float*>(workspace);
+  float* part_l = part_m + a.n * a.heads * chunks;
+  float* part_acc = part_l + a.n * a.heads * chunks;
+  const size_t smem = static_cast<size_t>(a.k_dim) * sizeof(float);
+  SplitAttentionKernel<<<dim3(static_cast<unsigned>(a.n * a.heads), static_cast<unsigned>(chunks)), 128, smem, S(s)>>>(
+      a, chunks, part_m, part_l, part_acc);
+  const int err = Done();
+  if (err != 0) return err;
+  MergeAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, 0, S(s)>>>(a, chunks, part_m, part_l, part_acc);
   return Done();
 }
 

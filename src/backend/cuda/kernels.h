@@ -62,7 +62,11 @@ struct AttentionArgs {
   int64_t max_seq_len;
   float scale;
 };
+// One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.
 int LaunchPagedAttention(const AttentionArgs& a, Stream s);
+// Flash-decoding: chunks of 64 keys per block, then a merge. Needs SplitAttentionWorkspaceBytes(a) of workspace.
+int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a);
+int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
 
 int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64_t m, int64_t d, float* out,
                      int64_t out_stride, Stream s);

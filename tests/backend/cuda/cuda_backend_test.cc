@@ -66,8 +66,10 @@ TEST(CudaBackendTest, LinearUnalignedShapesMatchCpu) {
 TEST(CudaBackendTest, LinearMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  for (DType wd : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
-    const int64_t n = 11, in = 304, out = 77;  // in % 8 == 0: the vectorized bf16 path
+  for (auto [wd, n] : std::vector<std::pair<DType, int64_t>>{
+           {DType::kBF16, 1}, {DType::kBF16, 2}, {DType::kBF16, 3}, {DType::kBF16, 11}, {DType::kF32, 11},
+           {DType::kF8E4M3, 11}}) {
+    const int64_t in = 304, out = 77;  // in % 8 == 0: the vectorized bf16 path, 1 to 8 tokens per pass
     Tensor x = RandomHost(DType::kF32, {n, in}, 1);
     Tensor w = RandomHost(wd, {out, in}, 2);
     Tensor b = RandomHost(DType::kBF16, {out}, 3);
@@ -87,8 +89,59 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     gpu->Linear(xd, gw, y);
     ASSERT_TRUE(gpu->Synchronize().ok());
     auto h = Host(*gpu, y);
-    EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 1e-4f) << DTypeName(wd);
+    EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 1e-4f) << DTypeName(wd) << " n=" << n;
   }
+}
+
+// Paged attention on the GPU (split-K for decode, one block per (token, head) otherwise) against the CPU backend,
+// with scattered blocks, GQA, contexts across many chunks, and a bf16 cache.
+TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  for (int mode = 0; mode < 4; ++mode) {
+    const DType cache_dtype = mode % 2 ? DType::kBF16 : DType::kF32;
+    if (mode / 2) {
+      setenv("FATHOM_CUDA_NO_SPLIT_ATTENTION", "1", 1);  // the one-block-per-(token, head) kernel
+    } else {
+      unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
+    }
+    const int64_t heads = 8, kv_heads = 2, d = 64, bs = 16;
+    const std::vector<int32_t> cached = {0, 300, 1000};
+    const std::vector<int32_t> fresh = {40, 1, 3};
+    KvCacheSpec spec{1, kv_heads, d, d, false};
+    auto kv_cpu = KvCache::Allocate(cpu, spec, cache_dtype, 128, bs);
+    auto kv_gpu = KvCache::Allocate(*gpu, spec, cache_dtype, 128, bs);
+    ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
+    testing::ScatteredBlocks blocks(128, 5);
+    std::vector<std::vector<int32_t>> tables;
+    ForwardBatch fill(bs), step(bs);
+    for (size_t s = 0; s < 3; ++s) {
+      tables.push_back(blocks.Take((cached[s] + fresh[s] + bs - 1) / bs));
+      std::vector<int32_t> a(static_cast<size_t>(cached[s]), 0), b(static_cast<size_t>(fresh[s]), 0);
+      fill.AddSequence(a, 0, tables.back(), LogitsMode::kNone);
+      step.AddSequence(b, cached[s], tables.back(), LogitsMode::kNone);
+    }
+    for (ForwardBatch* fb : {&fill, &step}) {
+      const int64_t n = fb->num_tokens();
+      Tensor k = RandomHost(DType::kF32, {n, kv_heads, d}, 11), v = RandomHost(DType::kF32, {n, kv_heads, d}, 12);
+      Tensor q = RandomHost(DType::kF32, {n, heads, d}, 13);
+      auto mc = BatchOnDevice::Upload(*fb, cpu);
+      auto mg = BatchOnDevice::Upload(*fb, *gpu);
+      ASSERT_TRUE(mc.ok() && mg.ok());
+      cpu.WriteKv(k, v, mc->meta(), kv_cpu->layer(0));
+      Tensor kd = *gpu->Upload(k), vd = *gpu->Upload(v), qd = *gpu->Upload(q);
+      gpu->WriteKv(kd, vd, mg->meta(), kv_gpu->layer(0));
+      if (fb == &fill) continue;
+      Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, d});
+      Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, d});
+      cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), 0.125f, out_cpu);
+      gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
+      ASSERT_TRUE(gpu->Synchronize().ok());
+      auto h = Host(*gpu, out_gpu);
+      EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), 1e-5f) << "mode " << mode;
+    }
+  }
+  unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
 }
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::string> {};
