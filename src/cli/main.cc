@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/model_commands.h"
+#include "cli/tokenizer_commands.h"
 #include "core/logging.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
     fathom::SetLogLevel(*level);
   });
   fathom::AddModelCommands(app);
+  fathom::AddTokenizerCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,27 @@
+// Decoders of a tokenizer.json pipeline: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace and Sequence. Any
+// other type is rejected by name at load time. A decoder rewrites the list of token strings (HF's decode_chain); the
+// decoded text is the concatenation of the result.
+//
+//   FATHOM_ASSIGN_OR_RETURN(auto decoder, ParseDecoder(json["decoder"]));   // nullptr for `null`
+//   std::vector<std::string> tokens = {"Hello", "Ġworld"};
+//   decoder->DecodeChain(tokens);                                          // {"Hello world"}
+#pragma once
+
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace fathom {
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void DecodeChain(std::vector<std::string>& tokens) const = 0;
+};
+
+StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json);
+
+}  // namespace fathom
