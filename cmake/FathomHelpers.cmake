@@ -11,6 +11,10 @@ function(fathom_set_warnings target)
     if(FATHOM_WERROR)
       target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
     endif()
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+      # GCC 12 at -O3 reports false -Wrestrict positives inside libstdc++'s std::string (GCC bug 105651).
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
+    endif()
   endif()
 endfunction()
 

@@ -39,10 +39,13 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
   if (std::getenv("FATHOM_CUDA_PROFILE") != nullptr) be->profile_ = std::make_unique<Profile>();
+  be->gemm_ = std::make_unique<CublasLtGemm>();
+  FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
   return be;
 }
 
 CudaBackend::~CudaBackend() {
+  gemm_.reset();
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
@@ -76,6 +79,20 @@ void CudaBackend::Launch(const char* op, const std::function<int()>& launch) {
   cudaEventCreate(&end);
   cudaEventRecord(start, static_cast<cudaStream_t>(stream_));
   Check(launch(), op);
+  cudaEventRecord(end, static_cast<cudaStream_t>(stream_));
+  profile_->pending.push_back({op, start, end});
+}
+
+void* CudaBackend::RecordStart() {
+  cudaEvent_t start = nullptr;
+  cudaEventCreate(&start);
+  cudaEventRecord(start, static_cast<cudaStream_t>(stream_));
+  return start;
+}
+
+void CudaBackend::RecordEnd(const char* op, void* start) {
+  cudaEvent_t end = nullptr;
+  cudaEventCreate(&end);
   cudaEventRecord(end, static_cast<cudaStream_t>(stream_));
   profile_->pending.push_back({op, start, end});
 }
@@ -188,12 +205,37 @@ void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, co
 void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
   FATHOM_CHECK_EQ(w.in_features(), x.dim(1));
   FATHOM_CHECK_EQ(out.dim(1), w.out_features());
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
   const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
-  Launch("Linear", [&] { return cuda::LaunchLinear(x.data<float>(), x.stride(0), x.dim(0), x.dim(1), w.weight.raw(), Dt(w.weight),
-                           w.weight.stride(0), w.out_features(), fp8 ? w.scale_inv.data<float>() : nullptr,
-                           fp8 ? w.scale_inv.stride(0) : 0, w.block_n, w.block_k,
-                           w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
-                           out.data<float>(), out.stride(0), stream_); });
+  // Prefill-shaped GEMMs on bf16 weights go to cuBLASLt's tensor cores (activations rounded to bf16 on the way in,
+  // float32 accumulation and output); decode-shaped ones (n <= 8) stay on the float32-input GEMV, which is
+  // memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs (the exact reference path).
+  const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;
+  if (n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && gemm_ != nullptr) {
+    void* xb = Workspace(static_cast<size_t>(n * k) * 2);
+    if (xb == nullptr) return;
+    Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, xb, stream_); });
+    const auto t0 = profile_ ? RecordStart() : nullptr;
+    Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0));
+    if (profile_) RecordEnd("GemmBf16", t0);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok()) first_error_ = st;
+      return;
+    }
+    if (!w.bias.empty()) {
+      Launch("AddBias", [&] {
+        return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
+      });
+    }
+    return;
+  }
+  Launch("Linear", [&] {
+    return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
+                              fp8 ? w.scale_inv.data<float>() : nullptr, fp8 ? w.scale_inv.stride(0) : 0, w.block_n,
+                              w.block_k, w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
+                              out.data<float>(), out.stride(0), stream_);
+  });
 }
 
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {

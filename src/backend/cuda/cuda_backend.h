@@ -16,6 +16,7 @@
 #include <vector>
 #include <mutex>
 
+#include "backend/cuda/gemm.h"
 #include "model/backend.h"
 
 namespace fathom {
@@ -76,6 +77,9 @@ class CudaBackend final : public Backend {
   void Check(int err, const char* op);
   void Launch(const char* op, const std::function<int()>& launch);
   void CollectProfile();
+  void* RecordStart();
+  void RecordEnd(const char* op, void* start);
+  std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<Profile> profile_;
   // Scratch memory for kernels that need it (split-K attention partials); grows on demand, never shrinks.
   void* Workspace(size_t bytes);

@@ -362,6 +362,16 @@ __global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const floa
   }
 }
 
+__global__ void ToBf16Kernel(const float* x, int64_t xs, int64_t cols, __nv_bfloat16* out) {
+  const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < cols) out[r * cols + i] = __float2bfloat16_rn(x[r * xs + i]);
+}
+
+__global__ void AddBiasKernel(float* out, int64_t os, const void* bias, int bd, int64_t cols) {
+  const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < cols) out[r * os + i] += Load(bias, bd, i);
+}
+
 __global__ void GatherKernel(const float* x, int64_t xs, const int32_t* idx, int64_t d, float* out, int64_t os) {
   const int64_t r = blockIdx.x;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[r * os + i] = x[idx[r] * xs + i];
@@ -486,6 +496,19 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
     if (e != cudaSuccess) return static_cast<int>(e);
   }
   PagedAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, smem, S(s)>>>(a);
+  return Done();
+}
+
+int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s) {
+  if (rows == 0) return 0;
+  ToBf16Kernel<<<dim3(Blocks(cols, 256), static_cast<unsigned>(rows)), 256, 0, S(s)>>>(
+      x, xs, cols, static_cast<__nv_bfloat16*>(out));
+  return Done();
+}
+
+int LaunchAddBias(float* out, int64_t os, const void* bias, int bd, int64_t rows, int64_t cols, Stream s) {
+  if (rows == 0) return 0;
+  AddBiasKernel<<<dim3(Blocks(cols, 256), static_cast<unsigned>(rows)), 256, 0, S(s)>>>(out, os, bias, bd, cols);
   return Done();
 }
 

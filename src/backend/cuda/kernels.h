@@ -68,6 +68,11 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s);
 int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a);
 int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
 
+// out (contiguous bf16 [rows, cols]) = x (float32, row stride xs), rounded to nearest even.
+int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s);
+// out[r, :] += bias.
+int LaunchAddBias(float* out, int64_t os, const void* bias, int bias_dtype, int64_t rows, int64_t cols, Stream s);
+
 int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64_t m, int64_t d, float* out,
                      int64_t out_stride, Stream s);
 int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, const float* w, int64_t m, int64_t d,

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -66,6 +67,7 @@ TEST(CudaBackendTest, LinearUnalignedShapesMatchCpu) {
 TEST(CudaBackendTest, LinearMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);  // float32 inputs everywhere: the exact comparison
   for (auto [wd, n] : std::vector<std::pair<DType, int64_t>>{
            {DType::kBF16, 1}, {DType::kBF16, 2}, {DType::kBF16, 3}, {DType::kBF16, 11}, {DType::kF32, 11},
            {DType::kF8E4M3, 11}}) {
@@ -91,6 +93,34 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     auto h = Host(*gpu, y);
     EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 1e-4f) << DTypeName(wd) << " n=" << n;
   }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// Prefill-shaped GEMMs run on cuBLASLt with activations rounded to bf16: against the CPU on the same bf16-rounded
+// inputs they agree to float32 accumulation error, at a real size.
+TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+  const int64_t n = 96, in = 3584, out = 512;
+  Tensor x = RandomHost(DType::kF32, {n, in}, 21);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = Bf16ToF32(F32ToBf16(x.data<float>()[i]));
+  Tensor w = RandomHost(DType::kBF16, {out, in}, 22, 0.05f);
+  Tensor b = RandomHost(DType::kBF16, {out}, 23);
+  LinearWeight lw;
+  lw.weight = w;
+  lw.bias = b;
+  Tensor y_cpu = cpu.Alloc(DType::kF32, {n, out});
+  cpu.Linear(x, lw, y_cpu);
+  Tensor xd = *gpu->Upload(x), wdv = *gpu->Upload(w), bd = *gpu->Upload(b);
+  LinearWeight gw;
+  gw.weight = wdv;
+  gw.bias = bd;
+  Tensor y = gpu->Alloc(DType::kF32, {n, out});
+  gpu->Linear(xd, gw, y);
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  auto h = Host(*gpu, y);
+  EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 2e-4f);
 }
 
 // Paged attention on the GPU (split-K for decode, one block per (token, head) otherwise) against the CPU backend,
@@ -144,11 +174,41 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
 }
 
-class CudaGoldenTest : public ::testing::TestWithParam<std::string> {};
+// The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32
+// tolerance holds: max |dlogit| <= 2e-3 and exact greedy tokens. By default prefill GEMMs run on bf16 tensor cores;
+// then the bf16 rule of the reference README applies: max |dlogit| of about 0.1 for logits whose standard deviation
+// is about 2, taken here as 0.05 x the case's logit standard deviation (qwen2-tied-tiny's logits spread 4x wider),
+// top-1 agreement wherever the oracle's margin exceeds 0.1, and greedy tokens equal up to the first step whose top-1
+// margin is below 0.1.
+struct GoldenParam {
+  std::string fixture;
+  bool f32_gemm;
+};
 
-TEST_P(CudaGoldenTest, WholePromptTokenByTokenAndGreedy) {
+class CudaGoldenTest : public ::testing::TestWithParam<GoldenParam> {};
+
+float Margin(const float* row, int64_t n, int32_t* best) {
+  int32_t b = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (row[i] > row[b]) b = static_cast<int32_t>(i);
+  }
+  float second = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i != b) second = std::max(second, row[i]);
+  }
+  *best = b;
+  return row[b] - second;
+}
+
+TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   REQUIRE_GPU(gpu);
-  const std::string dir = testing::ModelDir(GetParam());
+  const GoldenParam p = GetParam();
+  if (p.f32_gemm) {
+    setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  } else {
+    unsetenv("FATHOM_CUDA_F32_GEMM");
+  }
+  const std::string dir = testing::ModelDir(p.fixture);
   auto cfg = LoadModelConfig(dir);
   ASSERT_TRUE(cfg.ok());
   LoadOptions opts;
@@ -161,7 +221,6 @@ TEST_P(CudaGoldenTest, WholePromptTokenByTokenAndGreedy) {
   constexpr int32_t kBs = 16;
   for (size_t c = 0; c < golden->cases.size(); ++c) {
     const auto& gc = golden->cases[c];
-    // Whole prompt, scattered blocks.
     auto kv = KvCache::Allocate(*gpu, (*model)->kv_cache_spec(), DType::kF32, 16, kBs);
     ASSERT_TRUE(kv.ok());
     testing::ScatteredBlocks blocks(16, static_cast<uint32_t>(c));
@@ -171,32 +230,63 @@ TEST_P(CudaGoldenTest, WholePromptTokenByTokenAndGreedy) {
     Tensor logits;
     ASSERT_TRUE((*model)->Forward(b, *kv, &logits).ok());
     auto h = Host(*gpu, logits);
+    float worst = 0.0f;
     for (size_t t = 0; t < gc.input_ids.size(); ++t) {
-      EXPECT_LE(testing::MaxAbsDiff(h.data() + t * vocab, gc.row(static_cast<int64_t>(t)), vocab), 2e-3f)
-          << "case" << c << " position " << t;
+      const float* want = gc.row(static_cast<int64_t>(t));
+      worst = std::max(worst, testing::MaxAbsDiff(h.data() + t * vocab, want, vocab));
+      int32_t want_top = 0, got_top = 0;
+      if (Margin(want, vocab, &want_top) > 0.1f) {
+        Margin(h.data() + t * vocab, vocab, &got_top);
+        EXPECT_EQ(got_top, want_top) << "case" << c << " position " << t;
+      }
     }
+    double sum = 0, sq = 0;
+    for (float v : gc.logits) {
+      sum += v;
+      sq += double(v) * v;
+    }
+    const double mean = sum / static_cast<double>(gc.logits.size());
+    const float std_dev = static_cast<float>(std::sqrt(sq / static_cast<double>(gc.logits.size()) - mean * mean));
+    const float tol = p.f32_gemm ? 2e-3f : 0.05f * std_dev;
+    EXPECT_LE(worst, tol) << "case" << c << " (logit std " << std_dev << ")";
+    RecordProperty("case" + std::to_string(c) + "_max_abs_diff", std::to_string(worst));
     // Greedy continuation, one token per step through the cache.
-    std::vector<int32_t> step = {static_cast<int32_t>(std::max_element(h.end() - vocab, h.end()) - (h.end() - vocab))};
-    std::vector<int32_t> generated = step;
+    int32_t next = 0;
+    float margin = Margin(h.data() + (gc.input_ids.size() - 1) * vocab, vocab, &next);
+    std::vector<int32_t> generated = {next};
+    bool comparable = p.f32_gemm || margin >= 0.1f;
+    size_t compare_up_to = comparable ? gc.greedy.size() : 0;
     int32_t cached = static_cast<int32_t>(gc.input_ids.size());
     while (generated.size() < gc.greedy.size()) {
       ForwardBatch d(kBs);
+      const std::vector<int32_t> step = {next};
       d.AddSequence(step, cached, table, LogitsMode::kLast);
       ASSERT_TRUE((*model)->Forward(d, *kv, &logits).ok());
       auto row = Host(*gpu, logits);
       cached += 1;
-      step = {static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin())};
-      generated.push_back(step[0]);
+      margin = Margin(row.data(), vocab, &next);
+      if (!p.f32_gemm && margin < 0.1f && compare_up_to == gc.greedy.size()) compare_up_to = generated.size();
+      generated.push_back(next);
     }
-    EXPECT_EQ(generated, gc.greedy) << "case" << c;
+    for (size_t i = 0; i < compare_up_to && i < gc.greedy.size(); ++i) {
+      EXPECT_EQ(generated[i], gc.greedy[i]) << "case" << c << " step " << i;
+    }
   }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaGoldenTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
-                                           "qwen2-tied-tiny"),
-                         [](const ::testing::TestParamInfo<std::string>& param_info) {
-                           std::string s = param_info.param;
+std::vector<GoldenParam> GoldenParams() {
+  std::vector<GoldenParam> v;
+  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny"}) {
+    v.push_back({f, true});
+    v.push_back({f, false});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaGoldenTest, ::testing::ValuesIn(GoldenParams()),
+                         [](const ::testing::TestParamInfo<GoldenParam>& param_info) {
+                           std::string s = param_info.param.fixture + (param_info.param.f32_gemm ? "_f32" : "_bf16");
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });

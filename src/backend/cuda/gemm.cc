@@ -1,0 +1,92 @@
+#include "backend/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+namespace fathom {
+
+namespace {
+
+Status LtStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return OkStatus();
+  return InternalError(fmt::format("cuBLASLt {}: status {}", what, static_cast<int>(s)));
+}
+
+}  // namespace
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+CublasLtGemm::~CublasLtGemm() {
+  for (auto& [key, plan] : plans_) delete plan;
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+Status CublasLtGemm::Init(void* stream) {
+  stream_ = stream;
+  cublasLtHandle_t h = nullptr;
+  FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtCreate(&h), "create"));
+  handle_ = h;
+  workspace_bytes_ = 32u << 20;
+  if (cudaMalloc(&workspace_, workspace_bytes_) != cudaSuccess) {
+    return ResourceExhaustedError("cannot allocate the 32 MiB cuBLASLt workspace");
+  }
+  return OkStatus();
+}
+
+Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
+                         int64_t out_stride) {
+  // Column-major view: W row-major [m, k] is Wc (k x m, ld w_stride); x row-major [n, k] is Xc (k x n, ld k);
+  // out row-major [n, m] is Oc (m x n, ld out_stride). Oc = Wc^T Xc.
+  const auto key = std::make_tuple(n, k, m, w_stride, out_stride);
+  Plan* plan = nullptr;
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    plan = it->second;
+  } else {
+    auto p = std::make_unique<Plan>();
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FATHOM_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa"));
+    FATHOM_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb"));
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, m, w_stride), "layout A"));
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, n, k), "layout B"));
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, out_stride), "layout D"));
+    cublasLtMatmulPreference_t pref = nullptr;
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                         sizeof(workspace_bytes_));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
+                                                             p->b, p->d, p->d, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    FATHOM_RETURN_IF_ERROR(LtStatus(hs, "heuristic"));
+    if (found == 0) {
+      return InternalError(fmt::format("cuBLASLt has no bf16 algorithm for n={} k={} m={}", n, k, m));
+    }
+    p->algo = result.algo;
+    plan = p.release();
+    plans_[key] = plan;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b,
+                                 &beta, out, plan->d, out, plan->d, &plan->algo, workspace_, workspace_bytes_,
+                                 static_cast<cudaStream_t>(stream_)),
+                  "matmul");
+}
+
+}  // namespace fathom

@@ -1,0 +1,38 @@
+// bf16 GEMMs through cuBLASLt: out[n, m] (float32) = x[n, k] (bf16) W[m, k]^T (bf16), float32 accumulation, with the
+// algorithm chosen by cuBLASLt's heuristic once per shape and cached.
+//
+//   CublasLtGemm gemm;
+//   FATHOM_RETURN_IF_ERROR(gemm.Init(stream));
+//   FATHOM_RETURN_IF_ERROR(gemm.Run(x_bf16, n, k, w_bf16, w_stride, m, out, out_stride));
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "core/status.h"
+
+namespace fathom {
+
+class CublasLtGemm {
+ public:
+  CublasLtGemm() = default;
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  Status Init(void* stream);
+  // x: contiguous bf16 [n, k]; w: bf16 [m, k] with row stride w_stride; out: float32 [n, m] with row stride out_stride.
+  Status Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
+             int64_t out_stride);
+
+ private:
+  struct Plan;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* stream_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan*> plans_;
+};
+
+}  // namespace fathom
