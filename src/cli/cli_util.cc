@@ -20,8 +20,10 @@ StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text) {
     int32_t v = 0;
     auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < 0) {
-      return InvalidArgumentError(fmt::format("bad token id '{}' in '{}' (expected comma-separated non-negative "
-                                              "integers)", item, text));
+      return InvalidArgumentError(
+          fmt::format("bad token id '{}' in '{}' (expected comma-separated non-negative "
+                      "integers)",
+                      item, text));
     }
     out.push_back(v);
     i = j + 1;

@@ -219,8 +219,8 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
   std::cout << fmt::format("weights:           {}\n", format == LoadFormat::kDummy ? "dummy (not allocated)" : o.model);
   std::cout << fmt::format("layers:            {}  hidden {}  intermediate {}  vocab {}\n", cfg.num_layers,
                            cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-  std::cout << fmt::format("attention:         {} heads, {} kv heads, head_dim {}, rope {} (theta {})\n",
-                           cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, RopeTypeName(cfg.rope.type), cfg.rope.theta);
+  std::cout << fmt::format("attention:         {} heads, {} kv heads, head_dim {}, rope {} (theta {})\n", cfg.num_heads,
+                           cfg.num_kv_heads, cfg.head_dim, RopeTypeName(cfg.rope.type), cfg.rope.theta);
   std::cout << fmt::format("parameters:        {} ({})\n", HumanCount(static_cast<double>(st.total_params)),
                            st.total_params);
   std::cout << fmt::format("active parameters: {} per token ({:.0f})\n", HumanCount(st.active_params),

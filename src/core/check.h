@@ -20,7 +20,9 @@ template <typename A, typename B>
   CheckFailed(file, line, expr, fmt::format("({} vs {})", a, b));
 }
 
-inline std::string CheckMessage() { return {}; }
+inline std::string CheckMessage() {
+  return {};
+}
 template <typename... Args>
 std::string CheckMessage(fmt::format_string<Args...> f, Args&&... args) {
   return fmt::format(f, std::forward<Args>(args)...);
@@ -28,11 +30,10 @@ std::string CheckMessage(fmt::format_string<Args...> f, Args&&... args) {
 
 }  // namespace fathom::internal
 
-#define FATHOM_CHECK(cond, ...)                                                                       \
-  do {                                                                                                \
-    if (!(cond)) [[unlikely]]                                                                         \
-      ::fathom::internal::CheckFailed(__FILE__, __LINE__, #cond,                                      \
-                                      ::fathom::internal::CheckMessage(__VA_ARGS__));                 \
+#define FATHOM_CHECK(cond, ...)                                                                                  \
+  do {                                                                                                           \
+    if (!(cond)) [[unlikely]]                                                                                    \
+      ::fathom::internal::CheckFailed(__FILE__, __LINE__, #cond, ::fathom::internal::CheckMessage(__VA_ARGS__)); \
   } while (0)
 
 #define FATHOM_CHECK_OP(op, a, b)                                                                     \

@@ -1,36 +1,52 @@
 #include "core/dtype.h"
 
 #include <limits>
+#include <string>
 
 #include "core/check.h"
-#include <string>
 
 namespace fathom {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF8E4M3: return "f8_e4m3";
-    case DType::kI64: return "i64";
-    case DType::kI32: return "i32";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
+    case DType::kI64:
+      return "i64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view DTypeSafetensorsName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -56,7 +72,7 @@ uint16_t F32ToF16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (abs < 0x38800000u) {
     // Subnormal half (or zero): round abs * 2^24 to an integer, nearest even.

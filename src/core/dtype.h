@@ -24,14 +24,22 @@ inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, D
 
 constexpr size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kF8E4M3: return 1;
-    case DType::kI64: return 8;
-    case DType::kI32: return 4;
-    case DType::kI8: return 1;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI8:
+      return 1;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -48,7 +56,9 @@ StatusOr<DType> DTypeFromSafetensors(std::string_view name);
 // Accepts HF `torch_dtype` values ("bfloat16", "float16", "float32") and our short names.
 StatusOr<DType> DTypeFromString(std::string_view name);
 
-inline float Bf16ToF32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+inline float Bf16ToF32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 // Round to nearest even, NaN stays NaN.
 inline uint16_t F32ToBf16(float f) {

@@ -34,8 +34,12 @@ std::string FormatAmount(int64_t v, const std::string& unit) {
 
 }  // namespace
 
-void SetLogLevel(LogLevel level) { g_level = level; }
-LogLevel GetLogLevel() { return g_level; }
+void SetLogLevel(LogLevel level) {
+  g_level = level;
+}
+LogLevel GetLogLevel() {
+  return g_level;
+}
 
 StatusOr<LogLevel> ParseLogLevel(std::string_view name) {
   if (name == "debug") return LogLevel::kDebug;
@@ -49,11 +53,20 @@ StatusOr<LogLevel> ParseLogLevel(std::string_view name) {
 void LogMessage(LogLevel level, std::string_view message) {
   spdlog::level::level_enum l = spdlog::level::info;
   switch (level) {
-    case LogLevel::kDebug: l = spdlog::level::debug; break;
-    case LogLevel::kInfo: l = spdlog::level::info; break;
-    case LogLevel::kWarn: l = spdlog::level::warn; break;
-    case LogLevel::kError: l = spdlog::level::err; break;
-    case LogLevel::kOff: return;
+    case LogLevel::kDebug:
+      l = spdlog::level::debug;
+      break;
+    case LogLevel::kInfo:
+      l = spdlog::level::info;
+      break;
+    case LogLevel::kWarn:
+      l = spdlog::level::warn;
+      break;
+    case LogLevel::kError:
+      l = spdlog::level::err;
+      break;
+    case LogLevel::kOff:
+      return;
   }
   Logger().log(l, "{}", message);
 }
@@ -66,7 +79,9 @@ Progress::Progress(std::string label, int64_t total, std::string unit)
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-Progress::~Progress() { Finish(); }
+Progress::~Progress() {
+  Finish();
+}
 
 void Progress::Advance(int64_t amount) {
   done_ += amount;
@@ -101,9 +116,9 @@ void Progress::Draw(bool final) {
     if (!final && (decile == last_decile_ || secs < 1.0)) return;
     last_decile_ = decile;
     if (final || decile < 10) {
-      LogMessage(LogLevel::kInfo, fmt::format("{}: {:3d}% ({} / {}) {:.1f}s{}", label_, static_cast<int>(frac * 100),
-                                              FormatAmount(done_, unit_), FormatAmount(total_, unit_), secs,
-                                              final ? " done" : ""));
+      LogMessage(LogLevel::kInfo,
+                 fmt::format("{}: {:3d}% ({} / {}) {:.1f}s{}", label_, static_cast<int>(frac * 100),
+                             FormatAmount(done_, unit_), FormatAmount(total_, unit_), secs, final ? " done" : ""));
     }
   }
 }

@@ -48,10 +48,9 @@ class Progress {
 
 }  // namespace fathom
 
-#define FATHOM_LOG(level, ...)                                                         \
-  do {                                                                                 \
-    if (::fathom::GetLogLevel() <= (level))                                            \
-      ::fathom::LogMessage((level), ::fmt::format(__VA_ARGS__));                       \
+#define FATHOM_LOG(level, ...)                                                                         \
+  do {                                                                                                 \
+    if (::fathom::GetLogLevel() <= (level)) ::fathom::LogMessage((level), ::fmt::format(__VA_ARGS__)); \
   } while (0)
 #define FATHOM_LOG_DEBUG(...) FATHOM_LOG(::fathom::LogLevel::kDebug, __VA_ARGS__)
 #define FATHOM_LOG_INFO(...) FATHOM_LOG(::fathom::LogLevel::kInfo, __VA_ARGS__)

@@ -64,7 +64,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status OkStatus() { return Status(); }
+inline Status OkStatus() {
+  return Status();
+}
 Status CancelledError(std::string message);
 Status InvalidArgumentError(std::string message);
 Status NotFoundError(std::string message);
@@ -112,7 +114,8 @@ class [[nodiscard]] StatusOr {
 
  private:
   void CheckOk() const {
-    if (!ok()) internal::CheckFailed(__FILE__, __LINE__, "StatusOr::value() on an error", std::get<Status>(value_).ToString());
+    if (!ok())
+      internal::CheckFailed(__FILE__, __LINE__, "StatusOr::value() on an error", std::get<Status>(value_).ToString());
   }
   std::variant<Status, T> value_;
 };
@@ -122,9 +125,9 @@ class [[nodiscard]] StatusOr {
 #define FATHOM_STATUS_CONCAT_INNER(a, b) a##b
 #define FATHOM_STATUS_CONCAT(a, b) FATHOM_STATUS_CONCAT_INNER(a, b)
 
-#define FATHOM_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::fathom::Status fathom_status_ = (expr);     \
+#define FATHOM_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::fathom::Status fathom_status_ = (expr);        \
     if (!fathom_status_.ok()) return fathom_status_; \
   } while (0)
 

@@ -36,8 +36,8 @@ bool TensorView::is_contiguous() const {
 
 TensorView TensorView::Slice(int d, int64_t begin, int64_t end) const {
   FATHOM_CHECK(d >= 0 && d < ndim_, "slice dim {} of a {}-d tensor", d, ndim_);
-  FATHOM_CHECK(0 <= begin && begin <= end && end <= shape_[d], "slice [{}, {}) of dim {} with size {}", begin, end,
-               d, shape_[d]);
+  FATHOM_CHECK(0 <= begin && begin <= end && end <= shape_[d], "slice [{}, {}) of dim {} with size {}", begin, end, d,
+               shape_[d]);
   TensorView out = *this;
   out.data_ = static_cast<char*>(data_) + static_cast<int64_t>(DTypeSize(dtype_)) * begin * strides_[d];
   out.shape_[d] = end - begin;

@@ -102,7 +102,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(
   job_.reset();
 }
 
-void SetDefaultThreadCount(int num_threads) { g_requested_threads = num_threads; }
+void SetDefaultThreadCount(int num_threads) {
+  g_requested_threads = num_threads;
+}
 
 ThreadPool& DefaultThreadPool() {
   static ThreadPool* pool = [] {

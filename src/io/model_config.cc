@@ -98,8 +98,8 @@ StatusOr<RopeType> ParseRopeType(const std::string& s) {
   if (s == "dynamic") return RopeType::kDynamic;
   if (s == "llama3") return RopeType::kLlama3;
   if (s == "yarn") return RopeType::kYarn;
-  return InvalidArgumentError(fmt::format(
-      "config.json: unsupported rope scaling type '{}' (supported: default, linear, llama3, yarn)", s));
+  return InvalidArgumentError(
+      fmt::format("config.json: unsupported rope scaling type '{}' (supported: default, linear, llama3, yarn)", s));
 }
 
 Status ParseRope(const json& j, ModelConfig* c) {
@@ -216,9 +216,9 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
   FATHOM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
   if (e.n_routed_experts > 0) {
     if (e.num_experts_per_tok <= 0 || e.num_experts_per_tok > e.n_routed_experts) {
-      return InvalidArgumentError(fmt::format(
-          "config.json: num_experts_per_tok ({}) must be between 1 and n_routed_experts ({})", e.num_experts_per_tok,
-          e.n_routed_experts));
+      return InvalidArgumentError(
+          fmt::format("config.json: num_experts_per_tok ({}) must be between 1 and n_routed_experts ({})",
+                      e.num_experts_per_tok, e.n_routed_experts));
     }
     if (e.n_group <= 0 || e.n_routed_experts % e.n_group != 0) {
       return InvalidArgumentError(fmt::format("config.json: n_routed_experts ({}) must be a multiple of n_group ({})",
@@ -229,17 +229,18 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
           fmt::format("config.json: topk_group ({}) must be between 1 and n_group ({})", e.topk_group, e.n_group));
     }
     if (e.topk_method != "greedy" && e.topk_method != "group_limited_greedy" && e.topk_method != "noaux_tc") {
-      return InvalidArgumentError(fmt::format(
-          "config.json: unsupported topk_method '{}' (supported: greedy, group_limited_greedy, noaux_tc)", e.topk_method));
+      return InvalidArgumentError(
+          fmt::format("config.json: unsupported topk_method '{}' (supported: greedy, group_limited_greedy, noaux_tc)",
+                      e.topk_method));
     }
     if (e.scoring_func != "softmax" && e.scoring_func != "sigmoid") {
       return InvalidArgumentError(
           fmt::format("config.json: unsupported scoring_func '{}' (supported: softmax, sigmoid)", e.scoring_func));
     }
     if (e.topk_method == "noaux_tc" && e.num_experts_per_tok > (e.n_routed_experts / e.n_group) * e.topk_group) {
-      return InvalidArgumentError(fmt::format(
-          "config.json: num_experts_per_tok ({}) exceeds the experts in topk_group ({}) groups of {}",
-          e.num_experts_per_tok, e.topk_group, e.n_routed_experts / e.n_group));
+      return InvalidArgumentError(
+          fmt::format("config.json: num_experts_per_tok ({}) exceeds the experts in topk_group ({}) groups of {}",
+                      e.num_experts_per_tok, e.topk_group, e.n_routed_experts / e.n_group));
     }
     if (e.moe_intermediate_size <= 0 || e.moe_layer_freq <= 0 || e.first_k_dense_replace < 0 ||
         e.n_shared_experts < 0) {
@@ -261,7 +262,8 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
     c->quant.fp8 = true;
     FATHOM_RETURN_IF_ERROR(qr.String("fmt", &c->quant.fmt));
     if (!c->quant.fmt.empty() && c->quant.fmt != "e4m3") {
-      return UnimplementedError(fmt::format("config.json: fp8 format '{}' is not supported (supported: e4m3)", c->quant.fmt));
+      return UnimplementedError(
+          fmt::format("config.json: fp8 format '{}' is not supported (supported: e4m3)", c->quant.fmt));
     }
     auto bs = q->find("weight_block_size");
     if (bs == q->end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
@@ -297,11 +299,16 @@ Status ParseTokenIds(const json& j, ModelConfig* c) {
 
 std::string_view RopeTypeName(RopeType t) {
   switch (t) {
-    case RopeType::kDefault: return "default";
-    case RopeType::kLinear: return "linear";
-    case RopeType::kDynamic: return "dynamic";
-    case RopeType::kLlama3: return "llama3";
-    case RopeType::kYarn: return "yarn";
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kDynamic:
+      return "dynamic";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
   }
   return "?";
 }
@@ -332,14 +339,15 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
     }
   }
   if (info == nullptr) {
-    return UnimplementedError(fmt::format("config.json: unsupported architecture (model_type '{}', architectures '{}'); "
-                                          "supported: {}",
-                                          c.model_type, c.architecture, SupportedList()));
+    return UnimplementedError(
+        fmt::format("config.json: unsupported architecture (model_type '{}', architectures '{}'); "
+                    "supported: {}",
+                    c.model_type, c.architecture, SupportedList()));
   }
   if (!c.architecture.empty() && c.architecture != info->architecture) {
-    return UnimplementedError(fmt::format(
-        "config.json: architecture '{}' does not match model_type '{}' (expected '{}'); supported: {}",
-        c.architecture, c.model_type, info->architecture, SupportedList()));
+    return UnimplementedError(
+        fmt::format("config.json: architecture '{}' does not match model_type '{}' (expected '{}'); supported: {}",
+                    c.architecture, c.model_type, info->architecture, SupportedList()));
   }
   c.model_type = info->model_type;
   c.architecture = info->architecture;
@@ -368,19 +376,20 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
 
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
       c.num_kv_heads <= 0) {
-    return InvalidArgumentError(fmt::format(
-        "config.json: vocab_size ({}), hidden_size ({}), intermediate_size ({}), num_hidden_layers ({}), "
-        "num_attention_heads ({}) and num_key_value_heads ({}) must all be positive",
-        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads));
+    return InvalidArgumentError(
+        fmt::format("config.json: vocab_size ({}), hidden_size ({}), intermediate_size ({}), num_hidden_layers ({}), "
+                    "num_attention_heads ({}) and num_key_value_heads ({}) must all be positive",
+                    c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads));
   }
   if (c.num_heads % c.num_kv_heads != 0) {
-    return InvalidArgumentError(fmt::format(
-        "config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", c.num_heads,
-        c.num_kv_heads));
+    return InvalidArgumentError(
+        fmt::format("config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", c.num_heads,
+                    c.num_kv_heads));
   }
   if (!(c.rms_norm_eps > 0.0)) return InvalidArgumentError("config.json: rms_norm_eps must be positive");
   if (c.hidden_act != "silu" && c.hidden_act != "swish") {
-    return UnimplementedError(fmt::format("config.json: hidden_act '{}' is not supported (supported: silu)", c.hidden_act));
+    return UnimplementedError(
+        fmt::format("config.json: hidden_act '{}' is not supported (supported: silu)", c.hidden_act));
   }
   if (c.tie_word_embeddings && c.model_type.rfind("deepseek", 0) == 0) {
     // DeepSeek checkpoints never tie; accept it anyway, the weight map handles it.
@@ -408,7 +417,8 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
       bool sliding = false;
       FATHOM_RETURN_IF_ERROR(r.Bool("use_sliding_window", &sliding));
       if (sliding) {
-        return UnimplementedError("config.json: use_sliding_window=true is not supported (Qwen2 sliding-window layers)");
+        return UnimplementedError(
+            "config.json: use_sliding_window=true is not supported (Qwen2 sliding-window layers)");
       }
     } else {
       bool bias = false;

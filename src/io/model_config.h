@@ -9,11 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -59,7 +58,7 @@ struct MoeConfig {
   int64_t moe_layer_freq = 1;
   int64_t n_group = 1;
   int64_t topk_group = 1;
-  std::string topk_method = "greedy";  // greedy | group_limited_greedy | noaux_tc
+  std::string topk_method = "greedy";    // greedy | group_limited_greedy | noaux_tc
   std::string scoring_func = "softmax";  // softmax | sigmoid
   bool norm_topk_prob = false;
   double routed_scaling_factor = 1.0;
@@ -67,14 +66,14 @@ struct MoeConfig {
 
 struct QuantConfig {
   bool fp8 = false;
-  std::string fmt;          // "e4m3"
-  int64_t block_n = 128;    // weight_block_size[0]: output rows per scale
-  int64_t block_k = 128;    // weight_block_size[1]: input columns per scale
+  std::string fmt;        // "e4m3"
+  int64_t block_n = 128;  // weight_block_size[0]: output rows per scale
+  int64_t block_k = 128;  // weight_block_size[1]: input columns per scale
 };
 
 struct ModelConfig {
-  std::string architecture;  // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
-  std::string model_type;    // "llama", "qwen2", "deepseek_v2", "deepseek_v3"
+  std::string architecture;    // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
+  std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3"
   DType dtype = DType::kBF16;  // torch_dtype / dtype
 
   int64_t vocab_size = 0;
@@ -104,9 +103,7 @@ struct ModelConfig {
 
   bool is_moe() const { return moe.n_routed_experts > 0; }
   // True when layer `i` uses the MoE block (DeepSeek's first_k_dense_replace / moe_layer_freq rule).
-  bool IsMoeLayer(int64_t i) const {
-    return is_moe() && i >= moe.first_k_dense_replace && i % moe.moe_layer_freq == 0;
-  }
+  bool IsMoeLayer(int64_t i) const { return is_moe() && i >= moe.first_k_dense_replace && i % moe.moe_layer_freq == 0; }
 };
 
 // The model_type values ParseModelConfig understands, for error messages and `fathom --help`.

@@ -75,8 +75,8 @@ Status SafetensorsFile::Parse() {
     return Corrupt(path_, fmt::format("header length {} exceeds the {} byte limit", header_len, kMaxHeaderBytes));
   }
   if (header_len > size_ - 8) {
-    return Corrupt(path_, fmt::format("header length {} runs past the end of the {}-byte file (truncated?)",
-                                      header_len, size_));
+    return Corrupt(
+        path_, fmt::format("header length {} runs past the end of the {}-byte file (truncated?)", header_len, size_));
   }
   const char* hdr = reinterpret_cast<const char*>(base_ + 8);
   json j = json::parse(hdr, hdr + header_len, /*cb=*/nullptr, /*allow_exceptions=*/false);
@@ -92,7 +92,8 @@ Status SafetensorsFile::Parse() {
     if (name == "__metadata__") {
       if (!v.is_object()) return Corrupt(path_, "__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return Corrupt(path_, fmt::format("__metadata__ value '{}' is not a string", m.key()));
+        if (!m.value().is_string())
+          return Corrupt(path_, fmt::format("__metadata__ value '{}' is not a string", m.key()));
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -110,7 +111,8 @@ Status SafetensorsFile::Parse() {
     SafetensorsEntry e;
     e.name = name;
     e.dtype = *dtype;
-    if (sh->size() > static_cast<size_t>(kMaxDims)) return bad(fmt::format("{} dimensions (at most {})", sh->size(), kMaxDims));
+    if (sh->size() > static_cast<size_t>(kMaxDims))
+      return bad(fmt::format("{} dimensions (at most {})", sh->size(), kMaxDims));
     uint64_t numel = 1;
     for (const json& d : *sh) {
       if (!d.is_number_unsigned()) return bad("shape holds a value that is not a non-negative integer");
@@ -187,7 +189,8 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path) 
       std::map<std::string, std::vector<std::string>> expected;  // shard -> tensors it should hold
       for (auto it = wm->begin(); it != wm->end(); ++it) {
         if (!it.value().is_string()) {
-          return DataLossError(fmt::format("'{}': weight_map entry '{}' is not a file name", index_path.string(), it.key()));
+          return DataLossError(
+              fmt::format("'{}': weight_map entry '{}' is not a file name", index_path.string(), it.key()));
         }
         const std::string shard = it.value().get<std::string>();
         if (shard.empty() || shard.find('/') != std::string::npos || shard.find("..") != std::string::npos) {
@@ -218,7 +221,8 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path) 
       }
       std::sort(files.begin(), files.end());
       if (files.empty()) {
-        return NotFoundError(fmt::format("no model.safetensors, model.safetensors.index.json or *.safetensors in '{}'", path));
+        return NotFoundError(
+            fmt::format("no model.safetensors, model.safetensors.index.json or *.safetensors in '{}'", path));
       }
     }
   } else {

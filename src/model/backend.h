@@ -107,8 +107,8 @@ class Backend {
 
   // Causal attention of each new token over its sequence's cached tokens (the new ones included, as written by
   // WriteKv). q [n, heads, k_dim]; out [n, heads, v_dim]; heads is a multiple of the cache's kv_heads (GQA).
-  virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
-                              float scale, const TensorView& out) = 0;
+  virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
+                              const TensorView& out) = 0;
 
   // out[i, :] = x[indices[i], :].   x [n, d]; indices i32 [m]; out [m, d]
   virtual void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) = 0;

@@ -18,9 +18,13 @@ namespace fathom {
 
 namespace {
 
-std::string LayerName(int64_t i, const std::string& rest) { return fmt::format("model.layers.{}.{}", i, rest); }
+std::string LayerName(int64_t i, const std::string& rest) {
+  return fmt::format("model.layers.{}.{}", i, rest);
+}
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 std::vector<WeightSpec> DeepseekWeightSpecs(const ModelConfig& c) {
   const DType dt = c.dtype;
@@ -208,7 +212,7 @@ class DeepseekModel final : public Model {
       qa = be.Alloc(act, {n, m.q_lora_rank});    // [n_tokens, q_lora_rank]
       qa_n = be.Alloc(act, {n, m.q_lora_rank});  // [n_tokens, q_lora_rank]
     }
-    Tensor q = be.Alloc(act, {n, nh, qd});           // [n_tokens, n_heads, nope + rope]
+    Tensor q = be.Alloc(act, {n, nh, qd});               // [n_tokens, n_heads, nope + rope]
     Tensor latent = be.Alloc(act, {n, 1, lora + rope});  // [n_tokens, 1, kv_lora + rope]: the cache row
     Tensor q_abs = be.Alloc(act, {n, nh, lora + rope});  // [n_tokens, n_heads, kv_lora + rope]
     Tensor attn_lat = be.Alloc(act, {n, nh, lora});      // [n_tokens, n_heads, kv_lora]
@@ -219,9 +223,9 @@ class DeepseekModel final : public Model {
     be.RopeCosSin(meta.positions, inv_freq_, rope_scale_, cos, sin);
     be.Embedding(dev.token_ids(), embed_, residual);
     const TensorView latent2 = latent.view().Reshape({n, lora + rope});
-    const TensorView c_kv = latent2.Slice(1, 0, lora);            // [n_tokens, kv_lora], strided
+    const TensorView c_kv = latent2.Slice(1, 0, lora);                  // [n_tokens, kv_lora], strided
     const TensorView k_pe = latent.view().Slice(2, lora, lora + rope);  // [n_tokens, 1, rope], strided
-    const TensorView q_pe = q.view().Slice(2, nope, qd);          // [n_tokens, n_heads, rope], strided
+    const TensorView q_pe = q.view().Slice(2, nope, qd);                // [n_tokens, n_heads, rope], strided
     const TensorView q2 = q.view().Reshape({n, nh * qd});
 
     for (int64_t i = 0; i < cfg_.num_layers; ++i) {
@@ -361,8 +365,7 @@ class DeepseekModel final : public Model {
     FATHOM_RETURN_IF_ERROR(be.CopyToHost(logits, host.data()));
     std::vector<int32_t> ids(static_cast<size_t>(n * k));
     std::vector<float> w(static_cast<size_t>(n * k));
-    RouteExperts(router_, host.data(), n, l.router_bias.empty() ? nullptr : l.router_bias.data(), ids.data(),
-                 w.data());
+    RouteExperts(router_, host.data(), n, l.router_bias.empty() ? nullptr : l.router_bias.data(), ids.data(), w.data());
     // Counting sort of the (token, expert) pairs by expert.
     std::vector<int32_t> offsets(static_cast<size_t>(e + 1), 0);
     for (int32_t id : ids) ++offsets[static_cast<size_t>(id) + 1];

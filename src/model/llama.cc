@@ -12,7 +12,9 @@ namespace fathom {
 
 namespace {
 
-std::string LayerName(int64_t i, const char* rest) { return fmt::format("model.layers.{}.{}", i, rest); }
+std::string LayerName(int64_t i, const char* rest) {
+  return fmt::format("model.layers.{}.{}", i, rest);
+}
 
 std::vector<WeightSpec> LlamaWeightSpecs(const ModelConfig& c) {
   const DType dt = c.dtype;
@@ -122,13 +124,13 @@ class LlamaModel final : public Model {
 
     const int64_t h = cfg_.hidden_size, hd = cfg_.head_dim, nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    Tensor residual = be.Alloc(act, {n, h});  // [n_tokens, hidden]
-    Tensor normed = be.Alloc(act, {n, h});    // [n_tokens, hidden]
-    Tensor q = be.Alloc(act, {n, nh, hd});    // [n_tokens, n_heads, head_dim]
-    Tensor k = be.Alloc(act, {n, nkv, hd});   // [n_tokens, n_kv_heads, head_dim]
-    Tensor v = be.Alloc(act, {n, nkv, hd});   // [n_tokens, n_kv_heads, head_dim]
-    Tensor attn = be.Alloc(act, {n, nh, hd});  // [n_tokens, n_heads, head_dim]
-    Tensor proj = be.Alloc(act, {n, h});       // [n_tokens, hidden]
+    Tensor residual = be.Alloc(act, {n, h});                   // [n_tokens, hidden]
+    Tensor normed = be.Alloc(act, {n, h});                     // [n_tokens, hidden]
+    Tensor q = be.Alloc(act, {n, nh, hd});                     // [n_tokens, n_heads, head_dim]
+    Tensor k = be.Alloc(act, {n, nkv, hd});                    // [n_tokens, n_kv_heads, head_dim]
+    Tensor v = be.Alloc(act, {n, nkv, hd});                    // [n_tokens, n_kv_heads, head_dim]
+    Tensor attn = be.Alloc(act, {n, nh, hd});                  // [n_tokens, n_heads, head_dim]
+    Tensor proj = be.Alloc(act, {n, h});                       // [n_tokens, hidden]
     Tensor gate = be.Alloc(act, {n, cfg_.intermediate_size});  // [n_tokens, intermediate]
     Tensor up = be.Alloc(act, {n, cfg_.intermediate_size});    // [n_tokens, intermediate]
     Tensor cos = be.Alloc(DType::kF32, {n, hd / 2});           // [n_tokens, head_dim / 2]
@@ -164,8 +166,8 @@ class LlamaModel final : public Model {
     }
     be.AddInPlace(residual, proj);
     if (n_out > 0) {
-      Tensor rows = be.Alloc(act, {n_out, h});     // [n_logits, hidden]
-      Tensor rows_n = be.Alloc(act, {n_out, h});   // [n_logits, hidden]
+      Tensor rows = be.Alloc(act, {n_out, h});    // [n_logits, hidden]
+      Tensor rows_n = be.Alloc(act, {n_out, h});  // [n_logits, hidden]
       be.GatherRows(residual, dev.logits_indices(), rows);
       be.RmsNorm(rows, final_norm_, eps, rows_n);
       be.Linear(rows_n, lm_head_, *logits);

@@ -7,8 +7,8 @@ namespace fathom {
 StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
                                     int64_t block_size) {
   if (num_blocks <= 0 || block_size <= 0) {
-    return InvalidArgumentError(fmt::format("KV cache needs positive num_blocks ({}) and block_size ({})", num_blocks,
-                                            block_size));
+    return InvalidArgumentError(
+        fmt::format("KV cache needs positive num_blocks ({}) and block_size ({})", num_blocks, block_size));
   }
   KvCache kv;
   kv.spec_ = spec;

@@ -31,9 +31,8 @@ namespace {
 void TopK(const std::vector<float>& v, int64_t k, std::vector<int32_t>& out) {
   out.resize(v.size());
   std::iota(out.begin(), out.end(), 0);
-  std::partial_sort(out.begin(), out.begin() + k, out.end(), [&](int32_t a, int32_t b) {
-    return v[a] != v[b] ? v[a] > v[b] : a < b;
-  });
+  std::partial_sort(out.begin(), out.begin() + k, out.end(),
+                    [&](int32_t a, int32_t b) { return v[a] != v[b] ? v[a] > v[b] : a < b; });
   out.resize(static_cast<size_t>(k));
 }
 

@@ -68,7 +68,8 @@ RopeFrequencies ComputeRopeFrequencies(const RopeConfig& rope, int64_t dim, int6
       }
       const double base = rope.theta;
       auto correction_dim = [&](double rotations) {
-        return (static_cast<double>(dim) * std::log(static_cast<double>(original) / (rotations * 2.0 * std::numbers::pi))) /
+        return (static_cast<double>(dim) *
+                std::log(static_cast<double>(original) / (rotations * 2.0 * std::numbers::pi))) /
                (2.0 * std::log(base));
       };
       double low = correction_dim(rope.beta_fast);
@@ -84,8 +85,7 @@ RopeFrequencies ComputeRopeFrequencies(const RopeConfig& rope, int64_t dim, int6
         const float pos_freq = std::pow(static_cast<float>(base), static_cast<float>(2 * i) / static_cast<float>(dim));
         const float extrapolation = 1.0f / pos_freq;
         const float interpolation = 1.0f / (static_cast<float>(factor) * pos_freq);
-        const float ramp = static_cast<float>(
-            std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0));
+        const float ramp = static_cast<float>(std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0));
         const float extrapolation_factor = 1.0f - ramp;
         out.inv_freq[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
       }

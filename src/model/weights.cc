@@ -64,11 +64,20 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
     DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         switch (dt) {
-          case DType::kF32: out.data<float>()[i] = v; break;
-          case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
-          case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
-          case DType::kF8E4M3: out.data<uint8_t>()[i] = F32ToF8E4M3(v); break;
-          default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
+          case DType::kF32:
+            out.data<float>()[i] = v;
+            break;
+          case DType::kBF16:
+            out.data<uint16_t>()[i] = F32ToBf16(v);
+            break;
+          case DType::kF16:
+            out.data<uint16_t>()[i] = F32ToF16(v);
+            break;
+          case DType::kF8E4M3:
+            out.data<uint8_t>()[i] = F32ToF8E4M3(v);
+            break;
+          default:
+            FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
         }
       }
     });
@@ -83,13 +92,20 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
       const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
       const float v = (2.0f * u - 1.0f) * a;
       switch (dt) {
-        case DType::kF32: out.data<float>()[i] = v; break;
-        case DType::kBF16: out.data<uint16_t>()[i] = F32ToBf16(v); break;
-        case DType::kF16: out.data<uint16_t>()[i] = F32ToF16(v); break;
+        case DType::kF32:
+          out.data<float>()[i] = v;
+          break;
+        case DType::kBF16:
+          out.data<uint16_t>()[i] = F32ToBf16(v);
+          break;
+        case DType::kF16:
+          out.data<uint16_t>()[i] = F32ToF16(v);
+          break;
         case DType::kF8E4M3:  // random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
           out.data<uint8_t>()[i] = static_cast<uint8_t>(r & 0xbf);
           break;
-        default: FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
+        default:
+          FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
       }
     }
   });

@@ -45,7 +45,7 @@ StatusOr<LoadFormat> ParseLoadFormat(const std::string& name);
 
 struct LoadOptions {
   LoadFormat format = LoadFormat::kAuto;
-  uint64_t seed = 0;         // dummy weights
+  uint64_t seed = 0;  // dummy weights
   bool show_progress = true;
 };
 
@@ -79,10 +79,10 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out);
 
 struct WeightStats {
   int64_t total_params = 0;
-  double active_params = 0;            // per token
+  double active_params = 0;  // per token
   std::map<DType, int64_t> bytes_by_dtype;
   int64_t total_bytes = 0;
-  double bytes_read_per_token = 0;     // weight bytes one decode step reads at batch 1
+  double bytes_read_per_token = 0;  // weight bytes one decode step reads at batch 1
 };
 // `store` may be null (dummy inspect without allocation): the spec dtypes are used then.
 WeightStats ComputeWeightStats(const std::vector<WeightSpec>& specs, const WeightStore* store);

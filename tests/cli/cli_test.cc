@@ -23,9 +23,9 @@ struct RunResult {
 
 RunResult RunFathom(const std::string& args) {
   static int counter = 0;
-  const std::string err_path = (fs::temp_directory_path() / ("fathom_cli_err_" + std::to_string(::getpid()) + "_" +
-                                                              std::to_string(counter++)))
-                                   .string();
+  const std::string err_path =
+      (fs::temp_directory_path() / ("fathom_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
+          .string();
   const std::string cmd = std::string(FATHOM_CLI_PATH) + " " + args + " 2>" + err_path;
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -67,8 +67,10 @@ TEST(CliTest, LogitsMatchTheOracle) {
 }
 
 TEST(CliTest, LogitsToFile) {
-  const std::string out = (fs::temp_directory_path() / ("fathom_logits_" + std::to_string(::getpid()) + ".json")).string();
-  RunResult r = RunFathom("logits --model " + testing::ModelDir("llama-coder-tiny") + " --tokens 1,2,3 --output " + out);
+  const std::string out =
+      (fs::temp_directory_path() / ("fathom_logits_" + std::to_string(::getpid()) + ".json")).string();
+  RunResult r =
+      RunFathom("logits --model " + testing::ModelDir("llama-coder-tiny") + " --tokens 1,2,3 --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream in(out);
   auto j = nlohmann::json::parse(in);

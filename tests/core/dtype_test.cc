@@ -48,7 +48,7 @@ TEST(DTypeTest, F16KnownValues) {
 
 TEST(DTypeTest, F8E4M3KnownValues) {
   EXPECT_EQ(F8E4M3ToF32(0x38), 1.0f);
-  EXPECT_EQ(F8E4M3ToF32(0x7e), 448.0f);   // largest finite
+  EXPECT_EQ(F8E4M3ToF32(0x7e), 448.0f);  // largest finite
   EXPECT_EQ(F8E4M3ToF32(0xfe), -448.0f);
   EXPECT_EQ(F8E4M3ToF32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_EQ(F8E4M3ToF32(0x08), std::ldexp(1.0f, -6));  // smallest normal

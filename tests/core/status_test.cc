@@ -7,7 +7,9 @@
 namespace fathom {
 namespace {
 
-Status Fails() { return InvalidArgumentError("bad thing"); }
+Status Fails() {
+  return InvalidArgumentError("bad thing");
+}
 StatusOr<int> Half(int x) {
   if (x % 2) return InvalidArgumentError("odd");
   return x / 2;

@@ -46,9 +46,9 @@ TEST(ModelConfigTest, ReferenceFixtures) {
 }
 
 TEST(ModelConfigTest, RealConfigs) {
-  for (const char* name : {"deepseek-coder-1.3b-instruct", "deepseek-coder-6.7b-instruct", "deepseek-r1-distill-llama-8b",
-                           "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-v2-lite",
-                           "deepseek-v3"}) {
+  for (const char* name :
+       {"deepseek-coder-1.3b-instruct", "deepseek-coder-6.7b-instruct", "deepseek-r1-distill-llama-8b",
+        "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-v2-lite", "deepseek-v3"}) {
     auto c = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
     EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
   }
@@ -69,8 +69,11 @@ TEST(ModelConfigTest, RealConfigs) {
 TEST(ModelConfigTest, RopeParametersV5Form) {
   json j = Base();
   j.erase("rope_theta");
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5}, {"factor", 4.0},
-                          {"original_max_position_embeddings", 1024}, {"beta_fast", 16}};
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"rope_theta", 5e5},
+                          {"factor", 4.0},
+                          {"original_max_position_embeddings", 1024},
+                          {"beta_fast", 16}};
   auto c = ParseModelConfig(j);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->rope.type, RopeType::kYarn);
@@ -92,22 +95,44 @@ struct BadConfig {
 
 TEST(ModelConfigTest, BrokenConfigsAreRejectedClearly) {
   const std::vector<BadConfig> cases = {
-      {"unknown_arch", [](json& j) { j["model_type"] = "mamba"; j["architectures"] = {"MambaForCausalLM"}; },
+      {"unknown_arch",
+       [](json& j) {
+         j["model_type"] = "mamba";
+         j["architectures"] = {"MambaForCausalLM"};
+       },
        "supported: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2), DeepseekV2ForCausalLM"},
       {"arch_mismatch", [](json& j) { j["architectures"] = {"Qwen2ForCausalLM"}; }, "does not match"},
       {"heads_not_multiple", [](json& j) { j["num_key_value_heads"] = 3; }, "multiple of num_key_value_heads"},
-      {"hidden_not_divisible", [](json& j) { j["num_attention_heads"] = 3; j["num_key_value_heads"] = 3; },
+      {"hidden_not_divisible",
+       [](json& j) {
+         j["num_attention_heads"] = 3;
+         j["num_key_value_heads"] = 3;
+       },
        "not a multiple of num_attention_heads"},
       {"missing_vocab", [](json& j) { j.erase("vocab_size"); }, "'vocab_size' is missing"},
       {"string_hidden", [](json& j) { j["hidden_size"] = "128"; }, "'hidden_size' must be an integer"},
       {"zero_layers", [](json& j) { j["num_hidden_layers"] = 0; }, "must all be positive"},
-      {"bad_rope", [](json& j) { j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}}; },
+      {"bad_rope",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
+       },
        "unsupported rope scaling type 'longrope'"},
-      {"dynamic_rope", [](json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; }, "dynamic"},
-      {"rope_no_factor", [](json& j) { j["rope_scaling"] = {{"type", "linear"}}; }, "'factor' is missing"},
-      {"llama3_no_orig", [](json& j) {
-         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
-       }, "original_max_position_embeddings"},
+      {"dynamic_rope",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+       },
+       "dynamic"},
+      {"rope_no_factor",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "linear"}};
+       },
+       "'factor' is missing"},
+      {"llama3_no_orig",
+       [](json& j) {
+         j["rope_scaling"] = {
+             {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+       },
+       "original_max_position_embeddings"},
       {"bad_act", [](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act 'gelu'"},
       {"bad_dtype", [](json& j) { j["torch_dtype"] = "int4"; }, "unsupported dtype 'int4'"},
       {"not_object", [](json& j) { j = json::array(); }, "not a JSON object"},

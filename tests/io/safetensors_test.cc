@@ -46,8 +46,8 @@ TEST(SafetensorsTest, RoundTripSingleFile) {
   TempDir d;
   auto a = Bytes({1, 2, 3, 4, 5, 6});
   std::vector<uint8_t> b = {1, 2, 3};
-  ASSERT_TRUE(WriteSafetensors(d.file("model.safetensors"),
-                               {{"a", DType::kF32, {2, 3}, a}, {"b", DType::kU8, {3}, b}}, {{"format", "pt"}})
+  ASSERT_TRUE(WriteSafetensors(d.file("model.safetensors"), {{"a", DType::kF32, {2, 3}, a}, {"b", DType::kU8, {3}, b}},
+                               {{"format", "pt"}})
                   .ok());
   auto ck = Checkpoint::Open(d.path());
   ASSERT_TRUE(ck.ok()) << ck.status().ToString();

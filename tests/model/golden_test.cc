@@ -1,5 +1,8 @@
-// Every reference fixture against the oracle (HF transformers, float32): the same logits must come out of a whole-prompt
-// forward, token-by-token decoding through the paged cache, and uneven chunks, with the four cases batched.
+// Every reference fixture against the oracle (HF transformers, float32): the same logits must come out of a
+// whole-prompt forward, token-by-token decoding through the paged cache, and uneven chunks, with the four cases
+// batched.
+#include "testing/golden.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +11,6 @@
 #include "backend/cpu/cpu_backend.h"
 #include "io/model_config.h"
 #include "model/registry.h"
-#include "testing/golden.h"
 
 namespace fathom {
 namespace {
@@ -85,8 +87,8 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
         if (left == 0) continue;
         const int want = pattern[(step + c) % pattern.size()];
         const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
-        batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c],
-                          tables[c], LogitsMode::kAll);
+        batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c], tables[c],
+                          LogitsMode::kAll);
         rows.emplace_back(c, take);
         done[c] += take;
       }
@@ -145,11 +147,17 @@ TEST_P(GoldenTest, WholePromptAlone) {
   }
 }
 
-TEST_P(GoldenTest, WholePromptsBatched) { ExpectMatchesOracle(RunChunked({0}), "batched whole prompts"); }
+TEST_P(GoldenTest, WholePromptsBatched) {
+  ExpectMatchesOracle(RunChunked({0}), "batched whole prompts");
+}
 
-TEST_P(GoldenTest, TokenByTokenBatched) { ExpectMatchesOracle(RunChunked({1}), "token by token"); }
+TEST_P(GoldenTest, TokenByTokenBatched) {
+  ExpectMatchesOracle(RunChunked({1}), "token by token");
+}
 
-TEST_P(GoldenTest, UnevenChunksBatched) { ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "uneven chunks"); }
+TEST_P(GoldenTest, UnevenChunksBatched) {
+  ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "uneven chunks");
+}
 
 TEST_P(GoldenTest, GreedyContinuationBatched) {
   const size_t n = golden_.cases.size();

@@ -8,7 +8,9 @@
 namespace fathom {
 namespace {
 
-float Logit(float p) { return std::log(p / (1.0f - p)); }  // inverse sigmoid
+float Logit(float p) {
+  return std::log(p / (1.0f - p));
+}  // inverse sigmoid
 
 RouterConfig V3(int64_t experts, int64_t k, int64_t groups, int64_t topk_groups) {
   RouterConfig rc;

@@ -119,6 +119,44 @@ TEST(WeightsTest, MissingExpertAndScaleTensorsAreClearErrors) {
   }
 }
 
+// Multi-token-prediction layers sit past num_hidden_layers in real V3 checkpoints; plain decoding skips them.
+TEST(WeightsTest, MtpLayersAreSkippedWithoutError) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_mtp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ifstream in(testing::ModelDir("deepseek-v3-tiny") + "/config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    const std::string key = "\"num_nextn_predict_layers\": 0";
+    ASSERT_NE(text.find(key), std::string::npos);
+    text.replace(text.find(key), key.size(), "\"num_nextn_predict_layers\": 1");
+    std::ofstream(dir / "config.json") << text;
+  }
+  auto src = Checkpoint::Open(testing::ModelDir("deepseek-v3-tiny"));
+  ASSERT_TRUE(src.ok());
+  std::vector<SafetensorsWriteItem> items;
+  for (const std::string& name : (*src)->names()) {
+    const SafetensorsEntry* e = *(*src)->Entry(name);
+    TensorView v = *(*src)->Get(name);
+    items.push_back({name, e->dtype, e->shape, {static_cast<const uint8_t*>(v.raw()), v.nbytes()}});
+  }
+  std::vector<uint16_t> extra(128 * 256);
+  items.push_back({"model.layers.3.eh_proj.weight",
+                   DType::kBF16,
+                   {128, 256},
+                   {reinterpret_cast<const uint8_t*>(extra.data()), extra.size() * 2}});
+  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), items).ok());
+  auto cfg = LoadModelConfig(dir.string());
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->num_nextn_predict_layers, 1);
+  CpuBackend cpu;
+  LoadOptions o;
+  o.show_progress = false;
+  auto m = LoadModel(dir.string(), *cfg, o, cpu);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  fs::remove_all(dir);
+}
+
 TEST(WeightsTest, TiedEmbeddingsCountOnce) {
   auto cfg = LoadModelConfig(testing::ModelDir("qwen2-tied-tiny"));
   ASSERT_TRUE(cfg.ok());
@@ -162,7 +200,9 @@ TEST_F(BrokenCheckpointTest, MissingWrongShapeAndTruncated) {
   // Missing tensor: a checkpoint with only the embedding.
   std::vector<uint16_t> emb(512 * 64);
   ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(),
-                               {{"model.embed_tokens.weight", DType::kBF16, {512, 64},
+                               {{"model.embed_tokens.weight",
+                                 DType::kBF16,
+                                 {512, 64},
                                  {reinterpret_cast<uint8_t*>(emb.data()), emb.size() * 2}}})
                   .ok());
   Status s = Load();
@@ -170,7 +210,9 @@ TEST_F(BrokenCheckpointTest, MissingWrongShapeAndTruncated) {
   EXPECT_NE(s.message().find("model.layers.0.input_layernorm.weight"), std::string::npos) << s.message();
   // Wrong shape.
   ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(),
-                               {{"model.embed_tokens.weight", DType::kBF16, {256, 128},
+                               {{"model.embed_tokens.weight",
+                                 DType::kBF16,
+                                 {256, 128},
                                  {reinterpret_cast<uint8_t*>(emb.data()), emb.size() * 2}}})
                   .ok());
   s = Load();
@@ -186,7 +228,9 @@ TEST_F(BrokenCheckpointTest, MissingWrongShapeAndTruncated) {
   // Integer tensor where a weight belongs.
   std::vector<int32_t> ints(512 * 64);
   ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(),
-                               {{"model.embed_tokens.weight", DType::kI32, {512, 64},
+                               {{"model.embed_tokens.weight",
+                                 DType::kI32,
+                                 {512, 64},
                                  {reinterpret_cast<uint8_t*>(ints.data()), ints.size() * 4}}})
                   .ok());
   s = Load();

@@ -10,8 +10,12 @@
 
 namespace fathom::testing {
 
-std::string DataDir() { return FATHOM_TEST_DATA_DIR; }
-std::string ModelDir(const std::string& name) { return DataDir() + "/models/" + name; }
+std::string DataDir() {
+  return FATHOM_TEST_DATA_DIR;
+}
+std::string ModelDir(const std::string& name) {
+  return DataDir() + "/models/" + name;
+}
 
 StatusOr<GoldenSet> LoadGolden(const std::string& model_dir, const std::string& file_name, int only_case) {
   FATHOM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(model_dir + "/" + file_name));

@@ -16,9 +16,13 @@ namespace {
 
 using cpu::DotF32;
 
-ThreadPool& Pool() { return DefaultThreadPool(); }
+ThreadPool& Pool() {
+  return DefaultThreadPool();
+}
 
-float* F32Row(const TensorView& t, int64_t row) { return t.data<float>() + row * t.stride(0); }
+float* F32Row(const TensorView& t, int64_t row) {
+  return t.data<float>() + row * t.stride(0);
+}
 
 // Element pointer of a [blocks, block_size, heads, dim] cache view at (slot, head), as bytes.
 char* CacheRow(const TensorView& cache, int64_t slot, int64_t block_size, int64_t head) {
@@ -51,7 +55,9 @@ Status CpuBackend::Synchronize() {
   return s;
 }
 
-Tensor CpuBackend::Alloc(DType dtype, std::span<const int64_t> shape) { return Tensor::Empty(dtype, shape); }
+Tensor CpuBackend::Alloc(DType dtype, std::span<const int64_t> shape) {
+  return Tensor::Empty(dtype, shape);
+}
 
 StatusOr<Tensor> CpuBackend::Upload(const TensorView& host) {
   if (host.device() != Device::kCpu) return InvalidArgumentError("CpuBackend::Upload needs a host tensor");
@@ -209,7 +215,8 @@ void CpuBackend::WriteKv(const TensorView& k, const TensorView& v, const Attenti
   for (int64_t t = 0; t < n; ++t) {
     const int32_t slot = meta.slot_mapping.data<int32_t>()[t];
     if (slot < 0 || slot >= capacity) {
-      Fail(InvalidArgumentError(fmt::format("token row {} has KV slot {} outside the cache's {} slots", t, slot, capacity)));
+      Fail(InvalidArgumentError(
+          fmt::format("token row {} has KV slot {} outside the cache's {} slots", t, slot, capacity)));
       return;
     }
   }
@@ -248,8 +255,8 @@ void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, c
   }
   for (int64_t t = 0; t < n; ++t) {
     if (pos[t] >= lens[seq_of[t]]) {
-      Fail(InvalidArgumentError(fmt::format("token row {} at position {} is past its sequence length {}", t, pos[t],
-                                            lens[seq_of[t]])));
+      Fail(InvalidArgumentError(
+          fmt::format("token row {} at position {} is past its sequence length {}", t, pos[t], lens[seq_of[t]])));
       return;
     }
   }

@@ -18,7 +18,9 @@ Status CudaStatus(cudaError_t e, std::string_view what) {
   return Status(code, fmt::format("{}: CUDA error {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
 }
 
-int Dt(const TensorView& t) { return static_cast<int>(t.dtype()); }
+int Dt(const TensorView& t) {
+  return static_cast<int>(t.dtype());
+}
 
 cuda::CacheView Cache(const TensorView& c) {
   return cuda::CacheView{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
@@ -186,20 +188,26 @@ Status CudaBackend::CopyToHost(const TensorView& src, void* dst) {
 }
 
 void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
-  Launch("Embedding", [&] { return cuda::LaunchEmbedding(ids.data<int32_t>(), ids.dim(0), table.raw(), Dt(table), table.stride(0), table.dim(1),
-                              out.data<float>(), out.stride(0), stream_); });
+  Launch("Embedding", [&] {
+    return cuda::LaunchEmbedding(ids.data<int32_t>(), ids.dim(0), table.raw(), Dt(table), table.stride(0), table.dim(1),
+                                 out.data<float>(), out.stride(0), stream_);
+  });
 }
 
 void CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
-  Launch("RmsNorm", [&] { return cuda::LaunchRmsNorm(x.data<float>(), x.stride(0), nullptr, 0, weight.raw(), Dt(weight), eps,
-                            out.data<float>(), out.stride(0), x.dim(0), x.dim(1), stream_); });
+  Launch("RmsNorm", [&] {
+    return cuda::LaunchRmsNorm(x.data<float>(), x.stride(0), nullptr, 0, weight.raw(), Dt(weight), eps,
+                               out.data<float>(), out.stride(0), x.dim(0), x.dim(1), stream_);
+  });
 }
 
 void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                              const TensorView& out) {
-  Launch("AddRmsNorm", [&] { return cuda::LaunchRmsNorm(residual.data<float>(), residual.stride(0), x.data<float>(), x.stride(0), weight.raw(),
-                            Dt(weight), eps, out.data<float>(), out.stride(0), residual.dim(0), residual.dim(1),
-                            stream_); });
+  Launch("AddRmsNorm", [&] {
+    return cuda::LaunchRmsNorm(residual.data<float>(), residual.stride(0), x.data<float>(), x.stride(0), weight.raw(),
+                               Dt(weight), eps, out.data<float>(), out.stride(0), residual.dim(0), residual.dim(1),
+                               stream_);
+  });
 }
 
 void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
@@ -239,34 +247,46 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
 }
 
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
-  Launch("AddInPlace", [&] { return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
-                               stream_); });
+  Launch("AddInPlace", [&] {
+    return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
+                                  stream_);
+  });
 }
 
 void CudaBackend::SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) {
-  Launch("SiluMul", [&] { return cuda::LaunchSiluMul(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), out.data<float>(),
-                            out.stride(0), gate.dim(0), gate.dim(1), stream_); });
+  Launch("SiluMul", [&] {
+    return cuda::LaunchSiluMul(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), out.data<float>(),
+                               out.stride(0), gate.dim(0), gate.dim(1), stream_);
+  });
 }
 
 void CudaBackend::RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale,
                              const TensorView& cos, const TensorView& sin) {
-  Launch("RopeCosSin", [&] { return cuda::LaunchRopeCosSin(positions.data<int32_t>(), positions.dim(0), inv_freq.data<float>(), inv_freq.dim(0),
-                               scale, cos.data<float>(), sin.data<float>(), stream_); });
+  Launch("RopeCosSin", [&] {
+    return cuda::LaunchRopeCosSin(positions.data<int32_t>(), positions.dim(0), inv_freq.data<float>(), inv_freq.dim(0),
+                                  scale, cos.data<float>(), sin.data<float>(), stream_);
+  });
 }
 
 void CudaBackend::ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) {
   FATHOM_CHECK_EQ(x.stride(2), 1);
-  Launch("ApplyRope", [&] { return cuda::LaunchApplyRope(x.data<float>(), x.dim(0), x.dim(1), x.stride(0), x.stride(1), cos.data<float>(),
-                              sin.data<float>(), cos.dim(1), interleaved, stream_); });
+  Launch("ApplyRope", [&] {
+    return cuda::LaunchApplyRope(x.data<float>(), x.dim(0), x.dim(1), x.stride(0), x.stride(1), cos.data<float>(),
+                                 sin.data<float>(), cos.dim(1), interleaved, stream_);
+  });
 }
 
 void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
                           const KvLayerView& cache) {
-  Launch("WriteKv(k)", [&] { return cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
-                               meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_); });
+  Launch("WriteKv(k)", [&] {
+    return cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
+                                  meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_);
+  });
   if (!v.empty()) {
-    Launch("WriteKv(v)", [&] { return cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
-                                 meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_); });
+    Launch("WriteKv(v)", [&] {
+      return cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
+                                    meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_);
+    });
   }
 }
 
@@ -307,21 +327,27 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
 }
 
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
-  Launch("GatherRows", [&] { return cuda::LaunchGatherRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), indices.dim(0), x.dim(1),
-                               out.data<float>(), out.stride(0), stream_); });
+  Launch("GatherRows", [&] {
+    return cuda::LaunchGatherRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), indices.dim(0), x.dim(1),
+                                  out.data<float>(), out.stride(0), stream_);
+  });
 }
 
 void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                                  const TensorView& out) {
-  Launch("ScatterAddRows", [&] { return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
-                                   indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_); });
+  Launch("ScatterAddRows", [&] {
+    return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
+                                      indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_);
+  });
 }
 
 void CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
   const bool three = src.ndim() == 3;
-  Launch("Copy", [&] { return cuda::LaunchCopy(src.data<float>(), src.stride(0), three ? src.stride(1) : 0, dst.data<float>(),
-                         dst.stride(0), three ? dst.stride(1) : 0, src.dim(0), three ? src.dim(1) : 1,
-                         src.dim(src.ndim() - 1), stream_); });
+  Launch("Copy", [&] {
+    return cuda::LaunchCopy(src.data<float>(), src.stride(0), three ? src.stride(1) : 0, dst.data<float>(),
+                            dst.stride(0), three ? dst.stride(1) : 0, src.dim(0), three ? src.dim(1) : 1,
+                            src.dim(src.ndim() - 1), stream_);
+  });
 }
 
 }  // namespace fathom

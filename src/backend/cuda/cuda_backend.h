@@ -12,9 +12,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
-#include <mutex>
 
 #include "backend/cuda/gemm.h"
 #include "model/backend.h"

@@ -1,8 +1,8 @@
+#include "backend/cuda/cuda_device.h"
+
 #include <cuda_runtime.h>
 
 #include <string>
-
-#include "backend/cuda/cuda_device.h"
 
 namespace fathom {
 

@@ -58,10 +58,10 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
     auto p = std::make_unique<Plan>();
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    FATHOM_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa"));
-    FATHOM_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb"));
+    FATHOM_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa"));
+    FATHOM_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, m, w_stride), "layout A"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, n, k), "layout B"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, out_stride), "layout D"));

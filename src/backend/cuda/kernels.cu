@@ -20,9 +20,12 @@ constexpr int kF32 = 0, kF16 = 1, kBF16 = 2, kF8 = 3;
 
 __device__ __forceinline__ float Load(const void* p, int dtype, int64_t i) {
   switch (dtype) {
-    case kF32: return static_cast<const float*>(p)[i];
-    case kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kF32:
+      return static_cast<const float*>(p)[i];
+    case kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     default: {
       __nv_fp8_e4m3 v;
       v.__x = static_cast<const __nv_fp8_storage_t*>(p)[i];
@@ -33,9 +36,15 @@ __device__ __forceinline__ float Load(const void* p, int dtype, int64_t i) {
 
 __device__ __forceinline__ void Store(void* p, int dtype, int64_t i, float v) {
   switch (dtype) {
-    case kF32: static_cast<float*>(p)[i] = v; break;
-    case kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    default:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
   }
 }
 
@@ -79,15 +88,22 @@ __device__ float BlockMax(float v) {
   return part[0];
 }
 
-int Done() { return static_cast<int>(cudaGetLastError()); }
-cudaStream_t S(Stream s) { return static_cast<cudaStream_t>(s); }
-unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+int Done() {
+  return static_cast<int>(cudaGetLastError());
+}
+cudaStream_t S(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
+unsigned Blocks(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
 
 __global__ void EmbeddingKernel(const int32_t* ids, const void* table, int dtype, int64_t stride, int64_t hidden,
                                 float* out, int64_t out_stride) {
   const int64_t t = blockIdx.x;
   const int64_t row = ids[t];
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[t * out_stride + i] = Load(table, dtype, row * stride + i);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[t * out_stride + i] = Load(table, dtype, row * stride + i);
 }
 
 __global__ void RmsNormKernel(float* x, int64_t xs, const float* add, int64_t as, const void* w, int wd, float eps,
@@ -187,8 +203,8 @@ void LaunchBf16Vec(const float* x, int64_t xs, int64_t n, int64_t in, const void
                    const void* bias, int bd, float* out, int64_t os, cudaStream_t s) {
   constexpr int kWarps = 8;
   dim3 grid(static_cast<unsigned>((m + kWarps - 1) / kWarps), static_cast<unsigned>((n + kT - 1) / kT));
-  LinearBf16VecKernel<kT><<<grid, kWarps * 32, 0, s>>>(x, xs, n, in, static_cast<const __nv_bfloat16*>(w), ws, m,
-                                                         bias, bd, out, os);
+  LinearBf16VecKernel<kT>
+      <<<grid, kWarps * 32, 0, s>>>(x, xs, n, in, static_cast<const __nv_bfloat16*>(w), ws, m, bias, bd, out, os);
 }
 
 // Elementwise kernels run on a 2-d grid: blockIdx.y is the row, blockIdx.x a chunk of 256 columns, so that a
@@ -250,7 +266,7 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
   while (seq + 1 < a.num_seqs && a.query_start[seq + 1] <= t) ++seq;
   const int64_t ctx = a.positions[t] + 1;
   const int32_t* table = a.block_tables + a.block_table_start[seq];
-  float* q = smem;           // [k_dim]
+  float* q = smem;                 // [k_dim]
   float* scores = smem + a.k_dim;  // [ctx]
   for (int64_t i = threadIdx.x; i < a.k_dim; i += blockDim.x) q[i] = a.q[t * a.q_s0 + h * a.q_s1 + i];
   __syncthreads();

@@ -19,18 +19,18 @@ int LaunchRmsNorm(float* x, int64_t x_stride, const float* add, int64_t add_stri
                   float eps, float* out, int64_t out_stride, int64_t rows, int64_t cols, Stream s);
 
 // out[t, r] = sum_c x[t, c] * W[r, c] (* scale_inv[r / bn, c / bk] for f8) + bias[r]
-int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const void* w, int w_dtype,
-                 int64_t w_stride, int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk,
-                 const void* bias, int bias_dtype, float* out, int64_t out_stride, Stream s);
+int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const void* w, int w_dtype, int64_t w_stride,
+                 int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk, const void* bias,
+                 int bias_dtype, float* out, int64_t out_stride, Stream s);
 
 int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t rows, int64_t cols,
                      Stream s);
 
-int LaunchSiluMul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out,
-                  int64_t o_stride, int64_t rows, int64_t cols, Stream s);
+int LaunchSiluMul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out, int64_t o_stride,
+                  int64_t rows, int64_t cols, Stream s);
 
-int LaunchRopeCosSin(const int32_t* positions, int64_t n, const float* inv_freq, int64_t half, float scale,
-                     float* cos, float* sin, Stream s);
+int LaunchRopeCosSin(const int32_t* positions, int64_t n, const float* inv_freq, int64_t half, float scale, float* cos,
+                     float* sin, Stream s);
 
 // x [n, heads, >= 2 * half] with strides (s0, s1, 1); rotates in place.
 int LaunchApplyRope(float* x, int64_t n, int64_t heads, int64_t s0, int64_t s1, const float* cos, const float* sin,

@@ -25,11 +25,20 @@ Tensor FromVector(const std::vector<float>& v, std::initializer_list<int64_t> sh
   Tensor t = Tensor::Empty(dtype, shape);
   for (size_t i = 0; i < v.size(); ++i) {
     switch (dtype) {
-      case DType::kF32: t.data<float>()[i] = v[i]; break;
-      case DType::kBF16: t.data<uint16_t>()[i] = F32ToBf16(v[i]); break;
-      case DType::kF16: t.data<uint16_t>()[i] = F32ToF16(v[i]); break;
-      case DType::kF8E4M3: t.data<uint8_t>()[i] = F32ToF8E4M3(v[i]); break;
-      default: FATHOM_CHECK(false);
+      case DType::kF32:
+        t.data<float>()[i] = v[i];
+        break;
+      case DType::kBF16:
+        t.data<uint16_t>()[i] = F32ToBf16(v[i]);
+        break;
+      case DType::kF16:
+        t.data<uint16_t>()[i] = F32ToF16(v[i]);
+        break;
+      case DType::kF8E4M3:
+        t.data<uint8_t>()[i] = F32ToF8E4M3(v[i]);
+        break;
+      default:
+        FATHOM_CHECK(false);
     }
   }
   return t;
@@ -37,11 +46,16 @@ Tensor FromVector(const std::vector<float>& v, std::initializer_list<int64_t> sh
 
 float Stored(const Tensor& t, size_t i) {
   switch (t.dtype()) {
-    case DType::kF32: return t.data<float>()[i];
-    case DType::kBF16: return Bf16ToF32(t.data<uint16_t>()[i]);
-    case DType::kF16: return F16ToF32(t.data<uint16_t>()[i]);
-    case DType::kF8E4M3: return F8E4M3ToF32(t.data<uint8_t>()[i]);
-    default: return NAN;
+    case DType::kF32:
+      return t.data<float>()[i];
+    case DType::kBF16:
+      return Bf16ToF32(t.data<uint16_t>()[i]);
+    case DType::kF16:
+      return F16ToF32(t.data<uint16_t>()[i]);
+    case DType::kF8E4M3:
+      return F8E4M3ToF32(t.data<uint8_t>()[i]);
+    default:
+      return NAN;
   }
 }
 
@@ -62,7 +76,8 @@ TEST_P(LinearTest, MatchesReference) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t r = 0; r < out; ++r) {
       double ref = Stored(b, static_cast<size_t>(r));
-      for (int64_t c = 0; c < in; ++c) ref += double(x.data<float>()[t * in + c]) * Stored(w, static_cast<size_t>(r * in + c));
+      for (int64_t c = 0; c < in; ++c)
+        ref += double(x.data<float>()[t * in + c]) * Stored(w, static_cast<size_t>(r * in + c));
       EXPECT_NEAR(y.data<float>()[t * out + r], ref, 1e-5) << t << "," << r;
     }
   }
@@ -218,7 +233,8 @@ TEST_P(PagedAttentionTest, MatchesDenseReference) {
           double mx = -1e30;
           for (int32_t j = 0; j <= p; ++j) {
             double dot = 0;
-            for (int64_t e = 0; e < d; ++e) dot += double(qv[(row * heads + h) * d + e]) * round(ks[s][(j * kv_heads + g) * d + e]);
+            for (int64_t e = 0; e < d; ++e)
+              dot += double(qv[(row * heads + h) * d + e]) * round(ks[s][(j * kv_heads + g) * d + e]);
             sc[j] = dot * scale;
             mx = std::max(mx, sc[j]);
           }

@@ -19,8 +19,8 @@ std::unique_ptr<CudaBackend> MakeGpu() {
   return gpu.ok() ? std::move(gpu).value() : nullptr;
 }
 
-#define REQUIRE_GPU(gpu)                                 \
-  auto gpu = MakeGpu();                                  \
+#define REQUIRE_GPU(gpu) \
+  auto gpu = MakeGpu();  \
   if (!gpu) GTEST_SKIP() << "no CUDA device on this machine"
 
 Tensor RandomHost(DType dtype, std::initializer_list<int64_t> shape, uint32_t seed, float scale = 1.0f) {
@@ -30,10 +30,17 @@ Tensor RandomHost(DType dtype, std::initializer_list<int64_t> shape, uint32_t se
   for (int64_t i = 0; i < t.numel(); ++i) {
     const float v = d(rng);
     switch (dtype) {
-      case DType::kF32: t.data<float>()[i] = v; break;
-      case DType::kBF16: t.data<uint16_t>()[i] = F32ToBf16(v); break;
-      case DType::kF8E4M3: t.data<uint8_t>()[i] = F32ToF8E4M3(v); break;
-      default: FATHOM_CHECK(false);
+      case DType::kF32:
+        t.data<float>()[i] = v;
+        break;
+      case DType::kBF16:
+        t.data<uint16_t>()[i] = F32ToBf16(v);
+        break;
+      case DType::kF8E4M3:
+        t.data<uint8_t>()[i] = F32ToF8E4M3(v);
+        break;
+      default:
+        FATHOM_CHECK(false);
     }
   }
   return t;
@@ -68,9 +75,12 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
   setenv("FATHOM_CUDA_F32_GEMM", "1", 1);  // float32 inputs everywhere: the exact comparison
-  for (auto [wd, n] : std::vector<std::pair<DType, int64_t>>{
-           {DType::kBF16, 1}, {DType::kBF16, 2}, {DType::kBF16, 3}, {DType::kBF16, 11}, {DType::kF32, 11},
-           {DType::kF8E4M3, 11}}) {
+  for (auto [wd, n] : std::vector<std::pair<DType, int64_t>>{{DType::kBF16, 1},
+                                                             {DType::kBF16, 2},
+                                                             {DType::kBF16, 3},
+                                                             {DType::kBF16, 11},
+                                                             {DType::kF32, 11},
+                                                             {DType::kF8E4M3, 11}}) {
     const int64_t in = 304, out = 77;  // in % 8 == 0: the vectorized bf16 path, 1 to 8 tokens per pass
     Tensor x = RandomHost(DType::kF32, {n, in}, 1);
     Tensor w = RandomHost(wd, {out, in}, 2);
