@@ -1,8 +1,9 @@
-// `fathom`: one executable, one subcommand per task (logits, run, inspect, ...).
+// `fathom`: one executable, one subcommand per task (run, logits, inspect, tokenize, render-chat, ...).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "cli/model_commands.h"
+#include "cli/run_command.h"
 #include "cli/tokenizer_commands.h"
 #include "core/logging.h"
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
     fathom::SetLogLevel(*level);
   });
   fathom::AddModelCommands(app);
+  fathom::AddRunCommand(app);
   fathom::AddTokenizerCommands(app);
   try {
     app.parse(argc, argv);

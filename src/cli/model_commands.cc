@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,9 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#ifdef FATHOM_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 #include "cli/cli_util.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
@@ -32,6 +28,7 @@ struct ModelOptions {
   int block_size = 16;
   int threads = 0;
   uint64_t seed = 0;
+  std::string kv_cache_dtype = "auto";
 };
 
 void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
@@ -41,33 +38,16 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
       ->capture_default_str();
   cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)");
-  cmd->add_option("--seed", o.seed, "Seed of dummy weights")->capture_default_str();
+  cmd->add_option("--weights-seed", o.seed, "Seed of dummy weights")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                  "auto (float32 on the CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16")
+      ->capture_default_str();
 }
 
 struct Loaded {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
 };
-
-// "cpu", "cuda" or "cuda:N".
-StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
-  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
-  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
-    int index = 0;
-    if (device.size() > 5) {
-      FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> parsed, ParseTokenList(device.substr(5)));
-      index = parsed[0];
-    }
-#ifdef FATHOM_HAVE_CUDA
-    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, CudaBackend::Create(index));
-    return std::unique_ptr<Backend>(std::move(gpu));
-#else
-    (void)index;
-    return UnimplementedError("this fathom was built without CUDA (configure with the cuda-release preset)");
-#endif
-  }
-  return InvalidArgumentError(fmt::format("unknown device '{}' (use cpu, cuda or cuda:N)", device));
-}
 
 StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
   if (o.threads > 0) SetDefaultThreadCount(o.threads);
@@ -84,18 +64,24 @@ StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
 }
 
 // Identity block table 0..n-1 over a pool just large enough for `tokens` tokens.
-StatusOr<KvCache> AllocateFor(Loaded& l, int64_t tokens, int block_size, std::vector<int32_t>* table) {
+StatusOr<KvCache> AllocateFor(Loaded& l, int64_t tokens, const ModelOptions& o, std::vector<int32_t>* table) {
+  const int block_size = o.block_size;
+  DType kv_dtype = l.backend->device() == Device::kCuda ? DType::kBF16 : DType::kF32;
+  if (o.kv_cache_dtype != "auto") {
+    FATHOM_ASSIGN_OR_RETURN(kv_dtype, DTypeFromString(o.kv_cache_dtype));
+    if (kv_dtype == DType::kF8E4M3) return InvalidArgumentError("--kv-cache-dtype: fp8 caches are not supported yet");
+  }
   const int64_t blocks = std::max<int64_t>(1, (tokens + block_size - 1) / block_size);
   table->resize(static_cast<size_t>(blocks));
   for (int64_t i = 0; i < blocks; ++i) (*table)[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  return KvCache::Allocate(*l.backend, l.model->kv_cache_spec(), DType::kF32, blocks, block_size);
+  return KvCache::Allocate(*l.backend, l.model->kv_cache_spec(), kv_dtype, blocks, block_size);
 }
 
 Status RunLogits(const ModelOptions& o, const std::string& tokens_arg, const std::string& output) {
   FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseTokenList(tokens_arg));
   FATHOM_ASSIGN_OR_RETURN(Loaded l, LoadForRun(o));
   std::vector<int32_t> table;
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv, AllocateFor(l, static_cast<int64_t>(tokens.size()), o.block_size, &table));
+  FATHOM_ASSIGN_OR_RETURN(KvCache kv, AllocateFor(l, static_cast<int64_t>(tokens.size()), o, &table));
   ForwardBatch batch(o.block_size);
   batch.AddSequence(tokens, 0, table, LogitsMode::kAll);
   Tensor logits;
@@ -120,62 +106,6 @@ Status RunLogits(const ModelOptions& o, const std::string& tokens_arg, const std
     out << text << "\n";
     if (!out) return InternalError(fmt::format("short write to '{}'", output));
   }
-  return OkStatus();
-}
-
-int32_t Argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[best]) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
-
-Status RunGreedy(const ModelOptions& o, const std::string& tokens_arg, int max_tokens, bool ignore_eos) {
-  FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseTokenList(tokens_arg));
-  if (max_tokens < 0) return InvalidArgumentError("--max-tokens must be >= 0");
-  FATHOM_ASSIGN_OR_RETURN(Loaded l, LoadForRun(o));
-  const ModelConfig& cfg = l.model->config();
-  std::vector<int32_t> table;
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv,
-                          AllocateFor(l, static_cast<int64_t>(tokens.size()) + max_tokens, o.block_size, &table));
-  std::vector<int32_t> out;
-  std::vector<int32_t> step = tokens;
-  int32_t cached = 0;
-  std::vector<float> host(static_cast<size_t>(cfg.vocab_size));
-  using Clock = std::chrono::steady_clock;
-  double prefill_s = 0.0, decode_s = 0.0;
-  for (int i = 0; i < max_tokens; ++i) {
-    ForwardBatch batch(o.block_size);
-    batch.AddSequence(step, cached, table, LogitsMode::kLast);
-    Tensor logits;
-    const auto t0 = Clock::now();
-    FATHOM_RETURN_IF_ERROR(l.model->Forward(batch, kv, &logits));
-    FATHOM_RETURN_IF_ERROR(l.backend->CopyToHost(logits, host.data()));
-    (i == 0 ? prefill_s : decode_s) += std::chrono::duration<double>(Clock::now() - t0).count();
-#ifdef FATHOM_HAVE_CUDA
-    if (i == 0) {
-      if (auto* gpu = dynamic_cast<CudaBackend*>(l.backend.get())) gpu->ResetProfile();  // time decode steps only
-    }
-#endif
-    cached += static_cast<int32_t>(step.size());
-    const int32_t next = Argmax(host.data(), cfg.vocab_size);
-    out.push_back(next);
-    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) != cfg.eos_token_ids.end();
-    if (eos && !ignore_eos) break;
-    step.assign(1, next);
-  }
-  std::cout << fmt::format("{}", fmt::join(out, " ")) << "\n";
-  const size_t decoded = out.empty() ? 0 : out.size() - 1;
-  FATHOM_LOG_INFO("prefill: {} tokens in {:.2f} ms; decode: {} tokens in {:.2f} ms ({:.1f} tok/s, batch 1, {})",
-                  tokens.size(), prefill_s * 1e3, decoded, decode_s * 1e3,
-                  decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0.0, l.backend->name());
-#ifdef FATHOM_HAVE_CUDA
-  if (auto* gpu = dynamic_cast<CudaBackend*>(l.backend.get())) {
-    const std::string report = gpu->ProfileReport();
-    if (!report.empty()) std::cerr << "kernel time over the decode steps (FATHOM_CUDA_PROFILE):\n" << report;
-  }
-#endif
   return OkStatus();
 }
 
@@ -251,24 +181,10 @@ void AddModelCommands(CLI::App& app) {
   }
   {
     auto opts = std::make_shared<ModelOptions>();
-    auto tokens = std::make_shared<std::string>();
-    auto max_tokens = std::make_shared<int>(16);
-    auto ignore_eos = std::make_shared<bool>(false);
-    CLI::App* cmd = app.add_subcommand("run", "Greedy-decode from token ids and print the generated ids");
-    AddModelOptions(cmd, *opts);
-    cmd->add_option("--tokens", *tokens, "Comma-separated prompt token ids")->required();
-    cmd->add_option("--max-tokens", *max_tokens, "Tokens to generate")->capture_default_str();
-    cmd->add_flag("--ignore-eos", *ignore_eos, "Keep generating past the end-of-sequence token");
-    cmd->callback([=] { ExitOnError(RunGreedy(*opts, *tokens, *max_tokens, *ignore_eos)); });
-  }
-  {
-    auto opts = std::make_shared<ModelOptions>();
-    auto kv_dtype = std::make_shared<std::string>("auto");
     CLI::App* cmd = app.add_subcommand("inspect", "Print a model's architecture, sizes and per-token costs");
     AddModelOptions(cmd, *opts);
-    cmd->add_option("--kv-cache-dtype", *kv_dtype, "auto (the model dtype) | bfloat16 | float16 | float32")
-        ->capture_default_str();
-    cmd->callback([=] { ExitOnError(RunInspect(*opts, *kv_dtype)); });
+    // For inspect, --kv-cache-dtype auto means the model's dtype (what a GPU deployment stores).
+    cmd->callback([=] { ExitOnError(RunInspect(*opts, opts->kv_cache_dtype)); });
   }
 }
 

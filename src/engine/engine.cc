@@ -1,0 +1,130 @@
+#include "engine/engine.h"
+
+#include <fmt/format.h>
+
+#include "core/logging.h"
+
+namespace fathom {
+
+Engine::Engine(std::unique_ptr<EngineCore> core)
+    : core_(std::move(core)), max_queue_len_(core_->config().scheduler.max_queue_len) {
+  FATHOM_CHECK(core_ != nullptr);
+  stats_ = core_->Stats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  Shutdown(ShutdownMode::kAbort);
+}
+
+StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
+  FATHOM_RETURN_IF_ERROR(core_->Validate(request));  // reads immutable configuration only
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!accepting_) return UnavailableError("the engine is shutting down");
+    if (request.id.empty()) request.id = fmt::format("req-{}", next_id_++);
+    if (live_ids_.count(request.id) != 0) {
+      return AlreadyExistsError(fmt::format("request '{}' already exists", request.id));
+    }
+    const int32_t waiting = published_waiting_ + static_cast<int32_t>(inbox_.size());
+    if (max_queue_len_ > 0 && waiting >= max_queue_len_) {
+      return ResourceExhaustedError(
+          fmt::format("queue full: {} requests are waiting (--max-queue-len {})", waiting, max_queue_len_));
+    }
+    if (!request.arrival) request.arrival = sched::SteadyClock::now();
+    stream = std::make_shared<RequestStream>(request.id, request.sampling.n);
+    live_ids_.insert(request.id);
+    inbox_.emplace_back(std::move(request), stream);
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+Status Engine::Abort(const std::string& id, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (live_ids_.count(id) == 0) return NotFoundError(fmt::format("no live request '{}'", id));
+    aborts_.emplace_back(id, reason);
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+Status Engine::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void Engine::Shutdown(ShutdownMode mode, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+    stop_ = true;
+    if (mode == ShutdownMode::kAbort && !abort_all_) {
+      abort_all_ = true;
+      abort_reason_ = reason;
+    }
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Loop() {
+  for (;;) {
+    std::vector<std::pair<EngineRequest, std::shared_ptr<RequestStream>>> inbox;
+    std::vector<std::pair<std::string, std::string>> aborts;
+    bool stop = false, abort_all = false;
+    std::string abort_reason;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !aborts_.empty() || core_->HasUnfinished(); });
+      inbox.swap(inbox_);
+      aborts.swap(aborts_);
+      stop = stop_;
+      abort_all = abort_all_;
+      abort_reason = abort_reason_;
+    }
+    for (auto& [req, stream] : inbox) {
+      const std::string id = req.id;
+      const int32_t n = req.sampling.n;
+      Status s = core_->AddRequest(std::move(req), stream);
+      if (!s.ok()) {
+        // Rejected after Submit (the queue filled up in between): report on the stream.
+        RequestOutput out;
+        out.request_id = id;
+        out.finished = true;
+        out.finish_reason = FinishReason::kError;
+        out.status = s;
+        for (int32_t i = 0; i < n; ++i) {
+          out.index = i;
+          stream->Push(out);
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        live_ids_.erase(id);
+      }
+    }
+    for (const auto& [id, reason] : aborts) core_->Abort(id, CancelledError(reason));
+    if (abort_all) core_->AbortAll(CancelledError(abort_reason));
+    Status step = OkStatus();
+    if (core_->HasUnfinished()) step = core_->Step();
+    if (!step.ok()) FATHOM_LOG_ERROR("engine step failed: {}", step.ToString());
+    const std::vector<std::string> finished = core_->TakeFinishedIds();
+    const bool idle = !core_->HasUnfinished();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const std::string& id : finished) live_ids_.erase(id);
+      stats_ = core_->Stats();
+      published_waiting_ = stats_.num_waiting;
+      if (!step.ok() && last_error_.ok()) last_error_ = step;
+      if (stop && idle && inbox_.empty()) return;
+    }
+  }
+}
+
+}  // namespace fathom

@@ -1,0 +1,424 @@
+#include "engine/engine_core.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace fathom {
+
+namespace {
+
+double Seconds(sched::TimePoint a, sched::TimePoint b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+uint64_t MixSeed(uint64_t seed, uint64_t index) {
+  uint64_t x = seed + 0x9e3779b97f4a7c15ULL * (index + 1);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::string SampleId(const std::string& request_id, int32_t index) {
+  return index == 0 ? request_id : fmt::format("{}#{}", request_id, index);
+}
+
+}  // namespace
+
+struct EngineCore::ReqState {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::shared_ptr<RequestStream> stream;
+  sched::TimePoint arrival;
+  int32_t open_samples = 0;
+  bool forked = false;
+};
+
+struct EngineCore::SampleState {
+  SampleState(ReqState* r, int32_t i, uint64_t seed) : req(r), index(i), rng(seed) {}
+  ReqState* req;
+  int32_t index;
+  SamplerRng rng;
+  std::unique_ptr<TextStream> detok;
+  std::optional<sched::TimePoint> first_token;
+  double detok_s = 0.0;
+};
+
+Status CopyKvBlocks(KvCache& kv, std::span<const kv::BlockCopy> copies) {
+  if (copies.empty()) return OkStatus();
+  for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
+    KvLayerView layer = kv.layer(l);
+    std::vector<TensorView> parts = {layer.k};
+    if (!kv.spec().v_in_k) parts.push_back(layer.v);
+    for (const TensorView& t : parts) {
+      if (t.device() != Device::kCpu) {
+        return UnimplementedError("copy-on-write of KV blocks (n > 1) needs a block-copy op on this backend");
+      }
+      FATHOM_CHECK(t.is_contiguous());
+      const size_t block_bytes = static_cast<size_t>(t.stride(0)) * DTypeSize(t.dtype());
+      char* base = static_cast<char*>(t.raw());
+      for (const kv::BlockCopy& c : copies) {
+        std::memcpy(base + static_cast<size_t>(c.dst) * block_bytes, base + static_cast<size_t>(c.src) * block_bytes,
+                    block_bytes);
+      }
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, const ModelConfig& cfg) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::is_directory(model_path) ? fs::path(model_path) : fs::path(model_path).parent_path();
+  const fs::path gen = dir / "generation_config.json";
+  if (!fs::exists(gen)) return cfg.eos_token_ids;
+  std::ifstream in(gen);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLossError(fmt::format("{} is not a JSON object", gen.string()));
+  auto e = j.find("eos_token_id");
+  if (e == j.end() || e->is_null()) return cfg.eos_token_ids;
+  std::vector<int64_t> ids;
+  if (e->is_number_integer()) {
+    ids.push_back(e->get<int64_t>());
+  } else if (e->is_array()) {
+    for (const auto& v : *e) {
+      if (!v.is_number_integer())
+        return DataLossError(fmt::format("{}: eos_token_id holds a non-integer", gen.string()));
+      ids.push_back(v.get<int64_t>());
+    }
+  } else {
+    return DataLossError(fmt::format("{}: eos_token_id must be an integer or a list", gen.string()));
+  }
+  return ids;
+}
+
+StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& backend, EngineConfig config,
+                                                         TextStreamFactory text, sched::NowFn now) {
+  if (config.block_size <= 0) return InvalidArgumentError("block size must be positive");
+  const KvCacheSpec spec = model.kv_cache_spec();
+  const DType kv_dtype = backend.activation_dtype();
+  if (config.num_blocks <= 0) {
+    const int64_t per_block = spec.values_per_token() * config.block_size * static_cast<int64_t>(DTypeSize(kv_dtype));
+    const int64_t blocks = per_block > 0 ? config.kv_cache_memory_bytes / per_block : 0;
+    if (blocks < 1) {
+      return InvalidArgumentError(fmt::format("the KV-cache budget of {} bytes holds no block of {} bytes",
+                                              config.kv_cache_memory_bytes, per_block));
+    }
+    config.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 24));
+  }
+  if (config.scheduler.max_model_len <= 0 || config.scheduler.max_model_len > model.config().max_position_embeddings) {
+    config.scheduler.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
+  }
+  if (config.eos_token_ids.empty()) config.eos_token_ids = model.config().eos_token_ids;
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<sched::SchedulingPolicy> policy, sched::MakePolicy(config.policy));
+  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, spec, kv_dtype, config.num_blocks, config.block_size));
+  (void)policy;  // validated here; the core builds its own
+  return std::unique_ptr<EngineCore>(
+      new EngineCore(model, backend, std::move(config), std::move(kv), std::move(text), std::move(now)));
+}
+
+EngineCore::EngineCore(Model& model, Backend& backend, EngineConfig config, KvCache kv, TextStreamFactory text,
+                       sched::NowFn now)
+    : model_(model),
+      backend_(backend),
+      config_(std::move(config)),
+      kv_(std::move(kv)),
+      text_(std::move(text)),
+      now_(std::move(now)),
+      sched_(config_.scheduler,
+             {.num_blocks = config_.num_blocks,
+              .block_size = config_.block_size,
+              .enable_prefix_caching = config_.enable_prefix_caching},
+             std::move(sched::MakePolicy(config_.policy)).value(), now_),
+      seed_source_(config_.seed ? *config_.seed : std::random_device{}()) {}
+
+EngineCore::~EngineCore() = default;
+
+Status EngineCore::Validate(const EngineRequest& r) const {
+  const int64_t vocab = model_.config().vocab_size;
+  if (r.prompt.empty()) return InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
+      return InvalidArgumentError(
+          fmt::format("prompt token {} at position {} is outside the vocabulary [0, {})", r.prompt[i], i, vocab));
+    }
+  }
+  FATHOM_RETURN_IF_ERROR(r.sampling.Validate(vocab));
+  if (!r.sampling.stop.empty() && !text_) {
+    return InvalidArgumentError("stop strings need a tokenizer; this engine has none");
+  }
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  const int64_t wanted = prompt_len + std::max(r.sampling.max_tokens, 1);
+  if (wanted > config_.scheduler.max_model_len) {
+    return InvalidArgumentError(
+        fmt::format("this request needs {} tokens ({} in the prompt + {} to generate) but the maximum context length "
+                    "(--max-model-len) is {}; shorten the prompt or lower max_tokens",
+                    wanted, prompt_len, std::max(r.sampling.max_tokens, 1), config_.scheduler.max_model_len));
+  }
+  if (r.sampling.n > 1 && backend_.device() != Device::kCpu) {
+    return UnimplementedError("n > 1 needs a KV block-copy op on this backend");
+  }
+  return OkStatus();
+}
+
+Status EngineCore::AddRequest(EngineRequest r, std::shared_ptr<RequestStream> stream) {
+  FATHOM_CHECK(stream != nullptr);
+  FATHOM_RETURN_IF_ERROR(Validate(r));
+  if (r.id.empty()) r.id = fmt::format("req-{}", next_auto_id_++);
+  if (requests_.count(r.id) != 0) return AlreadyExistsError(fmt::format("request '{}' already exists", r.id));
+  const int32_t n = r.sampling.n;
+  for (int32_t i = 1; i < n; ++i) {
+    if (sched_.Find(SampleId(r.id, i)) != nullptr) {
+      return AlreadyExistsError(fmt::format("request '{}' already exists", SampleId(r.id, i)));
+    }
+  }
+  const sched::TimePoint arrival = r.arrival ? *r.arrival : now_();
+  FATHOM_RETURN_IF_ERROR(sched_.AddRequest({.id = r.id,
+                                            .prompt = r.prompt,
+                                            .max_tokens = r.sampling.max_tokens,
+                                            .priority = r.priority,
+                                            .cache_salt = r.cache_salt,
+                                            .arrival = arrival}));
+  auto rs = std::make_unique<ReqState>();
+  rs->id = r.id;
+  rs->prompt = std::move(r.prompt);
+  rs->sampling = std::move(r.sampling);
+  rs->stream = std::move(stream);
+  rs->arrival = arrival;
+  rs->open_samples = n;
+  const uint64_t seed = rs->sampling.seed ? *rs->sampling.seed : seed_source_();
+  for (int32_t i = 0; i < n; ++i) {
+    auto s = std::make_unique<SampleState>(rs.get(), i, i == 0 ? seed : MixSeed(seed, static_cast<uint64_t>(i)));
+    if (text_) s->detok = text_(rs->prompt, rs->sampling.stop);
+    samples_.emplace(SampleId(rs->id, i), std::move(s));
+  }
+  requests_.emplace(rs->id, std::move(rs));
+  return OkStatus();
+}
+
+RequestOutput EngineCore::BaseOutput(const SampleState& s) const {
+  RequestOutput out;
+  out.request_id = s.req->id;
+  out.index = s.index;
+  return out;
+}
+
+void EngineCore::FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler) {
+  auto it = samples_.find(sample_id);
+  FATHOM_CHECK(it != samples_.end());
+  SampleState& s = *it->second;
+  ReqState* rq = s.req;
+  const sched::TimePoint now = now_();
+  out.finished = true;
+  out.prompt_tokens = static_cast<int32_t>(rq->prompt.size());
+  out.prompt_cache_miss_tokens = out.prompt_tokens;
+  out.timings.detokenize = s.detok_s;
+  if (const sched::Request* r = sched_.Find(sample_id); r != nullptr) {
+    out.completion_tokens = r->num_output_tokens();
+    if (r->started) {
+      out.prompt_cache_hit_tokens = r->prompt_cache_hit_tokens;
+      out.prompt_cache_miss_tokens = r->prompt_cache_miss_tokens();
+      out.timings.queue_wait = Seconds(rq->arrival, r->first_scheduled);
+      if (s.first_token) {
+        out.timings.prefill = Seconds(r->first_scheduled, *s.first_token);
+        out.timings.ttft = Seconds(rq->arrival, *s.first_token);
+        out.timings.decode = Seconds(*s.first_token, now);
+      }
+    } else {
+      out.timings.queue_wait = Seconds(rq->arrival, now);
+    }
+  }
+  if (in_scheduler) (void)sched_.Finish(sample_id);
+  rq->stream->Push(std::move(out));
+  samples_.erase(it);
+  if (--rq->open_samples == 0) {
+    const std::string id = rq->id;  // the key must outlive the erase
+    finished_ids_.push_back(id);
+    requests_.erase(id);
+  }
+}
+
+void EngineCore::FailRequest(const std::string& request_id, FinishReason reason, const Status& status) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  ReqState* rq = it->second.get();
+  const int32_t n = rq->sampling.n;
+  for (int32_t i = 0; i < n; ++i) {
+    const std::string sid = SampleId(request_id, i);
+    auto s = samples_.find(sid);
+    if (s == samples_.end()) continue;  // already finished
+    RequestOutput out = BaseOutput(*s->second);
+    out.finish_reason = reason;
+    out.status = status;
+    if (s->second->detok) out.text = s->second->detok->Flush();
+    FinishSample(sid, std::move(out), sched_.Find(sid) != nullptr);
+  }
+}
+
+bool EngineCore::Abort(const std::string& id, const Status& reason) {
+  if (requests_.count(id) == 0) return false;
+  FailRequest(id, FinishReason::kAbort, reason);
+  return true;
+}
+
+void EngineCore::AbortAll(const Status& reason) {
+  std::vector<std::string> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (const std::string& id : ids) Abort(id, reason);
+}
+
+void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) {
+  SampleState& s = *samples_.at(sample_id);
+  const SamplingParams& p = s.req->sampling;
+  sched_.AppendToken(sample_id, r.token);
+  const sched::Request* sr = sched_.Find(sample_id);
+  const sched::TimePoint now = now_();
+  if (!s.first_token) s.first_token = now;
+  ++stats_.num_generated_tokens;
+
+  RequestOutput out = BaseOutput(s);
+  out.token_ids.push_back(r.token);
+  if (p.logprobs || p.top_logprobs > 0) out.logprobs.push_back(r);
+  const int32_t produced = sr->num_output_tokens();
+  FinishReason reason = FinishReason::kNone;
+  if (produced >= p.min_tokens) {
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) != p.stop_token_ids.end()) {
+      reason = FinishReason::kStop;
+      out.stop_reason = std::to_string(r.token);
+    } else if (!p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                          static_cast<int64_t>(r.token)) != config_.eos_token_ids.end()) {
+      reason = FinishReason::kStop;
+    }
+  }
+  if (s.detok && reason == FinishReason::kNone) {
+    const auto t0 = sched::SteadyClock::now();
+    DetokenizeStep d = s.detok->Add(r.token);
+    s.detok_s += Seconds(t0, sched::SteadyClock::now());
+    out.text = std::move(d.delta);
+    if (d.stopped) {
+      reason = FinishReason::kStop;
+      out.stop_reason = d.stop;
+    }
+  }
+  if (reason == FinishReason::kNone &&
+      (produced >= sr->max_tokens || sr->num_tokens() >= config_.scheduler.max_model_len)) {
+    reason = FinishReason::kLength;
+  }
+  if (reason == FinishReason::kNone) {
+    s.req->stream->Push(std::move(out));
+    return;
+  }
+  if (s.detok) out.text += s.detok->Flush();
+  out.finish_reason = reason;
+  FinishSample(sample_id, std::move(out), /*in_scheduler=*/true);
+}
+
+Status EngineCore::Step() {
+  const auto t0 = sched::SteadyClock::now();
+  sched::SchedulerOutput plan = sched_.Schedule();
+  for (const sched::TimedOut& t : plan.timed_out) {
+    // The scheduler already dropped it; finish every sample of its request with the status.
+    auto it = requests_.find(t.id);
+    if (it == requests_.end()) continue;
+    for (int32_t i = 0; i < it->second->sampling.n; ++i) {
+      const std::string sid = SampleId(t.id, i);
+      if (samples_.count(sid) == 0) continue;
+      RequestOutput out = BaseOutput(*samples_.at(sid));
+      out.finish_reason = FinishReason::kError;
+      out.status = t.status;
+      FinishSample(sid, std::move(out), /*in_scheduler=*/false);
+      if (requests_.count(t.id) == 0) break;
+    }
+  }
+  if (plan.empty()) return OkStatus();
+  ++stats_.num_steps;
+  Status status = CopyKvBlocks(kv_, plan.copies);
+  ForwardBatch batch = sched_.MakeForwardBatch(plan);
+  if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
+  const auto t1 = sched::SteadyClock::now();
+  Tensor logits;
+  if (status.ok()) status = model_.Forward(batch, kv_, &logits);
+  const int64_t vocab = model_.config().vocab_size;
+  if (status.ok()) {
+    host_logits_.resize(static_cast<size_t>(batch.num_logits() * vocab));
+    status = backend_.CopyToHost(logits, host_logits_.data());
+  }
+  const auto t2 = sched::SteadyClock::now();
+  stats_.total_forward_s += Seconds(t1, t2);
+  if (!status.ok()) {
+    std::vector<std::string> ids;
+    for (const sched::ScheduledSeq& s : plan.seqs) ids.push_back(samples_.at(s.id)->req->id);
+    for (const std::string& id : ids) FailRequest(id, FinishReason::kError, status);
+    return status;
+  }
+  sched_.OnStepDone(plan);
+  int64_t row = 0;
+  for (const sched::ScheduledSeq& seq : plan.seqs) {
+    if (!seq.samples) continue;
+    std::span<const float> logits_row(host_logits_.data() + row * vocab, static_cast<size_t>(vocab));
+    ++row;
+    auto sit = samples_.find(seq.id);
+    if (sit == samples_.end()) continue;
+    SampleState& s = *sit->second;
+    ReqState* rq = s.req;
+    const sched::Request* sr = sched_.Find(seq.id);
+    std::span<const int32_t> all(sr->tokens);
+    if (rq->sampling.n > 1 && !rq->forked) {
+      // The first token of every sample comes from this row; the samples then share the prompt's blocks.
+      rq->forked = true;
+      std::vector<std::string> ids = {seq.id};
+      for (int32_t i = 1; i < rq->sampling.n; ++i) {
+        const std::string child = SampleId(rq->id, i);
+        Status fs = sched_.Fork(seq.id, child);
+        FATHOM_CHECK(fs.ok(), "{}", fs.ToString());
+        ids.push_back(child);
+      }
+      std::vector<SampleResult> results;
+      for (const std::string& id : ids) {
+        SampleState& si = *samples_.at(id);
+        results.push_back(Sample(logits_row, rq->sampling,
+                                 {all.first(static_cast<size_t>(sr->prompt_len)), {}, config_.eos_token_ids}, si.rng));
+      }
+      for (size_t i = 0; i < ids.size(); ++i) EmitToken(ids[i], results[i]);
+      continue;
+    }
+    const SampleResult r = Sample(logits_row, rq->sampling,
+                                  {all.first(static_cast<size_t>(sr->prompt_len)),
+                                   all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
+                                  s.rng);
+    EmitToken(seq.id, r);
+  }
+  const auto t3 = sched::SteadyClock::now();
+  stats_.last_step_cpu_s = Seconds(t0, t1) + Seconds(t2, t3);
+  stats_.total_step_cpu_s += stats_.last_step_cpu_s;
+  return OkStatus();
+}
+
+EngineStats EngineCore::Stats() const {
+  EngineStats s = stats_;
+  const sched::SchedulerStats ss = sched_.Stats();
+  s.num_waiting = ss.num_waiting;
+  s.num_running = ss.num_running;
+  s.num_blocks = sched_.kv().num_blocks();
+  s.num_free_blocks = sched_.kv().num_free_blocks();
+  s.kv_usage = ss.kv_usage;
+  s.prefix_cache_hit_ratio = ss.prefix_cache.hit_ratio();
+  s.prefix_cache_queried_tokens = ss.prefix_cache.queried_tokens;
+  s.prefix_cache_hit_tokens = ss.prefix_cache.hit_tokens;
+  s.num_preemptions = ss.num_preemptions;
+  return s;
+}
+
+std::vector<std::string> EngineCore::TakeFinishedIds() {
+  std::vector<std::string> out;
+  out.swap(finished_ids_);
+  return out;
+}
+
+}  // namespace fathom

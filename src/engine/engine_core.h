@@ -1,0 +1,126 @@
+// The synchronous engine core: scheduler + paged KV cache + model + sampler + detokenizer, one Step() at a time.
+// Engine (engine.h) runs it on its own thread; tests drive it directly for exact control of arrival steps.
+//
+//   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*model, backend, config, TokenizerTextStreams(*tok)));
+//   auto stream = std::make_shared<RequestStream>("a", /*num_samples=*/1);
+//   FATHOM_RETURN_IF_ERROR(core->AddRequest({.id = "a", .prompt = ids, .sampling = {.max_tokens = 8}}, stream));
+//   while (core->HasUnfinished()) FATHOM_RETURN_IF_ERROR(core->Step());   // outputs arrive on the streams
+//
+// Not thread-safe, except Validate(), which only reads immutable configuration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/detokenizer.h"
+#include "engine/request_stream.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "sched/scheduler.h"
+
+namespace fathom {
+
+struct EngineConfig {
+  sched::SchedulerConfig scheduler;
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;                            // 0: derived from kv_cache_memory_bytes
+  int64_t kv_cache_memory_bytes = int64_t{1} << 30;  // --kv-cache-memory
+  bool enable_prefix_caching = true;
+  std::string policy = "priority";     // fcfs | priority
+  std::vector<int64_t> eos_token_ids;  // empty: the model config's
+  std::optional<uint64_t> seed;        // seeds requests that have none; unset: random
+};
+
+struct EngineRequest {
+  std::string id = {};  // empty: the engine assigns one
+  std::vector<int32_t> prompt = {};
+  SamplingParams sampling = {};
+  int32_t priority = 0;
+  uint64_t cache_salt = 0;
+  std::optional<sched::TimePoint> arrival = std::nullopt;  // default: when the core adds it
+};
+
+struct EngineStats {
+  int32_t num_waiting = 0;
+  int32_t num_running = 0;
+  int32_t num_blocks = 0;
+  int32_t num_free_blocks = 0;
+  double kv_usage = 0.0;
+  double prefix_cache_hit_ratio = 0.0;
+  int64_t prefix_cache_queried_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_generated_tokens = 0;
+  double last_step_cpu_s = 0.0;  // scheduling, batch building, sampling and detokenization of the last step
+  double total_step_cpu_s = 0.0;
+  double total_forward_s = 0.0;  // model execution
+};
+
+// Every layer's KV of block src copied into block dst (copy-on-write for n > 1). CPU caches only for now.
+Status CopyKvBlocks(KvCache& kv, std::span<const kv::BlockCopy> copies);
+
+// EOS ids: generation_config.json's eos_token_id next to the config when present, else config.json's.
+StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, const ModelConfig& cfg);
+
+class EngineCore {
+ public:
+  static StatusOr<std::unique_ptr<EngineCore>> Create(Model& model, Backend& backend, EngineConfig config,
+                                                      TextStreamFactory text = nullptr,
+                                                      sched::NowFn now = sched::SteadyClock::now);
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  // Checks a request against the model and the limits without touching engine state.
+  Status Validate(const EngineRequest& request) const;
+  // Adds a request; `stream` receives its outputs. Errors (validation, queue full) leave the stream untouched.
+  Status AddRequest(EngineRequest request, std::shared_ptr<RequestStream> stream);
+  // Finishes every sample of `id` with FinishReason::kAbort and `reason` as status; frees its blocks at once.
+  // Returns false for an unknown id.
+  bool Abort(const std::string& id, const Status& reason);
+  void AbortAll(const Status& reason);
+  // One scheduling + forward + sampling step. A model error fails the requests of the step and is returned.
+  Status Step();
+
+  bool HasUnfinished() const { return !requests_.empty(); }
+  int32_t num_waiting() const { return sched_.num_waiting(); }
+  EngineStats Stats() const;
+  // Ids of requests whose streams ended since the last call.
+  std::vector<std::string> TakeFinishedIds();
+  const EngineConfig& config() const { return config_; }
+  const sched::Scheduler& scheduler() const { return sched_; }
+  KvCache& kv_cache() { return kv_; }
+
+ private:
+  struct ReqState;
+  struct SampleState;
+  EngineCore(Model& model, Backend& backend, EngineConfig config, KvCache kv, TextStreamFactory text, sched::NowFn now);
+  void EmitToken(const std::string& sample_id, const SampleResult& r);
+  void FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler);
+  void FailRequest(const std::string& request_id, FinishReason reason, const Status& status);
+  RequestOutput BaseOutput(const SampleState& s) const;
+
+  Model& model_;
+  Backend& backend_;
+  EngineConfig config_;
+  KvCache kv_;
+  TextStreamFactory text_;  // null: token ids only
+  sched::NowFn now_;
+  sched::Scheduler sched_;
+  std::mt19937_64 seed_source_;
+  int64_t next_auto_id_ = 0;
+  std::unordered_map<std::string, std::unique_ptr<ReqState>> requests_;
+  std::unordered_map<std::string, std::unique_ptr<SampleState>> samples_;  // by scheduler id
+  std::vector<std::string> finished_ids_;
+  std::vector<float> host_logits_;
+  EngineStats stats_;
+};
+
+}  // namespace fathom

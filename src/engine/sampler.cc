@@ -1,0 +1,192 @@
+#include "engine/sampler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+namespace fathom {
+
+Status SamplingParams::Validate(int64_t vocab_size) const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    return InvalidArgumentError(fmt::format("temperature must be >= 0, got {}", temperature));
+  }
+  if (top_k < -1) return InvalidArgumentError(fmt::format("top_k must be -1, 0 or positive, got {}", top_k));
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    return InvalidArgumentError(fmt::format("top_p must be in (0, 1], got {}", top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f))
+    return InvalidArgumentError(fmt::format("min_p must be in [0, 1], got {}", min_p));
+  if (!(repetition_penalty > 0.0f)) {
+    return InvalidArgumentError(fmt::format("repetition_penalty must be > 0, got {}", repetition_penalty));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return InvalidArgumentError(fmt::format("presence_penalty must be in [-2, 2], got {}", presence_penalty));
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return InvalidArgumentError(fmt::format("frequency_penalty must be in [-2, 2], got {}", frequency_penalty));
+  }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return InvalidArgumentError(fmt::format("logit_bias token {} is outside the vocabulary [0, {})", id, vocab_size));
+    }
+    if (!std::isfinite(bias)) return InvalidArgumentError(fmt::format("logit_bias of token {} is not finite", id));
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return InvalidArgumentError(fmt::format("stop_token_ids has {} outside the vocabulary [0, {})", id, vocab_size));
+    }
+  }
+  if (max_tokens < 0) return InvalidArgumentError(fmt::format("max_tokens must be >= 0, got {}", max_tokens));
+  if (min_tokens < 0) return InvalidArgumentError(fmt::format("min_tokens must be >= 0, got {}", min_tokens));
+  if (max_tokens > 0 && min_tokens > max_tokens) {
+    return InvalidArgumentError(fmt::format("min_tokens ({}) exceeds max_tokens ({})", min_tokens, max_tokens));
+  }
+  if (top_logprobs < 0 || top_logprobs > 20) {
+    return InvalidArgumentError(fmt::format("top_logprobs must be in [0, 20], got {}", top_logprobs));
+  }
+  if (n < 1) return InvalidArgumentError(fmt::format("n must be >= 1, got {}", n));
+  for (const std::string& s : stop) {
+    if (s.empty()) return InvalidArgumentError("stop strings must not be empty");
+  }
+  return OkStatus();
+}
+
+void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (static_cast<int32_t>(ctx.output.size()) < p.min_tokens) {
+    if (!p.ignore_eos) {
+      for (int64_t id : ctx.eos_ids) {
+        if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] = kNegInf;
+      }
+    }
+    for (int32_t id : p.stop_token_ids) {
+      if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] = kNegInf;
+    }
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] += bias;
+  }
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    for (auto toks : {ctx.prompt, ctx.output}) {
+      for (int32_t t : toks) {
+        if (t >= 0 && t < vocab) seen[static_cast<size_t>(t)] = true;
+      }
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!seen[static_cast<size_t>(i)]) continue;
+      float& l = logits[static_cast<size_t>(i)];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int32_t t : ctx.output) {
+      if (t >= 0 && t < vocab) ++counts[t];
+    }
+    for (const auto& [t, c] : counts) {
+      logits[static_cast<size_t>(t)] -= p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
+    }
+  }
+}
+
+std::vector<float> LogSoftmax(std::span<const float> logits) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const float lse = mx + static_cast<float>(std::log(sum));
+  std::vector<float> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lse;
+  return out;
+}
+
+std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingParams& p) {
+  FATHOM_CHECK(!p.greedy());
+  const size_t vocab = logits.size();
+  std::vector<float> probs(vocab);
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (size_t i = 0; i < vocab; ++i) {
+    const double e = std::exp((static_cast<double>(logits[i]) - mx) / p.temperature);
+    probs[i] = static_cast<float>(e);
+    sum += e;
+  }
+  for (float& x : probs) x = static_cast<float>(x / sum);
+
+  // Candidates by decreasing probability (ties: lower id first).
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  size_t keep = vocab;
+  if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  if (p.top_p < 1.0f) {
+    // After top-k, renormalized: the smallest prefix whose mass reaches top_p.
+    double kept_mass = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept_mass += probs[order[i]];
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += probs[order[n]] / kept_mass;
+      ++n;
+      if (cum >= p.top_p) break;
+    }
+    keep = std::max<size_t>(n, 1);
+  }
+  if (p.min_p > 0.0f) {
+    const float threshold = p.min_p * probs[order[0]];
+    size_t n = 1;
+    while (n < keep && probs[order[n]] >= threshold) ++n;
+    keep = n;
+  }
+  std::vector<float> out(vocab, 0.0f);
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += probs[order[i]];
+  for (size_t i = 0; i < keep; ++i) out[order[i]] = static_cast<float>(probs[order[i]] / kept);
+  return out;
+}
+
+SampleResult Sample(std::span<const float> logits, const SamplingParams& p, const SamplingContext& ctx,
+                    SamplerRng& rng) {
+  FATHOM_CHECK(!logits.empty());
+  std::vector<float> processed(logits.begin(), logits.end());
+  ApplyLogitsProcessors(processed, p, ctx);
+  SampleResult r;
+  if (p.greedy()) {
+    r.token = static_cast<int32_t>(std::max_element(processed.begin(), processed.end()) - processed.begin());
+  } else {
+    const std::vector<float> probs = SamplingProbs(processed, p);
+    const double u = rng.Uniform();
+    double cum = 0.0;
+    int32_t last_nonzero = 0;
+    r.token = -1;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] <= 0.0f) continue;
+      last_nonzero = static_cast<int32_t>(i);
+      cum += probs[i];
+      if (u < cum) {
+        r.token = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    if (r.token < 0) r.token = last_nonzero;  // rounding left u above the total mass
+  }
+  if (p.logprobs || p.top_logprobs > 0) {
+    const std::vector<float> lp = LogSoftmax(logits);
+    r.logprob = lp[static_cast<size_t>(r.token)];
+    if (p.top_logprobs > 0) {
+      std::vector<int32_t> idx(lp.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      const size_t k = std::min(idx.size(), static_cast<size_t>(p.top_logprobs));
+      std::partial_sort(idx.begin(), idx.begin() + static_cast<int64_t>(k), idx.end(),
+                        [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+      for (size_t i = 0; i < k; ++i) r.top.push_back({idx[i], lp[idx[i]]});
+    }
+  }
+  return r;
+}
+
+}  // namespace fathom

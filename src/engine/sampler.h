@@ -1,0 +1,88 @@
+// Sampling: logits processors (min_tokens, logit_bias, penalties), temperature, top-k / top-p / min-p, a seeded
+// per-request RNG, and logprobs.
+//
+//   SamplingParams p{.temperature = 0.7f, .top_p = 0.9f, .seed = 42};
+//   FATHOM_RETURN_IF_ERROR(p.Validate(vocab));
+//   SamplerRng rng(p.seed.value_or(random));                    // one per request (and per sample of n > 1)
+//   SampleResult r = Sample(row /* [vocab] raw logits */, p, {prompt, output, eos_ids}, rng);
+//   r.token, r.logprob, r.top                                   // logprobs are those of the raw model logits
+//
+// The same seed gives the same tokens whatever the batch: a request's RNG advances only when it samples.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace fathom {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  int32_t top_k = 0;                // 0 or -1: off
+  float top_p = 1.0f;               // (0, 1]
+  float min_p = 0.0f;               // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; 1: off. Prompt and output tokens: positive logits / p, negative * p
+  float presence_penalty = 0.0f;    // [-2, 2]; output tokens: logit -= presence if seen
+  float frequency_penalty = 0.0f;   // [-2, 2]; output tokens: logit -= frequency * count
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // added to the logits of these ids
+  std::optional<uint64_t> seed = std::nullopt;
+  int32_t max_tokens = 16;                   // 0: up to max_model_len
+  int32_t min_tokens = 0;                    // EOS and stop_token_ids are masked until this many tokens exist
+  std::vector<std::string> stop = {};        // stop strings (not part of the output text)
+  std::vector<int32_t> stop_token_ids = {};  // finish after one of these (kept in the output ids)
+  bool ignore_eos = false;
+  bool logprobs = false;     // return the chosen token's logprob
+  int32_t top_logprobs = 0;  // and this many most likely alternatives (0..20)
+  int32_t n = 1;             // independent samples sharing the prompt
+
+  bool greedy() const { return temperature <= 0.0f; }
+  Status Validate(int64_t vocab_size) const;
+};
+
+// A request's random stream: 64-bit Mersenne Twister, uniform doubles from its top 53 bits (portable).
+class SamplerRng {
+ public:
+  explicit SamplerRng(uint64_t seed) : engine_(seed) {}
+  double Uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+struct SamplingContext {
+  std::span<const int32_t> prompt = {};
+  std::span<const int32_t> output = {};   // tokens generated so far
+  std::span<const int64_t> eos_ids = {};  // from generation_config.json / config.json
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  friend bool operator==(const TokenLogprob& a, const TokenLogprob& b) {
+    return a.token == b.token && a.logprob == b.logprob;
+  }
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;           // of `token` under the raw logits (when params.logprobs)
+  std::vector<TokenLogprob> top;  // top_logprobs most likely under the raw logits, most likely first
+};
+
+// min_tokens masking, logit_bias, then repetition / presence / frequency penalties, in place. logits [vocab]
+void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx);
+// Probabilities after temperature, top-k, top-p and min-p (masked tokens get 0). Requires temperature > 0.
+std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingParams& p);
+// log_softmax(logits). [vocab]
+std::vector<float> LogSoftmax(std::span<const float> logits);
+// The greedy or sampled next token. `logits` [vocab] are the raw model logits of one row.
+SampleResult Sample(std::span<const float> logits, const SamplingParams& p, const SamplingContext& ctx,
+                    SamplerRng& rng);
+
+}  // namespace fathom

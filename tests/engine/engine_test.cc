@@ -1,0 +1,432 @@
+// The engine on the reference fixtures: greedy output matches the oracle, and is identical alone and inside a batch
+// of 8 mixed requests (staggered arrivals, prefix caching on and off, a block budget small enough to preempt);
+// prefix-cache hits, n > 1 forks, seeds, stop conditions, the threaded Engine and its shutdown.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine_core.h"
+#include "io/model_config.h"
+#include "model/registry.h"
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<SampleResult> logprobs;
+  std::string text;
+  RequestOutput last;
+};
+
+class EngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::ModelDir(GetParam());
+    StatusOr<ModelConfig> cfg = LoadModelConfig(dir);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    LoadOptions opts;
+    opts.show_progress = false;
+    StatusOr<std::unique_ptr<Model>> m = LoadModel(dir, *cfg, opts, cpu_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(m).value();
+    StatusOr<testing::GoldenSet> g = testing::LoadGolden(dir);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    golden_ = std::move(g).value();
+  }
+
+  std::unique_ptr<EngineCore> NewCore(EngineConfig cfg, DecodeFn decode = nullptr) {
+    StatusOr<std::unique_ptr<EngineCore>> core =
+        EngineCore::Create(*model_, cpu_, std::move(cfg), decode ? DecodeFnTextStreams(std::move(decode)) : nullptr);
+    FATHOM_CHECK(core.ok(), "{}", core.status().ToString());
+    return std::move(core).value();
+  }
+
+  static EngineConfig BigConfig(bool caching) {
+    EngineConfig c;
+    c.num_blocks = 256;
+    c.block_size = 16;
+    c.enable_prefix_caching = caching;
+    c.seed = 1;
+    return c;
+  }
+
+  static SamplingParams Greedy(int32_t max_tokens) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    return p;
+  }
+
+  // Drains every output of a finished stream, per sample index.
+  static std::map<int32_t, Result> Collect(RequestStream& s) {
+    std::map<int32_t, Result> out;
+    while (std::optional<RequestOutput> o = s.TryNext()) {
+      Result& r = out[o->index];
+      r.tokens.insert(r.tokens.end(), o->token_ids.begin(), o->token_ids.end());
+      r.logprobs.insert(r.logprobs.end(), o->logprobs.begin(), o->logprobs.end());
+      r.text += o->text;
+      r.last = *o;
+    }
+    return out;
+  }
+
+  Result RunAlone(const std::vector<int32_t>& prompt, const SamplingParams& p, EngineConfig cfg) {
+    std::unique_ptr<EngineCore> core = NewCore(std::move(cfg));
+    auto stream = std::make_shared<RequestStream>("alone", p.n);
+    Status s = core->AddRequest({.id = "alone", .prompt = prompt, .sampling = p}, stream);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    while (core->HasUnfinished()) EXPECT_TRUE(core->Step().ok());
+    EXPECT_TRUE(stream->finished());
+    return Collect(*stream)[0];
+  }
+
+  // 8 requests of different lengths: the four oracle prompts and four derived ones (a shared prefix, a repeat, a
+  // concatenation, a one-token change).
+  std::vector<std::vector<int32_t>> MixedPrompts() const {
+    const auto& c = golden_.cases;
+    std::vector<std::vector<int32_t>> p = {c[0].input_ids, c[1].input_ids, c[2].input_ids, c[3].input_ids};
+    p.emplace_back(c[3].input_ids.begin(), c[3].input_ids.begin() + 40);
+    p.push_back(c[3].input_ids);
+    std::vector<int32_t> cat = c[2].input_ids;
+    cat.insert(cat.end(), c[1].input_ids.begin(), c[1].input_ids.end());
+    p.push_back(cat);
+    std::vector<int32_t> changed = c[3].input_ids;
+    changed[50] = (changed[50] + 1) % static_cast<int32_t>(model_->config().vocab_size);
+    p.push_back(changed);
+    return p;
+  }
+
+  CpuBackend cpu_;
+  std::unique_ptr<Model> model_;
+  testing::GoldenSet golden_;
+};
+
+TEST_P(EngineTest, GreedyAloneMatchesTheOracle) {
+  for (size_t c = 0; c < golden_.cases.size(); ++c) {
+    const auto& gc = golden_.cases[c];
+    Result r = RunAlone(gc.input_ids, Greedy(static_cast<int32_t>(gc.greedy.size())), BigConfig(true));
+    EXPECT_EQ(r.tokens, gc.greedy) << "case" << c;
+    EXPECT_EQ(r.last.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(r.last.completion_tokens, static_cast<int32_t>(gc.greedy.size()));
+  }
+}
+
+struct BatchSetup {
+  const char* name;
+  bool caching;
+  int32_t block_size;
+  int32_t num_blocks;
+  int32_t max_batched_tokens;
+  bool expect_preemption;
+};
+
+TEST_P(EngineTest, GreedyOutputIsIdenticalAloneAndInAMixedBatch) {
+  const std::vector<std::vector<int32_t>> prompts = MixedPrompts();
+  std::vector<int32_t> max_tokens = {16, 16, 16, 16, 12, 9, 14, 16};
+  std::vector<Result> alone;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    alone.push_back(RunAlone(prompts[i], Greedy(max_tokens[i]), BigConfig(false)));
+
+  const BatchSetup setups[] = {
+      {"caching on", true, 16, 256, 2048, false},
+      {"caching off", false, 16, 256, 2048, false},
+      {"small budget, caching on", true, 4, 40, 48, true},
+      {"small budget, caching off", false, 4, 40, 48, true},
+  };
+  for (const BatchSetup& st : setups) {
+    EngineConfig cfg;
+    cfg.enable_prefix_caching = st.caching;
+    cfg.block_size = st.block_size;
+    cfg.num_blocks = st.num_blocks;
+    cfg.scheduler.max_num_batched_tokens = st.max_batched_tokens;
+    std::unique_ptr<EngineCore> core = NewCore(cfg);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    // Two arrivals per step, so that requests join while others are mid-prefill or decoding.
+    size_t next = 0;
+    for (int step = 0; core->HasUnfinished() || next < prompts.size(); ++step) {
+      for (int k = 0; k < 2 && next < prompts.size(); ++k, ++next) {
+        const std::string id = "r" + std::to_string(next);
+        streams.push_back(std::make_shared<RequestStream>(id, 1));
+        Status s =
+            core->AddRequest({.id = id, .prompt = prompts[next], .sampling = Greedy(max_tokens[next])}, streams.back());
+        ASSERT_TRUE(s.ok()) << s.ToString();
+      }
+      ASSERT_TRUE(core->Step().ok());
+      ASSERT_LT(step, 5000);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(streams[i]->finished());
+      EXPECT_EQ(Collect(*streams[i])[0].tokens, alone[i].tokens) << st.name << ": request " << i;
+    }
+    const EngineStats stats = core->Stats();
+    EXPECT_EQ(stats.num_free_blocks, st.num_blocks) << st.name;
+    if (st.expect_preemption) {
+      EXPECT_GT(stats.num_preemptions, 0) << st.name;
+    } else {
+      EXPECT_EQ(stats.num_preemptions, 0) << st.name;
+    }
+    if (st.caching && !st.expect_preemption) {
+      EXPECT_GT(stats.prefix_cache_hit_tokens, 0) << st.name;
+    }
+    if (!st.caching) {
+      EXPECT_EQ(stats.prefix_cache_hit_tokens, 0) << st.name;
+    }
+  }
+}
+
+TEST_P(EngineTest, SecondRequestWithTheSamePrefixHitsTheCacheWithIdenticalLogits) {
+  const std::vector<int32_t>& base = golden_.cases[3].input_ids;
+  std::vector<int32_t> a(base.begin(), base.begin() + 64), b(base.begin(), base.begin() + 64);
+  a.insert(a.end(), {5, 6, 7});
+  b.insert(b.end(), {9, 8, 7, 6, 5});
+  SamplingParams p = Greedy(6);
+  p.logprobs = true;
+  p.top_logprobs = 20;
+
+  std::unique_ptr<EngineCore> core = NewCore(BigConfig(true));
+  auto sa = std::make_shared<RequestStream>("a", 1), sb = std::make_shared<RequestStream>("b", 1);
+  ASSERT_TRUE(core->AddRequest({.id = "a", .prompt = a, .sampling = p}, sa).ok());
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  ASSERT_TRUE(core->AddRequest({.id = "b", .prompt = b, .sampling = p}, sb).ok());
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  Result ra = Collect(*sa)[0], rb = Collect(*sb)[0];
+  EXPECT_EQ(ra.last.prompt_cache_hit_tokens, 0);
+  EXPECT_EQ(ra.last.prompt_cache_miss_tokens, 67);
+  EXPECT_EQ(rb.last.prompt_cache_hit_tokens, 64);  // 4 full blocks of 16
+  EXPECT_EQ(rb.last.prompt_cache_miss_tokens, 5);
+  const EngineStats stats = core->Stats();
+  EXPECT_EQ(stats.prefix_cache_hit_tokens, 64);
+  EXPECT_EQ(stats.prefix_cache_queried_tokens, 67 + 69);
+  EXPECT_NEAR(stats.prefix_cache_hit_ratio, 64.0 / 136.0, 1e-12);
+
+  Result ref = RunAlone(b, p, BigConfig(false));
+  ASSERT_EQ(rb.tokens, ref.tokens);
+  ASSERT_EQ(rb.logprobs.size(), ref.logprobs.size());
+  for (size_t t = 0; t < ref.logprobs.size(); ++t) {
+    ASSERT_EQ(rb.logprobs[t].top.size(), 20u);
+    EXPECT_NEAR(rb.logprobs[t].logprob, ref.logprobs[t].logprob, 1e-5f) << "token " << t;
+    for (size_t k = 0; k < 20; ++k) {
+      EXPECT_EQ(rb.logprobs[t].top[k].token, ref.logprobs[t].top[k].token);
+      EXPECT_NEAR(rb.logprobs[t].top[k].logprob, ref.logprobs[t].top[k].logprob, 1e-5f);
+    }
+  }
+}
+
+TEST_P(EngineTest, ForkedSamplesShareThePromptAndMatchSeparateRuns) {
+  // 23 tokens: the forked samples share a partial block that each must copy before writing.
+  const std::vector<int32_t>& prompt = golden_.cases[2].input_ids;
+  SamplingParams p = Greedy(16);
+  p.n = 3;
+  std::unique_ptr<EngineCore> core = NewCore(BigConfig(true));
+  auto stream = std::make_shared<RequestStream>("n3", 3);
+  ASSERT_TRUE(core->AddRequest({.id = "n3", .prompt = prompt, .sampling = p}, stream).ok());
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  std::map<int32_t, Result> samples = Collect(*stream);
+  ASSERT_EQ(samples.size(), 3u);
+  for (auto& [i, r] : samples) EXPECT_EQ(r.tokens, golden_.cases[2].greedy) << "sample " << i;
+  EXPECT_EQ(core->Stats().num_free_blocks, 256);
+
+  // Sampled: every sample follows its own seed-derived stream; the same seed gives the same samples.
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.max_tokens = 12;
+  q.n = 2;
+  q.seed = 1234;
+  q.ignore_eos = true;
+  std::map<int32_t, Result> runs[2];
+  for (auto& run : runs) {
+    std::unique_ptr<EngineCore> c = NewCore(BigConfig(true));
+    auto s = std::make_shared<RequestStream>("s", 2);
+    ASSERT_TRUE(c->AddRequest({.id = "s", .prompt = prompt, .sampling = q}, s).ok());
+    while (c->HasUnfinished()) ASSERT_TRUE(c->Step().ok());
+    run = Collect(*s);
+  }
+  EXPECT_EQ(runs[0][0].tokens, runs[1][0].tokens);
+  EXPECT_EQ(runs[0][1].tokens, runs[1][1].tokens);
+  EXPECT_NE(runs[0][0].tokens, runs[0][1].tokens);
+}
+
+TEST_P(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
+  SamplingParams q;
+  q.temperature = 0.8f;
+  q.top_p = 0.95f;
+  q.max_tokens = 12;
+  q.seed = 99;
+  q.ignore_eos = true;
+  const std::vector<int32_t>& prompt = golden_.cases[1].input_ids;
+  Result alone = RunAlone(prompt, q, BigConfig(true));
+  std::unique_ptr<EngineCore> core = NewCore(BigConfig(true));
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams other = q;
+    other.seed = 1000 + i;
+    const std::string id = "o" + std::to_string(i);
+    streams.push_back(std::make_shared<RequestStream>(id, 1));
+    ASSERT_TRUE(
+        core->AddRequest({.id = id, .prompt = golden_.cases[3].input_ids, .sampling = other}, streams.back()).ok());
+  }
+  ASSERT_TRUE(core->Step().ok());
+  auto s = std::make_shared<RequestStream>("seeded", 1);
+  ASSERT_TRUE(core->AddRequest({.id = "seeded", .prompt = prompt, .sampling = q}, s).ok());
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  EXPECT_EQ(Collect(*s)[0].tokens, alone.tokens);
+}
+
+TEST_P(EngineTest, StopsOnStopTokensEosMinTokensAndStopStrings) {
+  const auto& gc = golden_.cases[3];
+  const std::vector<int32_t>& g = gc.greedy;
+  const int32_t stop_tok = g[4];
+  const size_t first = static_cast<size_t>(std::find(g.begin(), g.end(), stop_tok) - g.begin());
+
+  SamplingParams p = Greedy(16);
+  p.stop_token_ids = {stop_tok};
+  Result r = RunAlone(gc.input_ids, p, BigConfig(true));
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(g.begin(), g.begin() + static_cast<int64_t>(first) + 1));
+  EXPECT_EQ(r.last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r.last.stop_reason, std::to_string(stop_tok));
+
+  // EOS from the config, honoured unless ignore_eos; min_tokens masks it (the output then differs from greedy).
+  EngineConfig cfg = BigConfig(true);
+  cfg.eos_token_ids.assign(1, static_cast<int64_t>(stop_tok));
+  SamplingParams e = Greedy(16);
+  e.ignore_eos = false;
+  Result re = RunAlone(gc.input_ids, e, cfg);
+  EXPECT_EQ(re.tokens.size(), first + 1);
+  EXPECT_EQ(re.last.finish_reason, FinishReason::kStop);
+  e.min_tokens = static_cast<int32_t>(first) + 2;
+  Result rm = RunAlone(gc.input_ids, e, cfg);
+  EXPECT_GE(rm.tokens.size(), first + 2);
+  for (size_t i = 0; i + 1 < static_cast<size_t>(e.min_tokens) && i < rm.tokens.size(); ++i)
+    EXPECT_NE(rm.tokens[i], stop_tok);
+
+  // Text through a decode function: every token is "<id>"; a stop string spanning two tokens ends the text.
+  DecodeFn decode = [](std::span<const int32_t> ids) {
+    std::string s;
+    for (int32_t id : ids) s += "<" + std::to_string(id) + ">";
+    return s;
+  };
+  std::unique_ptr<EngineCore> core = NewCore(BigConfig(true), decode);
+  SamplingParams t = Greedy(16);
+  const std::string stop = std::to_string(g[6]) + "><" + std::to_string(g[7]);
+  t.stop = {stop};
+  auto s = std::make_shared<RequestStream>("t", 1);
+  ASSERT_TRUE(core->AddRequest({.id = "t", .prompt = gc.input_ids, .sampling = t}, s).ok());
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  Result rt = Collect(*s)[0];
+  std::string all;
+  for (int32_t id : g) all += "<" + std::to_string(id) + ">";
+  EXPECT_EQ(rt.text, all.substr(0, all.find(stop)));
+  EXPECT_EQ(rt.last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(rt.last.stop_reason, stop);
+  EXPECT_LE(rt.tokens.size(), 8u);
+}
+
+TEST_P(EngineTest, AbortAndTimingsThroughTheCore) {
+  std::unique_ptr<EngineCore> core = NewCore(BigConfig(true));
+  auto a = std::make_shared<RequestStream>("a", 1), b = std::make_shared<RequestStream>("b", 1);
+  ASSERT_TRUE(core->AddRequest({.id = "a", .prompt = golden_.cases[3].input_ids, .sampling = Greedy(50)}, a).ok());
+  ASSERT_TRUE(core->AddRequest({.id = "b", .prompt = golden_.cases[2].input_ids, .sampling = Greedy(4)}, b).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(core->Step().ok());
+  EXPECT_TRUE(core->Abort("a", CancelledError("client went away")));
+  EXPECT_FALSE(core->Abort("nope", CancelledError("x")));
+  while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+  Result ra = Collect(*a)[0], rb = Collect(*b)[0];
+  EXPECT_EQ(ra.last.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(ra.last.status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(ra.tokens.size(), 3u);
+  EXPECT_EQ(rb.tokens, std::vector<int32_t>(golden_.cases[2].greedy.begin(), golden_.cases[2].greedy.begin() + 4));
+  const RequestTimings& t = rb.last.timings;
+  EXPECT_GE(t.queue_wait, 0.0);
+  EXPECT_GT(t.prefill, 0.0);
+  EXPECT_NEAR(t.ttft, t.queue_wait + t.prefill, 1e-6);
+  EXPECT_GE(t.decode, 0.0);
+  const EngineStats st = core->Stats();
+  EXPECT_EQ(st.num_free_blocks, 256);
+  EXPECT_GT(st.total_step_cpu_s, 0.0);
+  EXPECT_GT(st.total_forward_s, 0.0);
+  EXPECT_EQ(st.num_generated_tokens, 3 + 4);
+}
+
+TEST_P(EngineTest, RejectsWhatCanNeverRun) {
+  EngineConfig cfg = BigConfig(true);
+  cfg.scheduler.max_model_len = 32;
+  cfg.scheduler.max_queue_len = 1;
+  std::unique_ptr<EngineCore> core = NewCore(cfg);
+  auto s = std::make_shared<RequestStream>("x", 1);
+  Status too_long = core->AddRequest({.id = "x", .prompt = golden_.cases[2].input_ids, .sampling = Greedy(10)}, s);
+  EXPECT_EQ(too_long.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.message().find("max-model-len"), std::string::npos);
+  EXPECT_EQ(core->AddRequest({.id = "v", .prompt = {1, 1 << 20}, .sampling = Greedy(1)}, s).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(core->AddRequest({.id = "q1", .prompt = {1, 2}, .sampling = Greedy(1)}, s).ok());
+  Status full = core->AddRequest({.id = "q2", .prompt = {1, 2}, .sampling = Greedy(1)}, s);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("queue full"), std::string::npos);
+}
+
+TEST_P(EngineTest, ThreadedEngineStreamsAbortsAndShutsDown) {
+  std::vector<Result> alone;
+  for (int c = 0; c < 4; ++c) alone.push_back(RunAlone(golden_.cases[c].input_ids, Greedy(16), BigConfig(false)));
+  {
+    Engine engine(NewCore(BigConfig(true)));
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int c = 0; c < 4; ++c) {
+      StatusOr<std::shared_ptr<RequestStream>> s =
+          engine.Submit({.prompt = golden_.cases[static_cast<size_t>(c)].input_ids, .sampling = Greedy(16)});
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      streams.push_back(*s);
+    }
+    for (int c = 0; c < 4; ++c) {
+      std::vector<int32_t> toks;
+      RequestOutput out;
+      while (streams[static_cast<size_t>(c)]->Next(&out))
+        toks.insert(toks.end(), out.token_ids.begin(), out.token_ids.end());
+      EXPECT_EQ(toks, alone[static_cast<size_t>(c)].tokens) << "case" << c;
+      EXPECT_EQ(out.finish_reason, FinishReason::kLength);
+    }
+    EXPECT_EQ(engine.Abort("no-such-id").code(), StatusCode::kNotFound);
+    engine.Shutdown(Engine::ShutdownMode::kDrain);
+    EXPECT_EQ(engine.Stats().num_free_blocks, 256);
+    EXPECT_EQ(engine.Submit({.prompt = {1}, .sampling = Greedy(1)}).status().code(), StatusCode::kUnavailable);
+  }
+  {
+    // Abort from the client thread, and shutdown with abort: every stream ends with a reason.
+    Engine engine(NewCore(BigConfig(true)));
+    SamplingParams forever = Greedy(4000);
+    auto a = engine.Submit({.id = "a", .prompt = golden_.cases[0].input_ids, .sampling = forever});
+    auto b = engine.Submit({.id = "b", .prompt = golden_.cases[1].input_ids, .sampling = forever});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(engine.Submit({.id = "a", .prompt = {1}, .sampling = Greedy(1)}).status().code(),
+              StatusCode::kAlreadyExists);
+    RequestOutput out;
+    ASSERT_TRUE((*a)->Next(&out));  // it is running
+    ASSERT_TRUE(engine.Abort("a").ok());
+    while ((*a)->Next(&out)) {
+    }
+    EXPECT_EQ(out.finish_reason, FinishReason::kAbort);
+    engine.Shutdown(Engine::ShutdownMode::kAbort, "maintenance");
+    while ((*b)->Next(&out)) {
+    }
+    EXPECT_EQ(out.finish_reason, FinishReason::kAbort);
+    EXPECT_EQ(out.status.message(), "maintenance");
+    EXPECT_EQ(engine.Stats().num_free_blocks, 256);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest,
+                         ::testing::Values("qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny"),
+                         [](const auto& param_info) {
+                           std::string s = param_info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace fathom

@@ -1,0 +1,152 @@
+// The sampler on hand-computed cases: each processor, each mask, seeded determinism, logprobs.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace fathom {
+namespace {
+
+constexpr float kEps = 1e-6f;
+
+std::vector<float> Processed(std::vector<float> logits, const SamplingParams& p, std::vector<int32_t> prompt,
+                             std::vector<int32_t> output, std::vector<int64_t> eos = {}) {
+  ApplyLogitsProcessors(logits, p, {prompt, output, eos});
+  return logits;
+}
+
+TEST(SamplerTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  SamplingParams p{.repetition_penalty = 2.0f};
+  std::vector<float> got = Processed({1.0f, -1.0f, 3.0f, 4.0f}, p, /*prompt=*/{0}, /*output=*/{1});
+  EXPECT_FLOAT_EQ(got[0], 0.5f);
+  EXPECT_FLOAT_EQ(got[1], -2.0f);
+  EXPECT_FLOAT_EQ(got[2], 3.0f);
+  EXPECT_FLOAT_EQ(got[3], 4.0f);
+}
+
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountOutputTokensOnly) {
+  SamplingParams p{.presence_penalty = 1.0f, .frequency_penalty = 0.5f};
+  std::vector<float> got = Processed({1.0f, 2.0f, 3.0f, 4.0f}, p, /*prompt=*/{3, 3}, /*output=*/{2, 2, 1});
+  EXPECT_FLOAT_EQ(got[0], 1.0f);
+  EXPECT_FLOAT_EQ(got[1], 2.0f - 0.5f - 1.0f);
+  EXPECT_FLOAT_EQ(got[2], 3.0f - 1.0f - 1.0f);
+  EXPECT_FLOAT_EQ(got[3], 4.0f);  // prompt tokens are not penalized
+}
+
+TEST(SamplerTest, LogitBiasAndMinTokensMasking) {
+  SamplingParams p{.logit_bias = {{0, 10.0f}, {2, -1.5f}}, .min_tokens = 2, .stop_token_ids = {1}};
+  std::vector<float> got = Processed({1.0f, 2.0f, 3.0f, 4.0f}, p, {}, /*output=*/{0}, /*eos=*/{3});
+  EXPECT_FLOAT_EQ(got[0], 11.0f);
+  EXPECT_TRUE(std::isinf(got[1]) && got[1] < 0);  // stop token masked before min_tokens
+  EXPECT_FLOAT_EQ(got[2], 1.5f);
+  EXPECT_TRUE(std::isinf(got[3]) && got[3] < 0);  // EOS masked too
+  std::vector<float> later = Processed({1.0f, 2.0f, 3.0f, 4.0f}, p, {}, /*output=*/{0, 0});
+  EXPECT_FLOAT_EQ(later[1], 2.0f);
+}
+
+TEST(SamplerTest, GreedyTakesTheArgmaxAfterProcessors) {
+  SamplingParams p{.temperature = 0.0f, .logit_bias = {{1, 5.0f}}};
+  SamplerRng rng(1);
+  EXPECT_EQ(Sample(std::vector<float>{0.0f, 1.0f, 5.5f}, p, {}, rng).token, 1);  // 6.0 > 5.5
+  p.logit_bias.clear();
+  EXPECT_EQ(Sample(std::vector<float>{0.0f, 1.0f, 5.5f}, p, {}, rng).token, 2);
+}
+
+std::vector<float> LogitsOf(std::vector<double> probs) {
+  std::vector<float> l;
+  for (double x : probs) l.push_back(static_cast<float>(std::log(x)));
+  return l;
+}
+
+TEST(SamplerTest, TopKKeepsTheKMostLikely) {
+  SamplingParams p{.top_k = 2};
+  std::vector<float> probs = SamplingProbs(LogitsOf({0.1, 0.4, 0.2, 0.3}), p);
+  EXPECT_NEAR(probs[0], 0.0f, kEps);
+  EXPECT_NEAR(probs[1], 0.4f / 0.7f, kEps);
+  EXPECT_NEAR(probs[2], 0.0f, kEps);
+  EXPECT_NEAR(probs[3], 0.3f / 0.7f, kEps);
+}
+
+TEST(SamplerTest, TopPKeepsTheSmallestSetReachingP) {
+  SamplingParams p{.top_p = 0.75f};
+  std::vector<float> probs = SamplingProbs(LogitsOf({0.5, 0.3, 0.15, 0.05}), p);
+  EXPECT_NEAR(probs[0], 0.5f / 0.8f, kEps);
+  EXPECT_NEAR(probs[1], 0.3f / 0.8f, kEps);
+  EXPECT_EQ(probs[2], 0.0f);
+  EXPECT_EQ(probs[3], 0.0f);
+  p.top_p = 0.4f;  // the first token alone reaches it
+  probs = SamplingProbs(LogitsOf({0.5, 0.3, 0.15, 0.05}), p);
+  EXPECT_NEAR(probs[0], 1.0f, kEps);
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowAShareOfTheMostLikely) {
+  SamplingParams p{.min_p = 0.25f};  // threshold 0.125
+  std::vector<float> probs = SamplingProbs(LogitsOf({0.5, 0.3, 0.15, 0.05}), p);
+  EXPECT_NEAR(probs[0], 0.5f / 0.95f, kEps);
+  EXPECT_NEAR(probs[1], 0.3f / 0.95f, kEps);
+  EXPECT_NEAR(probs[2], 0.15f / 0.95f, kEps);
+  EXPECT_EQ(probs[3], 0.0f);
+}
+
+TEST(SamplerTest, TemperatureSharpensAndFlattens) {
+  SamplingParams p{.temperature = 0.5f};
+  std::vector<float> probs = SamplingProbs(LogitsOf({0.2, 0.8}), p);  // p^2 renormalized
+  EXPECT_NEAR(probs[0], 0.04f / 0.68f, kEps);
+  p.temperature = 2.0f;  // sqrt(p) renormalized
+  probs = SamplingProbs(LogitsOf({0.2, 0.8}), p);
+  EXPECT_NEAR(probs[0], std::sqrt(0.2f) / (std::sqrt(0.2f) + std::sqrt(0.8f)), kEps);
+}
+
+TEST(SamplerTest, SameSeedSameTokensAndFrequenciesFollowTheDistribution) {
+  SamplingParams p{.temperature = 1.0f};
+  const std::vector<float> logits = LogitsOf({0.5, 0.3, 0.2});
+  SamplerRng a(42), b(42), c(43);
+  std::vector<int32_t> ta, tb, tc;
+  std::vector<int> counts(3, 0);
+  for (int i = 0; i < 20000; ++i) {
+    ta.push_back(Sample(logits, p, {}, a).token);
+    tb.push_back(Sample(logits, p, {}, b).token);
+    tc.push_back(Sample(logits, p, {}, c).token);
+    ++counts[static_cast<size_t>(ta.back())];
+  }
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+  EXPECT_NEAR(counts[0] / 20000.0, 0.5, 0.02);
+  EXPECT_NEAR(counts[1] / 20000.0, 0.3, 0.02);
+  EXPECT_NEAR(counts[2] / 20000.0, 0.2, 0.02);
+}
+
+TEST(SamplerTest, NeverSamplesAMaskedToken) {
+  SamplingParams p{.top_k = 1};
+  SamplerRng rng(7);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(Sample(LogitsOf({0.3, 0.45, 0.25}), p, {}, rng).token, 1);
+}
+
+TEST(SamplerTest, LogprobsComeFromTheRawLogits) {
+  SamplingParams p{.temperature = 0.0f, .logit_bias = {{0, 100.0f}}, .logprobs = true, .top_logprobs = 2};
+  SamplerRng rng(0);
+  SampleResult r = Sample(LogitsOf({0.1, 0.6, 0.3}), p, {}, rng);
+  EXPECT_EQ(r.token, 0);
+  EXPECT_NEAR(r.logprob, std::log(0.1f), 1e-5f);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].token, 1);
+  EXPECT_NEAR(r.top[0].logprob, std::log(0.6f), 1e-5f);
+  EXPECT_EQ(r.top[1].token, 2);
+}
+
+TEST(SamplerTest, ValidateRejectsBadParameters) {
+  EXPECT_TRUE(SamplingParams{}.Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.temperature = -1.0f}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.top_p = 0.0f}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.min_p = 1.5f}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.repetition_penalty = 0.0f}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.logit_bias = {{10, 1.0f}}}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.max_tokens = 2, .min_tokens = 3}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.stop_token_ids = {-1}}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.top_logprobs = 21}).Validate(10).ok());
+  EXPECT_FALSE((SamplingParams{.n = 0}).Validate(10).ok());
+}
+
+}  // namespace
+}  // namespace fathom
