@@ -183,15 +183,7 @@ class DeepseekModel final : public Model {
   KvCacheSpec kv_cache_spec() const override { return DeepseekKvSpec(cfg_); }
 
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override {
-    FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), cfg_.vocab_size));
-    if (kv.block_size() != batch.block_size) {
-      return InvalidArgumentError(
-          fmt::format("batch block_size {} differs from the KV cache's {}", batch.block_size, kv.block_size()));
-    }
-    const KvCacheSpec want = DeepseekKvSpec(cfg_);
-    if (kv.spec().num_layers != want.num_layers || kv.spec().k_dim != want.k_dim || !kv.spec().v_in_k) {
-      return InvalidArgumentError("KV cache was built for another model");
-    }
+    FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, DeepseekKvSpec(cfg_), cfg_.vocab_size));
     const int64_t n = batch.num_tokens(), n_out = batch.num_logits();
     Backend& be = backend_;
     const DType act = be.activation_dtype();
@@ -266,13 +258,7 @@ class DeepseekModel final : public Model {
       }
     }
     be.AddInPlace(residual, proj);
-    if (n_out > 0) {
-      Tensor rows = be.Alloc(act, {n_out, h});    // [n_logits, hidden]
-      Tensor rows_n = be.Alloc(act, {n_out, h});  // [n_logits, hidden]
-      be.GatherRows(residual, dev.logits_indices(), rows);
-      be.RmsNorm(rows, final_norm_, eps, rows_n);
-      be.Linear(rows_n, lm_head_, *logits);
-    }
+    ComputeLogits(be, residual, dev.logits_indices(), final_norm_, eps, lm_head_, *logits);
     return be.Synchronize();
   }
 
@@ -419,13 +405,6 @@ class DeepseekModel final : public Model {
   float softmax_scale_ = 1.0f;
 };
 
-StatusOr<std::unique_ptr<Model>> CreateDeepseek(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
-                                                Backend& backend) {
-  auto m = std::make_unique<DeepseekModel>(cfg, std::move(weights), backend);
-  FATHOM_RETURN_IF_ERROR(m->Init());
-  return std::unique_ptr<Model>(std::move(m));
-}
-
 }  // namespace
 
 void RegisterDeepseekFamily(std::vector<Architecture>& out) {
@@ -434,7 +413,7 @@ void RegisterDeepseekFamily(std::vector<Architecture>& out) {
     a.name = name;
     a.weight_specs = &DeepseekWeightSpecs;
     a.kv_cache_spec = &DeepseekKvSpec;
-    a.create = &CreateDeepseek;
+    a.create = &CreateModel<DeepseekModel>;
     out.push_back(a);
   }
 }

@@ -107,12 +107,7 @@ class LlamaModel final : public Model {
   KvCacheSpec kv_cache_spec() const override { return LlamaKvSpec(cfg_); }
 
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override {
-    FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), cfg_.vocab_size));
-    if (kv.block_size() != batch.block_size) {
-      return InvalidArgumentError(
-          fmt::format("batch block_size {} differs from the KV cache's {}", batch.block_size, kv.block_size()));
-    }
-    if (kv.spec().num_layers != cfg_.num_layers) return InvalidArgumentError("KV cache was built for another model");
+    FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, LlamaKvSpec(cfg_), cfg_.vocab_size));
     const int64_t n = batch.num_tokens();
     const int64_t n_out = batch.num_logits();
     Backend& be = backend_;
@@ -165,13 +160,7 @@ class LlamaModel final : public Model {
       be.Linear(gate, l.down, proj);
     }
     be.AddInPlace(residual, proj);
-    if (n_out > 0) {
-      Tensor rows = be.Alloc(act, {n_out, h});    // [n_logits, hidden]
-      Tensor rows_n = be.Alloc(act, {n_out, h});  // [n_logits, hidden]
-      be.GatherRows(residual, dev.logits_indices(), rows);
-      be.RmsNorm(rows, final_norm_, eps, rows_n);
-      be.Linear(rows_n, lm_head_, *logits);
-    }
+    ComputeLogits(be, residual, dev.logits_indices(), final_norm_, eps, lm_head_, *logits);
     return be.Synchronize();
   }
 
@@ -199,13 +188,6 @@ class LlamaModel final : public Model {
   float rope_scale_ = 1.0f;
 };
 
-StatusOr<std::unique_ptr<Model>> CreateLlama(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
-                                             Backend& backend) {
-  auto m = std::make_unique<LlamaModel>(cfg, std::move(weights), backend);
-  FATHOM_RETURN_IF_ERROR(m->Init());
-  return std::unique_ptr<Model>(std::move(m));
-}
-
 }  // namespace
 
 void RegisterLlamaFamily(std::vector<Architecture>& out) {
@@ -214,7 +196,7 @@ void RegisterLlamaFamily(std::vector<Architecture>& out) {
     a.name = name;
     a.weight_specs = &LlamaWeightSpecs;
     a.kv_cache_spec = &LlamaKvSpec;
-    a.create = &CreateLlama;
+    a.create = &CreateModel<LlamaModel>;
     out.push_back(a);
   }
 }

@@ -34,6 +34,31 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
   return kv;
 }
 
+Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const KvCacheSpec& want, int64_t vocab_size) {
+  FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), vocab_size));
+  if (kv.block_size() != batch.block_size) {
+    return InvalidArgumentError(
+        fmt::format("batch block_size {} differs from the KV cache's {}", batch.block_size, kv.block_size()));
+  }
+  const KvCacheSpec& got = kv.spec();
+  if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
+      got.v_dim != want.v_dim || got.v_in_k != want.v_in_k) {
+    return InvalidArgumentError("KV cache was built for another model");
+  }
+  return OkStatus();
+}
+
+void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
+                   float eps, const LinearWeight& lm_head, const TensorView& logits) {
+  const int64_t n_out = indices.dim(0), h = hidden.dim(1);
+  if (n_out == 0) return;
+  Tensor rows = be.Alloc(be.activation_dtype(), {n_out, h});    // [n_logits, hidden]
+  Tensor rows_n = be.Alloc(be.activation_dtype(), {n_out, h});  // [n_logits, hidden]
+  be.GatherRows(hidden, indices, rows);
+  be.RmsNorm(rows, final_norm, eps, rows_n);
+  be.Linear(rows_n, lm_head, logits);
+}
+
 namespace {
 
 StatusOr<Tensor> UploadInts(const std::vector<int32_t>& v, Backend& backend) {

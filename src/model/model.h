@@ -63,6 +63,24 @@ class Model {
   virtual Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) = 0;
 };
 
+// The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block
+// size against the cache's, and the cache's layout against the one the model needs.
+Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const KvCacheSpec& want, int64_t vocab_size);
+
+// The common tail of a decoder: logits [n_logits, vocab] = lm_head(RmsNorm(hidden[indices])), computed only for the
+// rows asked for.   hidden [n_tokens, hidden_size]; indices i32 [n_logits]
+void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
+                   float eps, const LinearWeight& lm_head, const TensorView& logits);
+
+// Builds a model of type M (constructor (cfg, weights, backend), then Status Init()) for the registry.
+template <typename M>
+StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
+                                             Backend& backend) {
+  auto m = std::make_unique<M>(cfg, std::move(weights), backend);
+  FATHOM_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<Model>(std::move(m));
+}
+
 // Host views of the batch's index arrays, uploaded to the backend. Keeps the uploaded tensors alive.
 class BatchOnDevice {
  public:
