@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/bench_command.h"
 #include "cli/model_commands.h"
 #include "cli/run_command.h"
+#include "cli/serve_command.h"
 #include "cli/tokenizer_commands.h"
 #include "core/logging.h"
 
@@ -18,8 +20,10 @@ int main(int argc, char** argv) {
     if (!level.ok()) throw CLI::ValidationError("--log-level", level.status().message());
     fathom::SetLogLevel(*level);
   });
+  fathom::AddBenchCommand(app);
   fathom::AddModelCommands(app);
   fathom::AddRunCommand(app);
+  fathom::AddServeCommand(app);
   fathom::AddTokenizerCommands(app);
   try {
     app.parse(argc, argv);

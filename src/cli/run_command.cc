@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "cli/cli_util.h"
+#include "cli/engine_setup.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/tokenizer_text.h"
@@ -23,14 +24,7 @@ namespace fathom {
 namespace {
 
 struct RunOptions {
-  // Model.
-  std::string model;
-  std::string device = "cpu";
-  std::string load_format = "auto";
-  std::string tokenizer;
-  int block_size = 16;
-  int threads = 0;
-  uint64_t weights_seed = 0;
+  EngineOptions engine;
   // Input: exactly one.
   std::string prompt;
   std::string chat;
@@ -52,45 +46,8 @@ struct RunOptions {
   std::vector<std::string> logit_bias;
   bool ignore_eos = false;
   int logprobs = -1;
-  // Engine.
-  int max_model_len = 0;
-  int max_num_seqs = 256;
-  int max_num_batched_tokens = 2048;
-  int max_queue_len = 0;
-  int64_t max_queue_delay_ms = 0;
-  std::string kv_cache_memory = "1GiB";
-  int num_kv_blocks = 0;
-  bool enable_prefix_caching = true;
-  std::string scheduling_policy = "priority";
   bool show_stats = false;
 };
-
-// "1073741824", "512MiB", "2G", "256k": bytes (K/M/G are powers of 1024).
-StatusOr<int64_t> ParseBytes(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (...) {
-    return InvalidArgumentError(fmt::format("--kv-cache-memory: '{}' is not a size", text));
-  }
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (unit == "" || unit == "b") {
-    mult = 1;
-  } else if (unit == "k" || unit == "kb" || unit == "kib") {
-    mult = 1024.0;
-  } else if (unit == "m" || unit == "mb" || unit == "mib") {
-    mult = 1024.0 * 1024;
-  } else if (unit == "g" || unit == "gb" || unit == "gib") {
-    mult = 1024.0 * 1024 * 1024;
-  } else {
-    return InvalidArgumentError(fmt::format("--kv-cache-memory: unknown unit in '{}' (use K, M or G)", text));
-  }
-  if (!(value > 0)) return InvalidArgumentError("--kv-cache-memory must be positive");
-  return static_cast<int64_t>(value * mult);
-}
 
 StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(const std::vector<std::string>& items) {
   std::vector<std::pair<int32_t, float>> out;
@@ -106,31 +63,11 @@ StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(const std::vecto
   return out;
 }
 
-std::string ModelFolder(const std::string& model) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(model)) return model;
-  const fs::path parent = fs::path(model).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
-
 Status RunEngine(const RunOptions& o) {
   const int inputs = (o.prompt.empty() ? 0 : 1) + (o.chat.empty() ? 0 : 1) + (o.tokens.empty() ? 0 : 1);
   if (inputs != 1) return InvalidArgumentError("give exactly one of --prompt, --chat or --tokens");
-  if (o.threads > 0) SetDefaultThreadCount(o.threads);
-  FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
-  FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.load_format));
-
-  // Tokenizer: only needed for text.
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (o.tokens.empty()) {
-    const std::string dir = o.tokenizer.empty() ? ModelFolder(o.model) : o.tokenizer;
-    auto tok = Tokenizer::FromDirectory(dir);
-    if (!tok.ok()) return tok.status().WithContext("loading the tokenizer (pass --tokenizer DIR)");
-    tokenizer = std::move(tok).value();
-  } else if (!o.stop.empty()) {
-    const std::string dir = o.tokenizer.empty() ? ModelFolder(o.model) : o.tokenizer;
-    FATHOM_ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromDirectory(dir));
-  }
+  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, o.tokens.empty() || !o.stop.empty()));
+  Tokenizer* tokenizer = m.tokenizer.get();
 
   std::vector<int32_t> prompt;
   if (!o.tokens.empty()) {
@@ -171,32 +108,11 @@ Status RunEngine(const RunOptions& o) {
   }
   sp.n = o.n;
 
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend_owner, MakeBackend(o.device));
-  Backend& backend = *backend_owner;
-  LoadOptions lo;
-  lo.format = format;
-  lo.seed = o.weights_seed;
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(ModelFolder(o.model), cfg, lo, backend));
-
-  EngineConfig ec;
-  ec.block_size = o.block_size;
-  ec.num_blocks = o.num_kv_blocks;
-  FATHOM_ASSIGN_OR_RETURN(ec.kv_cache_memory_bytes, ParseBytes(o.kv_cache_memory));
-  ec.enable_prefix_caching = o.enable_prefix_caching;
-  ec.policy = o.scheduling_policy;
-  ec.scheduler.max_model_len = o.max_model_len;
-  ec.scheduler.max_num_seqs = o.max_num_seqs;
-  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
-  ec.scheduler.max_queue_len = o.max_queue_len;
-  ec.scheduler.max_queue_delay_ms = o.max_queue_delay_ms;
-  if (o.max_num_seqs <= 0 || o.max_num_batched_tokens <= 0) {
-    return InvalidArgumentError("--max-num-seqs and --max-num-batched-tokens must be positive");
-  }
-  FATHOM_ASSIGN_OR_RETURN(ec.eos_token_ids, LoadEosTokenIds(o.model, cfg));
-  if (ec.eos_token_ids.empty() && tokenizer && tokenizer->eos_id()) ec.eos_token_ids.push_back(*tokenizer->eos_id());
+  Backend& backend = *m.backend;
+  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(o.engine, m));
 
   TextStreamFactory text = tokenizer ? TokenizerTextStreams(*tokenizer) : nullptr;
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(*model, backend, ec, text));
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(*m.model, backend, ec, text));
   Engine engine(std::move(core));
   FATHOM_ASSIGN_OR_RETURN(std::shared_ptr<RequestStream> stream,
                           engine.Submit({.id = "run", .prompt = prompt, .sampling = sp}));
@@ -260,7 +176,7 @@ Status RunEngine(const RunOptions& o) {
         "prefix-cache hit ratio {:.2f} | preemptions {}\n",
         st.num_steps, st.total_forward_s * 1e3, st.total_step_cpu_s * 1e3,
         st.num_steps > 0 ? st.total_step_cpu_s * 1e3 / static_cast<double>(st.num_steps) : 0.0, st.num_blocks,
-        o.block_size, st.prefix_cache_hit_ratio, st.num_preemptions);
+        o.engine.block_size, st.prefix_cache_hit_ratio, st.num_preemptions);
   }
   const std::string profile = CudaProfileReport(backend);
   if (!profile.empty()) std::cerr << "kernel time (FATHOM_CUDA_PROFILE):\n" << profile;
@@ -272,14 +188,7 @@ Status RunEngine(const RunOptions& o) {
 void AddRunCommand(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt through the engine and stream the text");
-  cmd->add_option("--model", o->model, "Model folder, or a config.json with --load-format dummy")->required();
-  cmd->add_option("--device", o->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--load-format", o->load_format, "auto | safetensors | dummy (random weights, no checkpoint)")
-      ->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "Folder with tokenizer.json (default: the model folder)");
-  cmd->add_option("--block-size", o->block_size, "Tokens per KV-cache block")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)");
-  cmd->add_option("--weights-seed", o->weights_seed, "Seed of dummy weights")->capture_default_str();
+  AddEngineOptions(cmd, o->engine);
 
   cmd->add_option("--prompt", o->prompt, "Prompt text (tokenized with BOS as tokenizer_config.json says)");
   cmd->add_option("--chat", o->chat, "A user message, formatted with the model's chat template");
@@ -303,16 +212,6 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
   cmd->add_option("--logprobs", o->logprobs, "Print each token's logprob and this many alternatives to stderr");
 
-  cmd->add_option("--max-model-len", o->max_model_len, "Context length (default: the model's)");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running sequences per step")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per step")->capture_default_str();
-  cmd->add_option("--max-queue-len", o->max_queue_len, "Waiting requests before 'queue full' (0: unlimited)");
-  cmd->add_option("--max-queue-delay-ms", o->max_queue_delay_ms, "Queue wait before 'timed out' (0: forever)");
-  cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV-cache budget, e.g. 512MiB")->capture_default_str();
-  cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV-cache blocks (overrides --kv-cache-memory)");
-  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
-                "Reuse cached KV blocks of shared prefixes (on by default)");
-  cmd->add_option("--scheduling-policy", o->scheduling_policy, "fcfs | priority")->capture_default_str();
   cmd->add_flag("--show-stats", o->show_stats, "Print per-request timings and engine counters to stderr");
   cmd->callback([o] { ExitOnError(RunEngine(*o)); });
 }

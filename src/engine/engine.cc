@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/logging.h"
+#include "obs/trace.h"
 
 namespace fathom {
 
@@ -51,6 +52,11 @@ Status Engine::Abort(const std::string& id, const std::string& reason) {
   return OkStatus();
 }
 
+void Engine::SetStepObserver(std::function<void(const EngineStats&)> observer) {
+  std::lock_guard<std::mutex> lock(mu_);  // the engine thread reads it after taking mu_ in its wait
+  step_observer_ = std::move(observer);
+}
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -76,6 +82,7 @@ void Engine::Shutdown(ShutdownMode mode, const std::string& reason) {
 }
 
 void Engine::Loop() {
+  obs::SetTraceThreadName("engine");
   for (;;) {
     std::vector<std::pair<EngineRequest, std::shared_ptr<RequestStream>>> inbox;
     std::vector<std::pair<std::string, std::string>> aborts;
@@ -112,7 +119,17 @@ void Engine::Loop() {
     for (const auto& [id, reason] : aborts) core_->Abort(id, CancelledError(reason));
     if (abort_all) core_->AbortAll(CancelledError(abort_reason));
     Status step = OkStatus();
-    if (core_->HasUnfinished()) step = core_->Step();
+    const int64_t steps_before = core_->Stats().num_steps;
+    if (core_->HasUnfinished()) {
+      obs::TraceSpan span("step", "engine");
+      step = core_->Step();
+      if (obs::TracingEnabled()) {
+        const EngineStats st = core_->Stats();
+        span.Arg("kind", st.last_step_kind).Arg("tokens", st.last_step_tokens).Arg("seqs", st.last_step_seqs);
+        obs::TraceCounter("running", "engine", st.num_running);
+        obs::TraceCounter("waiting", "engine", st.num_waiting);
+      }
+    }
     if (!step.ok()) FATHOM_LOG_ERROR("engine step failed: {}", step.ToString());
     const std::vector<std::string> finished = core_->TakeFinishedIds();
     const bool idle = !core_->HasUnfinished();
@@ -124,6 +141,7 @@ void Engine::Loop() {
       if (!step.ok() && last_error_.ok()) last_error_ = step;
       if (stop && idle && inbox_.empty()) return;
     }
+    if (step_observer_ && stats_.num_steps != steps_before) step_observer_(core_->Stats());
   }
 }
 

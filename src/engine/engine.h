@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,8 +41,13 @@ class Engine {
   // Aborts a queued or running request. kNotFound when the id is not live.
   Status Abort(const std::string& id, const std::string& reason = "aborted by the client");
   EngineStats Stats() const;
+  // Called on the engine thread after every step that ran the model, with the stats of that step (metrics, traces).
+  // Set it before the first Submit.
+  void SetStepObserver(std::function<void(const EngineStats&)> observer);
   // kDrain: refuse new requests and finish the live ones. kAbort: finish them now with `reason`. Joins the thread.
   void Shutdown(ShutdownMode mode, const std::string& reason = "the engine is shutting down");
+  // The resolved configuration (max_model_len filled in); immutable, so any thread may read it.
+  const EngineConfig& config() const { return core_->config(); }
   // The first model error, if any (the requests of that step failed with it; the engine keeps going).
   Status last_error() const;
 
@@ -63,6 +69,7 @@ class Engine {
   bool stop_ = false;
   bool abort_all_ = false;
   std::string abort_reason_;
+  std::function<void(const EngineStats&)> step_observer_;
   std::thread thread_;
 };
 

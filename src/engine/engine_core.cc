@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "obs/trace.h"
+
 namespace fathom {
 
 namespace {
@@ -38,6 +40,8 @@ struct EngineCore::ReqState {
   sched::TimePoint arrival;
   int32_t open_samples = 0;
   bool forked = false;
+  uint64_t trace_flow_id = 0;
+  bool traced_first_token = false;
 };
 
 struct EngineCore::SampleState {
@@ -190,6 +194,7 @@ Status EngineCore::AddRequest(EngineRequest r, std::shared_ptr<RequestStream> st
   rs->sampling = std::move(r.sampling);
   rs->stream = std::move(stream);
   rs->arrival = arrival;
+  rs->trace_flow_id = r.trace_flow_id;
   rs->open_samples = n;
   const uint64_t seed = rs->sampling.seed ? *rs->sampling.seed : seed_source_();
   for (int32_t i = 0; i < n; ++i) {
@@ -276,6 +281,10 @@ void EngineCore::AbortAll(const Status& reason) {
 void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) {
   SampleState& s = *samples_.at(sample_id);
   const SamplingParams& p = s.req->sampling;
+  if (s.req->trace_flow_id != 0 && s.index == 0 && obs::TracingEnabled() && !s.req->traced_first_token) {
+    s.req->traced_first_token = true;
+    obs::TraceFlowStep("request", "flow", s.req->trace_flow_id);  // the request's arrow passes its first token
+  }
   sched_.AppendToken(sample_id, r.token);
   const sched::Request* sr = sched_.Find(sample_id);
   const sched::TimePoint now = now_();
@@ -338,6 +347,18 @@ Status EngineCore::Step() {
   }
   if (plan.empty()) return OkStatus();
   ++stats_.num_steps;
+  {
+    bool any_prefill = false, any_decode = false;
+    int32_t tokens = 0;
+    for (const sched::ScheduledSeq& seq : plan.seqs) {
+      tokens += seq.num_new;
+      const bool decode = seq.request != nullptr && seq.num_computed >= seq.request->prompt_len && seq.num_new == 1;
+      (decode ? any_decode : any_prefill) = true;
+    }
+    stats_.last_step_kind = any_prefill && any_decode ? "mixed" : (any_prefill ? "prefill" : "decode");
+    stats_.last_step_tokens = tokens;
+    stats_.last_step_seqs = static_cast<int32_t>(plan.seqs.size());
+  }
   Status status = CopyKvBlocks(kv_, plan.copies);
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
   if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
@@ -395,7 +416,16 @@ Status EngineCore::Step() {
     EmitToken(seq.id, r);
   }
   const auto t3 = sched::SteadyClock::now();
+  if (obs::TracingEnabled()) {
+    auto ns = [](sched::TimePoint t) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    };
+    obs::TraceComplete("schedule", "engine", ns(t0), ns(t1) - ns(t0), {{"seqs", plan.seqs.size()}});
+    obs::TraceComplete("forward", "engine", ns(t1), ns(t2) - ns(t1), {{"tokens", stats_.last_step_tokens}});
+    obs::TraceComplete("sample+detokenize", "engine", ns(t2), ns(t3) - ns(t2));
+  }
   stats_.last_step_cpu_s = Seconds(t0, t1) + Seconds(t2, t3);
+  stats_.last_step_s = Seconds(t0, t3);
   stats_.total_step_cpu_s += stats_.last_step_cpu_s;
   return OkStatus();
 }

@@ -44,6 +44,7 @@ struct EngineRequest {
   int32_t priority = 0;
   uint64_t cache_salt = 0;
   std::optional<sched::TimePoint> arrival = std::nullopt;  // default: when the core adds it
+  uint64_t trace_flow_id = 0;  // links the request's spans across threads in traces (obs/trace.h); 0: none
 };
 
 struct EngineStats {
@@ -61,6 +62,11 @@ struct EngineStats {
   double last_step_cpu_s = 0.0;  // scheduling, batch building, sampling and detokenization of the last step
   double total_step_cpu_s = 0.0;
   double total_forward_s = 0.0;  // model execution
+  // The latest step: "prefill" (only prompt tokens), "decode" (one token per sequence) or "mixed".
+  const char* last_step_kind = "";
+  double last_step_s = 0.0;  // wall time of the whole step
+  int32_t last_step_tokens = 0;
+  int32_t last_step_seqs = 0;
 };
 
 // Every layer's KV of block src copied into block dst (copy-on-write for n > 1). CPU caches only for now.

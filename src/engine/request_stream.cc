@@ -40,13 +40,26 @@ bool RequestStream::finished() const {
   return open_samples_ <= 0;
 }
 
+void RequestStream::SetListener(std::function<void()> listener) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+    pending = !queue_.empty();
+  }
+  if (pending && listener) listener();
+}
+
 void RequestStream::Push(RequestOutput out) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (out.finished) --open_samples_;
     queue_.push_back(std::move(out));
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) listener();
 }
 
 }  // namespace fathom

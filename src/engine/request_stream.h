@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -66,6 +67,10 @@ class RequestStream {
   // True once every sample has sent its final output (some outputs may still be unread).
   bool finished() const;
 
+  // Called (on the engine thread, outside the stream's lock) after every Push, so that an asynchronous reader can
+  // schedule a TryNext() drain instead of blocking in Next(). Called at once when outputs are already queued.
+  void SetListener(std::function<void()> listener);
+
   // Engine side. A finished output closes its sample; the stream ends when every sample is closed.
   void Push(RequestOutput out);
 
@@ -75,6 +80,7 @@ class RequestStream {
   std::condition_variable cv_;
   std::deque<RequestOutput> queue_;
   int32_t open_samples_;
+  std::function<void()> listener_;
 };
 
 }  // namespace fathom

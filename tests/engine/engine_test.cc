@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
+#include <mutex>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_core.h"
@@ -418,6 +420,32 @@ TEST_P(EngineTest, ThreadedEngineStreamsAbortsAndShutsDown) {
     EXPECT_EQ(out.status.message(), "maintenance");
     EXPECT_EQ(engine.Stats().num_free_blocks, 256);
   }
+}
+
+TEST_P(EngineTest, ListenersAndStepObserverSeeEveryOutputAndStep) {
+  Engine engine(NewCore(BigConfig(true)));
+  std::mutex mu;
+  std::vector<std::string> kinds;
+  engine.SetStepObserver([&](const EngineStats& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    kinds.push_back(s.last_step_kind);
+    EXPECT_GT(s.last_step_s, 0.0);
+    EXPECT_GT(s.last_step_tokens, 0);
+  });
+  auto s = engine.Submit({.prompt = golden_.cases[0].input_ids, .sampling = Greedy(5)});
+  ASSERT_TRUE(s.ok());
+  std::atomic<int> calls{0};
+  (*s)->SetListener([&] { calls.fetch_add(1); });  // may be set after outputs were queued: called at once then
+  RequestOutput out;
+  int outputs = 0;
+  while ((*s)->Next(&out)) ++outputs;
+  engine.Shutdown(Engine::ShutdownMode::kDrain);
+  EXPECT_EQ(outputs, 5);
+  EXPECT_GE(calls.load(), 1);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(kinds.size(), 5u);  // one prefill step, then four decode steps
+  EXPECT_EQ(kinds.front(), "prefill");
+  for (size_t i = 1; i < kinds.size(); ++i) EXPECT_EQ(kinds[i], "decode");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest,

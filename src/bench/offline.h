@@ -1,0 +1,57 @@
+// The offline benchmark: runs the engine in-process (no HTTP) on a batch of B random prompts of input_len tokens,
+// prefilled together, then output_len tokens decoded with ignore_eos; reports prefill and decode throughput, TTFT,
+// per-step decode latency, and the decode step's roofline (MBU, MFU, theoretical throughput).
+//
+//   ModelCosts costs = ComputeModelCosts(cfg, specs, dtypes, model.kv_cache_spec(), backend.activation_dtype());
+//   FATHOM_ASSIGN_OR_RETURN(Peaks peaks, ResolvePeaks("cpu", std::nullopt, std::nullopt));
+//   OfflineOptions o{.input_len = 32, .output_len = 8};
+//   FATHOM_ASSIGN_OR_RETURN(OfflineLevel r, RunOfflineLevel(model, backend, engine_config, costs, peaks, 8, o));
+//   r.decode_tokens_per_s, r.roofline.mbu, r.roofline.mfu
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bench/roofline.h"
+#include "bench/stats.h"
+#include "core/status.h"
+#include "engine/engine_core.h"
+#include "model/model.h"
+
+namespace fathom::bench {
+
+struct OfflineOptions {
+  int32_t input_len = 32;
+  int32_t output_len = 8;  // >= 2: the first token comes from the prefill step
+  int32_t warmup = 1;      // warm-up passes (prefill + 2 tokens) before the measured one
+  uint64_t seed = 0;       // prompt tokens
+  // Raise the engine's limits to fit the batch: max_num_seqs always; the token budget (one prefill step for the
+  // whole batch) and the KV blocks unless the user set them.
+  bool fit_token_budget = true;
+  bool fit_kv_blocks = true;
+};
+
+struct OfflineLevel {
+  int32_t batch_size = 0;
+  int32_t input_len = 0;
+  int32_t output_len = 0;
+  double prefill_s = 0;  // from adding the batch to the last first token
+  int64_t prefill_steps = 0;
+  double prefill_tokens_per_s = 0;
+  Summary ttft_s;         // per request
+  Summary decode_step_s;  // per decode step (every sequence gains a token)
+  double decode_s = 0;
+  double decode_tokens_per_s = 0;
+  double total_s = 0;
+  double forward_s_per_step = 0;  // model execution share of a decode step
+  double cpu_s_per_step = 0;      // scheduling, batch building, sampling
+  int64_t preemptions = 0;
+  double prefill_mfu = 0;
+  Roofline roofline;  // of the mean decode step
+};
+
+StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const EngineConfig& config,
+                                       const ModelCosts& costs, const Peaks& peaks, int32_t batch_size,
+                                       const OfflineOptions& o);
+
+}  // namespace fathom::bench

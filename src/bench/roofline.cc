@@ -1,0 +1,130 @@
+#include "bench/roofline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "bench/peak_probe.h"
+#include "core/thread_pool.h"
+
+namespace fathom::bench {
+
+namespace {
+
+double Numel(const std::vector<int64_t>& shape) {
+  double n = 1;
+  for (int64_t d : shape) n *= static_cast<double>(d);
+  return n;
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+double ModelCosts::WeightBytesPerStep(int64_t batch) const {
+  double total = 0;
+  for (const Tensor& t : tensors) {
+    const double f = std::clamp(t.read_fraction, 0.0, 1.0);
+    const double touched = f >= 1.0 ? 1.0 : 1.0 - std::pow(1.0 - f, static_cast<double>(batch));
+    total += t.bytes * touched;
+  }
+  return total;
+}
+
+double ModelCosts::PrefillFlops(int64_t batch, int64_t len) const {
+  const double l = static_cast<double>(len);
+  const double per_seq = 2 * (matmul_params - lm_head_params) * l + 2 * lm_head_params +
+                         attention_flops_per_context_token * l * (l + 1) / 2;
+  return static_cast<double>(batch) * per_seq;
+}
+
+ModelCosts ComputeModelCosts(const ModelConfig& cfg, const std::vector<WeightSpec>& specs,
+                             const std::map<std::string, DType>& dtypes, const KvCacheSpec& kv, DType kv_dtype) {
+  ModelCosts c;
+  std::vector<WeightSpec> resolved = specs;
+  for (WeightSpec& s : resolved) {
+    if (auto it = dtypes.find(s.name); it != dtypes.end()) s.dtype = it->second;
+  }
+  const WeightStats st = ComputeWeightStats(resolved, nullptr);
+  c.weight_bytes = static_cast<double>(st.total_bytes);
+  c.weight_bytes_b1 = st.bytes_read_per_token;
+  c.active_params = st.active_params;
+  for (const WeightSpec& s : resolved) {
+    const double n = Numel(s.shape);
+    c.tensors.push_back({n * static_cast<double>(DTypeSize(s.dtype)), s.read_fraction});
+    const bool matrix = s.shape.size() >= 2;
+    const bool lookup = EndsWith(s.name, "embed_tokens.weight");
+    const bool scale = s.name.find("scale") != std::string::npos;
+    if (matrix && !lookup && !scale) c.matmul_params += n * s.active_fraction;
+    if (s.name == "lm_head.weight") c.lm_head_params = n;
+  }
+  c.kv_bytes_per_token = static_cast<double>(kv.values_per_token()) * static_cast<double>(DTypeSize(kv_dtype));
+  c.kv_dtype = std::string(DTypeName(kv_dtype));
+  int64_t qk_dim = cfg.head_dim, v_dim = cfg.head_dim;
+  if (cfg.is_mla) {
+    qk_dim = cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim;
+    v_dim = cfg.mla.v_head_dim;
+  }
+  c.attention_flops_per_context_token = 2.0 * static_cast<double>(cfg.num_layers) * static_cast<double>(cfg.num_heads) *
+                                        static_cast<double>(qk_dim + v_dim);
+  return c;
+}
+
+StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> bandwidth, std::optional<double> flops) {
+  if (bandwidth && !(*bandwidth > 0)) return InvalidArgumentError("--peak-bandwidth must be positive");
+  if (flops && !(*flops > 0)) return InvalidArgumentError("--peak-flops must be positive");
+  Peaks p;
+  const bool cuda = device.rfind("cuda", 0) == 0;
+  const int threads = DefaultThreadPool().num_threads();
+  if (bandwidth) {
+    p.bandwidth = *bandwidth;
+    p.bandwidth_source = "--peak-bandwidth";
+  } else if (cuda) {
+    p.bandwidth = 4.5e12;
+    p.bandwidth_source = "default: H200 HBM3e, achievable (pass --peak-bandwidth for another GPU)";
+  } else {
+    p.bandwidth = MeasureReadBandwidth(DefaultThreadPool(), int64_t{256} << 20);
+    p.bandwidth_source = fmt::format("measured: multi-threaded read of 256 MiB, {} threads", threads);
+  }
+  if (flops) {
+    p.flops = *flops;
+    p.flops_source = "--peak-flops";
+  } else if (cuda) {
+    p.flops = 989e12;
+    p.flops_source = "default: H200 bf16 dense tensor cores (pass --peak-flops for another GPU or dtype)";
+  } else {
+    const ProbeResult r = MeasureFmaFlops(DefaultThreadPool());
+    p.flops = r.flops;
+    p.flops_source = fmt::format("measured: f32 FMA loop ({}), {} threads", r.isa, threads);
+  }
+  return p;
+}
+
+Roofline DecodeRoofline(const ModelCosts& c, const Peaks& p, int64_t batch, double context, double measured_step_s) {
+  Roofline r;
+  r.batch = batch;
+  r.context = context;
+  r.weight_bytes = c.WeightBytesPerStep(batch);
+  r.kv_bytes = c.KvBytesPerStep(batch, context);
+  r.bytes = r.weight_bytes + r.kv_bytes;
+  r.flops = static_cast<double>(batch) * c.DecodeFlopsPerToken(context);
+  r.arithmetic_intensity = r.bytes > 0 ? r.flops / r.bytes : 0;
+  r.step_s = measured_step_s;
+  if (measured_step_s > 0) {
+    r.achieved_bandwidth = r.bytes / measured_step_s;
+    r.achieved_flops = r.flops / measured_step_s;
+    r.measured_tokens_per_s = static_cast<double>(batch) / measured_step_s;
+  }
+  r.mbu = p.bandwidth > 0 ? r.achieved_bandwidth / p.bandwidth : 0;
+  r.mfu = p.flops > 0 ? r.achieved_flops / p.flops : 0;
+  r.bandwidth_bound_tokens_per_s = r.bytes > 0 ? static_cast<double>(batch) * p.bandwidth / r.bytes : 0;
+  r.compute_bound_tokens_per_s = r.flops > 0 ? static_cast<double>(batch) * p.flops / r.flops : 0;
+  r.theoretical_tokens_per_s = std::min(r.bandwidth_bound_tokens_per_s, r.compute_bound_tokens_per_s);
+  r.bound = r.bandwidth_bound_tokens_per_s <= r.compute_bound_tokens_per_s ? "memory" : "compute";
+  return r;
+}
+
+}  // namespace fathom::bench

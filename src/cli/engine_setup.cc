@@ -1,0 +1,141 @@
+#include "cli/engine_setup.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <filesystem>
+
+#include "cli/cli_util.h"
+#include "core/thread_pool.h"
+#include "model/registry.h"
+#include "model/weights.h"
+
+namespace fathom {
+
+void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
+  const std::string model_group = "Model";
+  CLI::Option* model = cmd->add_option("--model", o.model, "Model folder, or a config.json with --load-format dummy")
+                           ->group(model_group);
+  if (model_required) model->required();
+  cmd->add_option("--device", o.device, "Backend: cpu, cuda or cuda:N")->capture_default_str()->group(model_group);
+  cmd->add_option("--load-format", o.load_format, "auto | safetensors | dummy (random weights, no checkpoint)")
+      ->capture_default_str()
+      ->group(model_group);
+  cmd->add_option("--tokenizer", o.tokenizer, "Folder with tokenizer.json (default: the model folder)")
+      ->group(model_group);
+  cmd->add_option("--threads", o.threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)")->group(model_group);
+  cmd->add_option("--weights-seed", o.weights_seed, "Seed of dummy weights")->capture_default_str()->group(model_group);
+
+  const std::string engine_group = "Engine";
+  cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block")
+      ->capture_default_str()
+      ->group(engine_group);
+  cmd->add_option("--max-model-len", o.max_model_len, "Context length: prompt + output (default: the model's)")
+      ->group(engine_group);
+  cmd->add_option("--max-num-seqs", o.max_num_seqs, "Running sequences per step")
+      ->capture_default_str()
+      ->group(engine_group);
+  cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "Tokens per step (chunked prefill budget)")
+      ->capture_default_str()
+      ->group(engine_group);
+  cmd->add_option("--max-queue-len", o.max_queue_len, "Waiting requests before 'queue full' (0: unlimited)")
+      ->group(engine_group);
+  cmd->add_option("--max-queue-delay-ms", o.max_queue_delay_ms, "Queue wait before 'timed out' (0: forever)")
+      ->group(engine_group);
+  cmd->add_option("--kv-cache-memory", o.kv_cache_memory, "KV-cache budget, e.g. 512MiB")
+      ->capture_default_str()
+      ->group(engine_group);
+  cmd->add_option("--num-kv-blocks", o.num_kv_blocks, "KV-cache blocks (overrides --kv-cache-memory)")
+      ->group(engine_group);
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.enable_prefix_caching,
+                "Reuse cached KV blocks of shared prefixes (on by default)")
+      ->group(engine_group);
+  cmd->add_option("--scheduling-policy", o.scheduling_policy, "fcfs | priority")
+      ->capture_default_str()
+      ->group(engine_group);
+}
+
+StatusOr<int64_t> ParseBytes(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    return InvalidArgumentError(fmt::format("{}: '{}' is not a size", flag, text));
+  }
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (unit == "" || unit == "b") {
+    mult = 1;
+  } else if (unit == "k" || unit == "kb" || unit == "kib") {
+    mult = 1024.0;
+  } else if (unit == "m" || unit == "mb" || unit == "mib") {
+    mult = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gb" || unit == "gib") {
+    mult = 1024.0 * 1024 * 1024;
+  } else {
+    return InvalidArgumentError(fmt::format("{}: unknown unit in '{}' (use K, M or G)", flag, text));
+  }
+  if (!(value > 0)) return InvalidArgumentError(fmt::format("{} must be positive", flag));
+  return static_cast<int64_t>(value * mult);
+}
+
+std::string ModelFolder(const std::string& model) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(model)) return model;
+  const fs::path parent = fs::path(model).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_tokenizer) {
+  if (o.threads > 0) SetDefaultThreadCount(o.threads);
+  LoadedModel m;
+  FATHOM_ASSIGN_OR_RETURN(m.config, LoadModelConfig(o.model));
+  FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.load_format));
+  m.folder = ModelFolder(o.model);
+
+  const std::string tok_dir = o.tokenizer.empty() ? m.folder : o.tokenizer;
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json");
+  if (need_tokenizer || has_tokenizer || !o.tokenizer.empty()) {
+    auto tok = Tokenizer::FromDirectory(tok_dir);
+    if (!tok.ok()) return tok.status().WithContext("loading the tokenizer (pass --tokenizer DIR)");
+    m.tokenizer = std::move(tok).value();
+  }
+
+  FATHOM_ASSIGN_OR_RETURN(m.backend, MakeBackend(o.device));
+  LoadOptions lo;
+  lo.format = format;
+  lo.seed = o.weights_seed;
+  FATHOM_ASSIGN_OR_RETURN(m.model, LoadModel(m.folder, m.config, lo, *m.backend));
+  return m;
+}
+
+StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedModel& m) {
+  if (o.max_num_seqs <= 0 || o.max_num_batched_tokens <= 0) {
+    return InvalidArgumentError("--max-num-seqs and --max-num-batched-tokens must be positive");
+  }
+  if (o.block_size <= 0) return InvalidArgumentError("--block-size must be positive");
+  if (o.max_model_len < 0) return InvalidArgumentError("--max-model-len must be >= 0");
+  if (o.max_queue_len < 0 || o.max_queue_delay_ms < 0) {
+    return InvalidArgumentError("--max-queue-len and --max-queue-delay-ms must be >= 0");
+  }
+  EngineConfig ec;
+  ec.block_size = o.block_size;
+  ec.num_blocks = o.num_kv_blocks;
+  FATHOM_ASSIGN_OR_RETURN(ec.kv_cache_memory_bytes, ParseBytes(o.kv_cache_memory));
+  ec.enable_prefix_caching = o.enable_prefix_caching;
+  ec.policy = o.scheduling_policy;
+  ec.scheduler.max_model_len = o.max_model_len;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_queue_len = o.max_queue_len;
+  ec.scheduler.max_queue_delay_ms = o.max_queue_delay_ms;
+  FATHOM_ASSIGN_OR_RETURN(ec.eos_token_ids, LoadEosTokenIds(o.model, m.config));
+  if (ec.eos_token_ids.empty() && m.tokenizer && m.tokenizer->eos_id()) {
+    ec.eos_token_ids.push_back(*m.tokenizer->eos_id());
+  }
+  return ec;
+}
+
+}  // namespace fathom

@@ -1,0 +1,72 @@
+// Model + tokenizer + engine construction shared by `fathom run`, `fathom serve` and `fathom bench --offline`, and
+// the command-line flags for every engine knob.
+//
+//   auto o = std::make_shared<EngineOptions>();
+//   AddEngineOptions(cmd, *o);                       // --model, --device, --max-num-seqs, ... in option groups
+//   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(*o, /*need_tokenizer=*/true));
+//   FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(*o, m));
+//   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(*m.tok)));
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/engine_core.h"
+#include "io/model_config.h"
+#include "model/backend.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom {
+
+struct EngineOptions {
+  // Model.
+  std::string model;  // folder, or a config.json with --load-format dummy
+  std::string device = "cpu";
+  std::string load_format = "auto";
+  std::string tokenizer;  // default: the model folder
+  int threads = 0;
+  uint64_t weights_seed = 0;
+  // Engine.
+  int block_size = 16;
+  int max_model_len = 0;  // 0: the model's
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_queue_len = 0;
+  int64_t max_queue_delay_ms = 0;
+  std::string kv_cache_memory = "1GiB";
+  int num_kv_blocks = 0;
+  bool enable_prefix_caching = true;
+  std::string scheduling_policy = "priority";
+};
+
+// Registers the model and engine flags on `cmd` in two option groups ("Model" and "Engine"). `model_required`:
+// whether --model must be given.
+void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required = true);
+
+struct LoadedModel {
+  ModelConfig config;
+  std::string folder;  // where config.json (and usually the tokenizer) lives
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when not needed and absent
+};
+
+// "1073741824", "512MiB", "2G", "256k": bytes (K/M/G are powers of 1024). `flag` names the option in errors.
+StatusOr<int64_t> ParseBytes(const std::string& text, const std::string& flag = "--kv-cache-memory");
+
+// The folder of a model path (a folder, or a config.json inside one).
+std::string ModelFolder(const std::string& model);
+
+// Loads the config, backend, weights (with progress) and, when `need_tokenizer` or present, the tokenizer.
+StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_tokenizer);
+
+// The engine configuration of the flags; EOS ids from generation_config.json, config.json or the tokenizer.
+StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedModel& m);
+
+}  // namespace fathom

@@ -1,0 +1,251 @@
+#include "cli/serve_command.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/engine_setup.h"
+#include "core/logging.h"
+#include "engine/engine.h"
+#include "engine/tokenizer_text.h"
+#include "obs/trace.h"
+#include "server/server.h"
+#include "server/server_metrics.h"
+#include "tokenizer/chat_template.h"
+
+#ifndef FATHOM_DEMO_DIR
+#define FATHOM_DEMO_DIR "demo/deepseek-v3-demo"
+#endif
+
+namespace fathom {
+
+namespace {
+
+struct ServeOptions {
+  EngineOptions engine;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string served_model_name;
+  std::string reasoning_parser = "auto";
+  std::string chat_template;  // a named template of tokenizer_config.json
+  double stream_retention_s = 60;
+  std::string stream_retention_memory = "64MiB";
+  double shutdown_grace_s = 30;
+  std::string access_log = "-";
+  int http_threads = 2;
+  std::string max_request_bytes = "8MiB";
+  double header_timeout_s = 10;
+  double idle_timeout_s = 60;
+  double write_timeout_s = 60;
+  std::string trace_file;
+};
+
+// The demo model's folder: $FATHOM_DEMO_DIR, or the one in the source tree this binary was built from.
+std::string DemoDir() {
+  if (const char* env = std::getenv("FATHOM_DEMO_DIR"); env != nullptr && *env != '\0') return env;
+  return FATHOM_DEMO_DIR;
+}
+
+// Many concurrent streams need many sockets: raise the soft descriptor limit to the hard one, as nginx does.
+void RaiseFileLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+bool WaitForSignal(const sigset_t& set, double timeout_s, int* signal_out) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout_s);
+  ts.tv_nsec = static_cast<long>((timeout_s - static_cast<double>(ts.tv_sec)) * 1e9);
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  if (sig > 0) *signal_out = sig;
+  return sig > 0;
+}
+
+Status Serve(ServeOptions o) {
+  // SIGINT/SIGTERM are taken with sigwait by this thread; every thread started from here on inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  RaiseFileLimit();
+
+  const bool demo = o.engine.model.empty();
+  if (demo) {
+    const std::string dir = DemoDir();
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+      return NotFoundError(fmt::format(
+          "the demo model's tokenizer is missing from {}: run scripts/setup to fetch it, or pass --model DIR", dir));
+    }
+    o.engine.model = dir;
+    o.engine.load_format = "dummy";
+    if (o.served_model_name.empty()) o.served_model_name = "deepseek-v3-demo";
+    FATHOM_LOG_WARN(
+        "no --model: serving the built-in demo, a tiny DeepSeek-V3-architecture model with random "
+        "weights; its text is noise. Pass --model /path/to/hf-checkpoint for real output.");
+  }
+  if (o.served_model_name.empty()) {
+    std::filesystem::path p(ModelFolder(o.engine.model));
+    o.served_model_name = std::filesystem::weakly_canonical(p).filename().string();
+    if (o.served_model_name.empty()) o.served_model_name = "fathom";
+  }
+  if (o.port < 0 || o.port > 65535) return InvalidArgumentError("--port must be in [0, 65535]");
+  if (o.http_threads < 1 || o.http_threads > 64) return InvalidArgumentError("--http-threads must be in [1, 64]");
+  if (!(o.shutdown_grace_s >= 0)) return InvalidArgumentError("--shutdown-grace-s must be >= 0");
+  if (!(o.stream_retention_s >= 0)) return InvalidArgumentError("--stream-retention-s must be >= 0");
+  if (o.api_key.empty()) {
+    if (const char* env = std::getenv("FATHOM_API_KEY"); env != nullptr) o.api_key = env;
+  }
+
+  server::ServerOptions so;
+  so.http.host = o.host;
+  so.http.port = static_cast<uint16_t>(o.port);
+  so.http.threads = o.http_threads;
+  FATHOM_ASSIGN_OR_RETURN(int64_t max_body, ParseBytes(o.max_request_bytes, "--max-request-bytes"));
+  so.http.max_body_bytes = static_cast<size_t>(max_body);
+  so.http.header_timeout_s = o.header_timeout_s;
+  so.http.idle_timeout_s = o.idle_timeout_s;
+  so.http.write_timeout_s = o.write_timeout_s;
+  so.served_model_name = o.served_model_name;
+  so.api_key = o.api_key;
+  FATHOM_ASSIGN_OR_RETURN(so.reasoning, server::ParseReasoningParser(o.reasoning_parser, &so.reasoning_auto));
+  so.stream_logs.retention_s = o.stream_retention_s;
+  FATHOM_ASSIGN_OR_RETURN(int64_t retention_bytes, ParseBytes(o.stream_retention_memory, "--stream-retention-memory"));
+  so.stream_logs.max_bytes = static_cast<size_t>(retention_bytes);
+  so.access_log = o.access_log == "off" ? "" : o.access_log;
+
+  if (!o.trace_file.empty()) {
+    FATHOM_RETURN_IF_ERROR(obs::StartTracing());
+    FATHOM_LOG_INFO("tracing to {} (written at shutdown)", o.trace_file);
+  }
+  // Listen first, so that /health answers 503 "loading" while the weights load.
+  server::ServerMetrics metrics;
+  server::OpenAiServer srv(so);
+  srv.SetRecordHook([&metrics](const server::RequestRecord& r) { metrics.OnRequest(r); });
+  srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
+  FATHOM_RETURN_IF_ERROR(srv.Start());
+  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(), o.served_model_name);
+
+  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, /*need_tokenizer=*/true));
+  std::unique_ptr<ChatTemplate> chat;
+  if (auto c = ChatTemplate::FromTokenizer(*m.tokenizer, o.chat_template); c.ok()) {
+    chat = std::move(c).value();
+  } else {
+    FATHOM_LOG_WARN("no chat template ({}); /v1/chat/completions will answer 400", c.status().message());
+  }
+  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(o.engine, m));
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core,
+                          EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(*m.tokenizer)));
+  Engine engine(std::move(core));
+  engine.SetStepObserver([&metrics](const EngineStats& s) { metrics.OnStep(s); });
+  metrics.AttachEngine(&engine);
+  srv.Attach(
+      {.engine = &engine, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
+  const EngineStats st = engine.Stats();
+  FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens",
+                  o.served_model_name, o.host, srv.port(), engine.config().scheduler.max_model_len, st.num_blocks,
+                  ec.block_size);
+
+  int sig = 0;
+  while (!WaitForSignal(signals, 3600, &sig)) {
+  }
+  FATHOM_LOG_INFO("{}: draining ({} requests in flight, grace {:.0f} s; a second signal aborts them now)",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", srv.active_requests(), o.shutdown_grace_s);
+  srv.BeginDrain();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.shutdown_grace_s);
+  bool idle = false;
+  while (!(idle = srv.WaitIdle(std::chrono::milliseconds(100)))) {
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    int again = 0;
+    if (WaitForSignal(signals, 0, &again)) break;
+  }
+  if (!idle) {
+    FATHOM_LOG_WARN("aborting {} requests still in flight", srv.active_requests());
+    engine.Shutdown(Engine::ShutdownMode::kAbort, "the server is shutting down");
+    srv.WaitIdle(std::chrono::seconds(5));
+  }
+  engine.Shutdown(Engine::ShutdownMode::kDrain);
+  metrics.AttachEngine(nullptr);
+  // Let the last bytes of each response leave before the I/O threads stop.
+  const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (srv.open_connections() > 0 && std::chrono::steady_clock::now() < flush_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  srv.Stop();
+  if (!o.trace_file.empty()) {
+    if (Status s = obs::StopTracingToFile(o.trace_file); !s.ok()) {
+      FATHOM_LOG_ERROR("writing the trace: {}", s.message());
+    } else {
+      FATHOM_LOG_INFO("trace written to {}", o.trace_file);
+    }
+  }
+  FATHOM_LOG_INFO("stopped");
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI- and DeepSeek-compatible HTTP API");
+  AddEngineOptions(cmd, o->engine, /*model_required=*/false);
+  cmd->get_option("--model")->description(
+      "Model folder, or a config.json with --load-format dummy (default: the built-in demo model)");
+
+  const std::string http = "HTTP";
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str()->group(http);
+  cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->group(http);
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (or set FATHOM_API_KEY)")->group(http);
+  cmd->add_option("--served-model-name", o->served_model_name, "Model name in the API (default: the folder name)")
+      ->group(http);
+  cmd->add_option("--http-threads", o->http_threads, "I/O threads")->capture_default_str()->group(http);
+  cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body (413 above)")
+      ->capture_default_str()
+      ->group(http);
+  cmd->add_option("--header-timeout-s", o->header_timeout_s, "Time to receive a request (408 after)")
+      ->capture_default_str()
+      ->group(http);
+  cmd->add_option("--idle-timeout-s", o->idle_timeout_s, "Keep-alive idle time")->capture_default_str()->group(http);
+  cmd->add_option("--write-timeout-s", o->write_timeout_s, "Longest single write to a slow client")
+      ->capture_default_str()
+      ->group(http);
+  cmd->add_option("--trace-file", o->trace_file,
+                  "Write a Chrome/Perfetto trace of engine steps and requests to FILE at shutdown")
+      ->group(http);
+  cmd->add_option("--access-log", o->access_log, "JSON-lines access log: a file, - (stdout) or off")
+      ->capture_default_str()
+      ->group(http);
+
+  const std::string api = "API";
+  cmd->add_option("--reasoning-parser", o->reasoning_parser,
+                  "auto | deepseek-r1 | none: text up to </think> becomes reasoning_content (auto: when the chat "
+                  "template opens a <think> block)")
+      ->capture_default_str()
+      ->group(api);
+  cmd->add_option("--chat-template", o->chat_template, "A named chat template of tokenizer_config.json")->group(api);
+  cmd->add_option("--stream-retention-s", o->stream_retention_s,
+                  "How long the events of a finished stream stay resumable (GET /v1/streams/{id})")
+      ->capture_default_str()
+      ->group(api);
+  cmd->add_option("--stream-retention-memory", o->stream_retention_memory, "Memory for resumable streams")
+      ->capture_default_str()
+      ->group(api);
+  cmd->add_option("--shutdown-grace-s", o->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: how long in-flight requests may finish before they are aborted")
+      ->capture_default_str()
+      ->group(api);
+  cmd->callback([o] { ExitOnError(Serve(*o)); });
+}
+
+}  // namespace fathom

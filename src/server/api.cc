@@ -1,0 +1,441 @@
+#include "server/api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace fathom::server {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr int kMaxJsonDepth = 64;
+
+// Deepest array/object nesting outside strings. Bounded work and no recursion, so that hostile bodies such as
+// "[[[[..." are refused before a parser or a destructor walks them.
+int JsonDepth(std::string_view s) {
+  int depth = 0;
+  int max_depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+std::string TypeName(const Json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Reads typed fields of one JSON object; the first failure is kept (param + message) and later reads are no-ops.
+class Reader {
+ public:
+  Reader(const Json& obj, ApiError* error) : obj_(obj), error_(error) {}
+
+  bool failed() const { return failed_; }
+
+  bool Fail(const std::string& param, const std::string& message, StatusCode code = StatusCode::kInvalidArgument) {
+    if (!failed_) {
+      *error_ = ApiErrorFromStatus(Status(code, message), param);
+      failed_ = true;
+    }
+    return false;
+  }
+
+  // nullptr when absent or null.
+  const Json* Get(const char* key) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::optional<double> Number(const char* key, double lo, double hi, bool lo_open = false) {
+    const Json* v = Get(key);
+    if (v == nullptr || failed_) return std::nullopt;
+    if (!v->is_number()) {
+      Fail(key, fmt::format("'{}' must be a number, got {}", key, TypeName(*v)));
+      return std::nullopt;
+    }
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) {
+      Fail(key, fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[", lo, hi, x));
+      return std::nullopt;
+    }
+    return x;
+  }
+
+  std::optional<int64_t> Integer(const char* key, int64_t lo, int64_t hi) {
+    const Json* v = Get(key);
+    if (v == nullptr || failed_) return std::nullopt;
+    int64_t x = 0;
+    if (v->is_number_integer()) {
+      x = v->get<int64_t>();
+    } else if (v->is_number_unsigned()) {
+      const uint64_t u = v->get<uint64_t>();
+      x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                         : static_cast<int64_t>(u);
+    } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+               std::fabs(v->get<double>()) < 9e15) {
+      x = static_cast<int64_t>(v->get<double>());  // 2.0 is an integer in JSON Schema terms
+    } else {
+      Fail(key, fmt::format("'{}' must be an integer, got {}", key, TypeName(*v)));
+      return std::nullopt;
+    }
+    if (x < lo || x > hi) {
+      Fail(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x));
+      return std::nullopt;
+    }
+    return x;
+  }
+
+  std::optional<bool> Bool(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr || failed_) return std::nullopt;
+    if (!v->is_boolean()) {
+      Fail(key, fmt::format("'{}' must be a boolean, got {}", key, TypeName(*v)));
+      return std::nullopt;
+    }
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> String(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr || failed_) return std::nullopt;
+    if (!v->is_string()) {
+      Fail(key, fmt::format("'{}' must be a string, got {}", key, TypeName(*v)));
+      return std::nullopt;
+    }
+    return v->get<std::string>();
+  }
+
+ private:
+  const Json& obj_;
+  ApiError* error_;
+  bool failed_ = false;
+};
+
+// "content": a string, null, or an array of {"type": "text", "text": ...} parts (joined with "\n" like vLLM).
+bool FlattenContent(Reader& r, const Json& content, const std::string& param, Json* out) {
+  if (content.is_null() || content.is_string()) {
+    *out = content;
+    return true;
+  }
+  if (!content.is_array()) {
+    return r.Fail(param,
+                  fmt::format("'{}' must be a string or an array of text parts, got {}", param, TypeName(content)));
+  }
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
+    const std::string pp = fmt::format("{}[{}]", param, j);
+    if (!part.is_object()) return r.Fail(pp, fmt::format("'{}' must be an object, got {}", pp, TypeName(part)));
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) return r.Fail(pp + ".type", "'" + pp + ".type' must be a string");
+    if (*type != "text") {
+      return r.Fail(pp + ".type",
+                    fmt::format("content parts of type '{}' are not supported: this model reads text only",
+                                type->get<std::string>()),
+                    StatusCode::kUnimplemented);
+    }
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) return r.Fail(pp + ".text", "'" + pp + ".text' must be a string");
+    if (!text.empty()) text += "\n";
+    text += t->get<std::string>();
+  }
+  *out = text;
+  return true;
+}
+
+bool ParseMessages(Reader& r, const Json& body, ParsedRequest* out) {
+  const Json* messages = r.Get("messages");
+  if (messages == nullptr) return r.Fail("messages", "'messages' is required");
+  if (!messages->is_array()) {
+    return r.Fail("messages", fmt::format("'messages' must be an array, got {}", TypeName(*messages)));
+  }
+  if (messages->empty()) return r.Fail("messages", "'messages' must not be empty");
+  (void)body;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return r.Fail(param, fmt::format("'{}' must be an object, got {}", param, TypeName(m)));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return r.Fail(param + ".role", fmt::format("'{}.role' must be a string", param));
+    }
+    const std::string role_name = role->get<std::string>();
+    if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "tool" &&
+        role_name != "developer") {
+      return r.Fail(
+          param + ".role",
+          fmt::format("'{}.role' must be system, developer, user, assistant or tool, got '{}'", param, role_name));
+    }
+    Json msg = m;
+    auto content = m.find("content");
+    if (content == m.end()) {
+      if (role_name != "assistant") return r.Fail(param + ".content", fmt::format("'{}.content' is required", param));
+      msg["content"] = nullptr;
+    } else if (!FlattenContent(r, *content, param + ".content", &msg["content"])) {
+      return false;
+    }
+    out->messages.push_back(std::move(msg));
+  }
+  return true;
+}
+
+bool ParsePrompt(Reader& r, const RequestLimits& limits, ParsedRequest* out) {
+  const Json* prompt = r.Get("prompt");
+  if (prompt == nullptr) return r.Fail("prompt", "'prompt' is required");
+  if (prompt->is_string()) {
+    out->prompt_text = prompt->get<std::string>();
+    return true;
+  }
+  if (!prompt->is_array()) {
+    return r.Fail("prompt",
+                  fmt::format("'prompt' must be a string or an array of token ids, got {}", TypeName(*prompt)));
+  }
+  if (prompt->empty()) return r.Fail("prompt", "'prompt' must not be empty");
+  if ((*prompt)[0].is_string() || (*prompt)[0].is_array()) {
+    if (prompt->size() != 1) {
+      return r.Fail("prompt", "batched prompts are not supported: send one request per prompt",
+                    StatusCode::kUnimplemented);
+    }
+    const Json& only = (*prompt)[0];
+    if (only.is_string()) {
+      out->prompt_text = only.get<std::string>();
+      return true;
+    }
+    prompt = &only;
+    if (prompt->empty()) return r.Fail("prompt", "'prompt' must not be empty");
+  }
+  out->prompt_is_ids = true;
+  for (size_t i = 0; i < prompt->size(); ++i) {
+    const Json& t = (*prompt)[i];
+    if (!t.is_number_integer() && !t.is_number_unsigned()) {
+      return r.Fail("prompt", fmt::format("'prompt[{}]' must be a token id (an integer), got {}", i, TypeName(t)));
+    }
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= limits.vocab_size) {
+      return r.Fail("prompt",
+                    fmt::format("'prompt[{}]' = {} is outside the vocabulary [0, {})", i, id, limits.vocab_size));
+    }
+    out->prompt_ids.push_back(static_cast<int32_t>(id));
+  }
+  return true;
+}
+
+bool ParseStop(Reader& r, const RequestLimits& limits, SamplingParams* sp) {
+  const Json* stop = r.Get("stop");
+  if (stop == nullptr) return true;
+  auto add = [&](const Json& s, const std::string& param) {
+    if (!s.is_string()) return r.Fail(param, fmt::format("'{}' must be a string, got {}", param, TypeName(s)));
+    if (s.get<std::string>().empty()) return r.Fail(param, fmt::format("'{}' must not be empty", param));
+    sp->stop.push_back(s.get<std::string>());
+    return true;
+  };
+  if (stop->is_string()) return add(*stop, "stop");
+  if (!stop->is_array()) {
+    return r.Fail("stop", fmt::format("'stop' must be a string or an array of strings, got {}", TypeName(*stop)));
+  }
+  if (static_cast<int32_t>(stop->size()) > limits.max_stop_strings) {
+    return r.Fail(
+        "stop", fmt::format("'stop' holds {} strings; at most {} are allowed", stop->size(), limits.max_stop_strings));
+  }
+  for (size_t i = 0; i < stop->size(); ++i) {
+    if (!add((*stop)[i], fmt::format("stop[{}]", i))) return false;
+  }
+  return true;
+}
+
+bool ParseLogitBias(Reader& r, const RequestLimits& limits, SamplingParams* sp) {
+  const Json* bias = r.Get("logit_bias");
+  if (bias == nullptr) return true;
+  if (!bias->is_object()) {
+    return r.Fail("logit_bias", fmt::format("'logit_bias' must be an object, got {}", TypeName(*bias)));
+  }
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    size_t pos = 0;
+    try {
+      id = std::stoll(key, &pos);
+    } catch (...) {
+      pos = 0;
+    }
+    if (pos == 0 || pos != key.size() || id < 0 || id >= limits.vocab_size) {
+      return r.Fail("logit_bias",
+                    fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key, limits.vocab_size));
+    }
+    if (!it.value().is_number() || !std::isfinite(it.value().get<double>()) || it.value().get<double>() < -100 ||
+        it.value().get<double>() > 100) {
+      return r.Fail("logit_bias", fmt::format("'logit_bias[{}]' must be a number in [-100, 100]", key));
+    }
+    sp->logit_bias.emplace_back(static_cast<int32_t>(id), it.value().get<float>());
+  }
+  return true;
+}
+
+bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
+  if (const Json* tools = r.Get("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+    return r.Fail("tools", "'tools' is not supported: this server has no tool-call parser for the model",
+                  StatusCode::kUnimplemented);
+  }
+  if (const Json* functions = r.Get("functions"); functions != nullptr) {
+    return r.Fail("functions", "'functions' is not supported: this server has no tool-call parser for the model",
+                  StatusCode::kUnimplemented);
+  }
+  if (const Json* rf = r.Get("response_format"); rf != nullptr) {
+    if (!rf->is_object()) return r.Fail("response_format", "'response_format' must be an object");
+    auto type = rf->find("type");
+    if (type == rf->end() || !type->is_string()) {
+      return r.Fail("response_format", "'response_format.type' must be a string");
+    }
+    if (*type != "text") {
+      return r.Fail("response_format",
+                    fmt::format("response_format type '{}' is not supported: structured output is not available yet",
+                                type->get<std::string>()),
+                    StatusCode::kUnimplemented);
+    }
+  }
+  if (endpoint == Endpoint::kCompletion) {
+    if (r.Get("echo") != nullptr && r.Get("echo")->is_boolean() && r.Get("echo")->get<bool>()) {
+      return r.Fail("echo", "'echo' is not supported", StatusCode::kUnimplemented);
+    }
+    if (const Json* suffix = r.Get("suffix"); suffix != nullptr && !(suffix->is_string() && suffix->empty())) {
+      return r.Fail("suffix", "'suffix' is not supported", StatusCode::kUnimplemented);
+    }
+  }
+  return !r.failed();
+}
+
+}  // namespace
+
+bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits& limits, ParsedRequest* out,
+                  ApiError* error) {
+  *out = ParsedRequest();
+  out->endpoint = endpoint;
+  if (JsonDepth(body) > kMaxJsonDepth) {
+    *error = ApiErrorFromStatus(
+        InvalidArgumentError(fmt::format("the JSON body nests deeper than {} levels", kMaxJsonDepth)), "",
+        "invalid_json");
+    return false;
+  }
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    *error = ApiErrorFromStatus(InvalidArgumentError("the body is not valid JSON"), "", "invalid_json");
+    return false;
+  }
+  if (!j.is_object()) {
+    *error = ApiErrorFromStatus(
+        InvalidArgumentError(fmt::format("the body must be a JSON object, got {}", TypeName(j))), "", "invalid_json");
+    return false;
+  }
+  Reader r(j, error);
+  if (auto model = r.String("model")) out->model = *model;
+  if (!RefuseUnsupported(r, endpoint)) return false;
+  if (endpoint == Endpoint::kChat) {
+    if (!ParseMessages(r, j, out)) return false;
+    if (const Json* kw = r.Get("chat_template_kwargs"); kw != nullptr) {
+      if (!kw->is_object()) return r.Fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      out->chat_template_kwargs = *kw;
+    }
+    if (auto agp = r.Bool("add_generation_prompt")) out->add_generation_prompt = *agp;
+  } else if (!ParsePrompt(r, limits, out)) {
+    return false;
+  }
+
+  SamplingParams& sp = out->sampling;
+  sp.max_tokens = 0;  // absent: up to the context length
+  const int64_t kMaxTokens = 1 << 24;
+  std::optional<int64_t> max_tokens = r.Integer("max_completion_tokens", 1, kMaxTokens);
+  if (!max_tokens) max_tokens = r.Integer("max_tokens", 1, kMaxTokens);
+  if (max_tokens) {
+    sp.max_tokens = static_cast<int32_t>(*max_tokens);
+    out->max_tokens_given = true;
+  }
+  if (auto v = r.Number("temperature", 0, 2)) sp.temperature = static_cast<float>(*v);
+  if (auto v = r.Number("top_p", 0, 1, /*lo_open=*/true)) sp.top_p = static_cast<float>(*v);
+  if (auto v = r.Integer("top_k", -1, limits.vocab_size)) sp.top_k = static_cast<int32_t>(*v);
+  if (auto v = r.Number("min_p", 0, 1)) sp.min_p = static_cast<float>(*v);
+  if (auto v = r.Integer("n", 1, limits.max_n)) sp.n = static_cast<int32_t>(*v);
+  if (const Json* best_of = r.Get("best_of"); best_of != nullptr) {
+    if (auto v = r.Integer("best_of", 1, limits.max_n); v && *v != sp.n) {
+      return r.Fail("best_of", "'best_of' other than n is not supported", StatusCode::kUnimplemented);
+    }
+  }
+  if (auto v = r.Integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+    sp.seed = static_cast<uint64_t>(*v);
+  }
+  if (auto v = r.Number("presence_penalty", -2, 2)) sp.presence_penalty = static_cast<float>(*v);
+  if (auto v = r.Number("frequency_penalty", -2, 2)) sp.frequency_penalty = static_cast<float>(*v);
+  if (auto v = r.Number("repetition_penalty", 0, 10, /*lo_open=*/true)) sp.repetition_penalty = static_cast<float>(*v);
+  if (auto v = r.Integer("min_tokens", 0, kMaxTokens)) sp.min_tokens = static_cast<int32_t>(*v);
+  if (auto v = r.Bool("ignore_eos")) sp.ignore_eos = *v;
+  if (!ParseStop(r, limits, &sp) || !ParseLogitBias(r, limits, &sp)) return false;
+  if (const Json* ids = r.Get("stop_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return r.Fail("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    for (const Json& t : *ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits.vocab_size) {
+        return r.Fail("stop_token_ids",
+                      fmt::format("'stop_token_ids' must hold token ids in [0, {})", limits.vocab_size));
+      }
+      sp.stop_token_ids.push_back(t.get<int32_t>());
+    }
+  }
+  if (sp.min_tokens > 0 && out->max_tokens_given && sp.min_tokens > sp.max_tokens) {
+    return r.Fail("min_tokens",
+                  fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", sp.min_tokens, sp.max_tokens));
+  }
+
+  if (endpoint == Endpoint::kChat) {
+    if (auto v = r.Bool("logprobs")) out->logprobs = *v;
+    if (auto v = r.Integer("top_logprobs", 0, limits.max_top_logprobs)) {
+      if (!out->logprobs && *v > 0) return r.Fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      out->top_logprobs = static_cast<int32_t>(*v);
+    }
+  } else if (const Json* lp = r.Get("logprobs"); lp != nullptr) {
+    if (lp->is_boolean()) {
+      out->logprobs = lp->get<bool>();
+    } else if (auto v = r.Integer("logprobs", 0, 5)) {
+      out->logprobs = true;
+      out->top_logprobs = static_cast<int32_t>(*v);
+    }
+  }
+  sp.logprobs = out->logprobs;
+  sp.top_logprobs = out->top_logprobs;
+
+  if (auto v = r.Bool("stream")) out->stream = *v;
+  if (const Json* so = r.Get("stream_options"); so != nullptr) {
+    if (!so->is_object()) return r.Fail("stream_options", "'stream_options' must be an object");
+    auto iu = so->find("include_usage");
+    if (iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) return r.Fail("stream_options.include_usage", "'include_usage' must be a boolean");
+      out->include_usage = iu->get<bool>();
+    }
+  }
+  if (auto v = r.String("user")) out->user = *v;
+  if (auto v = r.Integer("priority", -1000000, 1000000)) out->priority = static_cast<int32_t>(*v);
+  return !r.failed();
+}
+
+}  // namespace fathom::server

@@ -1,0 +1,61 @@
+// The OpenAI / DeepSeek request schema: parsing and validation of /v1/chat/completions and /v1/completions bodies
+// into engine-ready values, with an error that names the offending field.
+//
+//   ParsedRequest req;
+//   ApiError err;
+//   if (!ParseRequest(body, Endpoint::kChat, limits, &req, &err)) return Reply(err);   // 400 naming err.param
+//   // req.messages (content flattened to strings), req.sampling, req.stream, req.include_usage, ...
+//
+// Unknown fields are ignored, as OpenAI does; fields that would change the output in ways fathom cannot honour
+// (tools without a parser, structured output, echo, suffix, best_of > n, image parts) are refused with a 400.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "server/api_error.h"
+
+namespace fathom::server {
+
+enum class Endpoint { kChat, kCompletion };
+
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int32_t max_n = 16;
+  int32_t max_stop_strings = 16;
+  int32_t max_top_logprobs = 20;
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string model;  // empty: the served model
+  // Chat: the messages with every content flattened to a string (or null), in request key order.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;
+  // Completion: text, or token ids.
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+
+  SamplingParams sampling;
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;
+  int32_t priority = 0;
+  std::string user;
+  // Logprobs as asked: chat `logprobs: true` + `top_logprobs`; completions `logprobs: N`.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+};
+
+// Returns false and fills `error` (400 with `param`) when the body is not a valid request.
+bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits& limits, ParsedRequest* out,
+                  ApiError* error);
+
+}  // namespace fathom::server

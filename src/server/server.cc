@@ -1,0 +1,914 @@
+#include "server/server.h"
+
+#include <fmt/format.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "core/logging.h"
+#include "obs/trace.h"
+#include "server/api.h"
+
+namespace fathom::server {
+
+namespace asio = boost::asio;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double EpochSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Model text may hold broken UTF-8 (a token that ends mid-character); JSON output replaces it with U+FFFD.
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// X-Request-Id from the client is kept when it is short and plain; otherwise the server's id is used.
+bool PlainId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' && c != ':') return false;
+  }
+  return true;
+}
+
+std::string TimingHeader(const RequestRecord& r) {
+  return fmt::format(
+      "queue={:.6f};tokenize={:.6f};prefill={:.6f};decode={:.6f};detokenize={:.6f};serialize={:.6f};"
+      "total={:.6f}",
+      r.queue, r.tokenize, r.prefill, r.decode, r.detokenize, r.serialize, r.total);
+}
+
+Json TimingJson(const RequestRecord& r) {
+  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };  // microseconds are plenty
+  return {{"queue", us(r.queue)},   {"tokenize", us(r.tokenize)},     {"prefill", us(r.prefill)},
+          {"decode", us(r.decode)}, {"detokenize", us(r.detokenize)}, {"serialize", us(r.serialize)},
+          {"total", us(r.total)}};
+}
+
+Json TokenBytes(const std::string& s) {
+  Json bytes = Json::array();
+  for (unsigned char c : s) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+std::string_view FinishName(const RequestOutput& out) {
+  // A request cut short by the engine's error path reports "error"; OpenAI clients know stop/length/abort too.
+  return FinishReasonName(out.finish_reason);
+}
+
+}  // namespace
+
+StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* automatic) {
+  *automatic = false;
+  if (name == "deepseek-r1" || name == "deepseek_r1") return ReasoningParser::kDeepSeekR1;
+  if (name == "none" || name.empty()) return ReasoningParser::kNone;
+  if (name == "auto") {
+    *automatic = true;
+    return ReasoningParser::kNone;
+  }
+  return InvalidArgumentError(fmt::format("--reasoning-parser: '{}' is not one of auto, deepseek-r1, none", name));
+}
+
+bool TemplateOpensThink(const ChatTemplate& chat) {
+  ChatRequest probe;
+  probe.messages.push_back({{"role", "user"}, {"content", "hi"}});
+  probe.add_generation_prompt = true;
+  auto rendered = chat.Render(probe);
+  if (!rendered.ok()) return false;
+  std::string_view text = *rendered;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  return text.size() >= 7 && text.substr(text.size() - 7) == "<think>";
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Every byte of the longer string is visited whatever matches, so the time tells only the lengths.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+// One generation request from submission to the last byte: drains its RequestStream on its own strand, formats
+// chunks or the final body, keeps the resumable event log, and reports the record.
+class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job> {
+ public:
+  struct Sample {
+    std::string content;
+    std::string reasoning;
+    ReasoningSplitter split;
+    int32_t tokens = 0;
+    int32_t reasoning_tokens = 0;
+    bool sent_role = false;
+    bool finished = false;
+    RequestOutput final_out;
+    Json logprobs = Json::array();  // chat: content entries; completion: collected below
+    std::vector<std::string> lp_tokens;
+    std::vector<double> lp_values;
+    std::vector<Json> lp_top;
+  };
+
+  Job(OpenAiServer* server, std::shared_ptr<HttpExchange> ex, ParsedRequest req, RequestRecord record,
+      std::string response_id, std::string engine_id, Clock::time_point arrival)
+      : server_(server),
+        ex_(std::move(ex)),
+        req_(std::move(req)),
+        record_(std::move(record)),
+        response_id_(std::move(response_id)),
+        engine_id_(std::move(engine_id)),
+        arrival_(arrival),
+        strand_(asio::make_strand(server->http_.io_context())),
+        samples_(static_cast<size_t>(req_.sampling.n)) {
+    reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat;
+    created_ = static_cast<int64_t>(EpochSeconds());
+  }
+
+  void set_trace_flow(uint64_t flow) { flow_ = flow; }
+
+  void Begin(std::shared_ptr<RequestStream> stream) {
+    stream_ = std::move(stream);
+    self_ = shared_from_this();  // the job owns itself until its response is complete
+    if (req_.stream) log_ = server_->logs_.Create(response_id_);
+    std::weak_ptr<Job> weak = shared_from_this();
+    ex_->OnClose([weak] {
+      if (auto self = weak.lock()) self->ClientGone();
+    });
+    stream_->SetListener([weak] {
+      auto self = weak.lock();
+      if (!self || self->drain_scheduled_.exchange(true)) return;
+      asio::post(self->strand_, [self] {
+        self->drain_scheduled_.store(false);
+        self->Drain();
+      });
+    });
+  }
+
+ private:
+  void ClientGone() {
+    client_gone_.store(true);
+    if (server_->model_.engine != nullptr) (void)server_->model_.engine->Abort(engine_id_, "the client disconnected");
+  }
+
+  void Drain() {
+    while (!done_) {
+      std::optional<RequestOutput> out = stream_->TryNext();
+      if (!out) break;
+      Process(std::move(*out));
+    }
+  }
+
+  HttpHeaders ResponseHeaders() const {
+    return {{"X-Request-Id", record_.request_id}, {"X-Server-Timestamp", fmt::format("{:.6f}", EpochSeconds())}};
+  }
+
+  Json ChunkBase() const {
+    const bool chat = req_.endpoint == Endpoint::kChat;
+    return {{"id", response_id_},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", record_.model}};
+  }
+
+  void Emit(const Json& chunk) {
+    const auto t0 = Clock::now();
+    const uint64_t seq = ++seq_;
+    std::string event = SseEvent(seq, Dump(chunk));
+    record_.serialize += SecondsSince(t0);
+    if (log_) log_->Append(seq, event);
+    ex_->SendEvent(std::move(event));
+  }
+
+  void EmitDone() {
+    const uint64_t seq = ++seq_;
+    std::string event = SseEvent(seq, "[DONE]");
+    if (log_) log_->Append(seq, event);
+    ex_->SendEvent(std::move(event));
+  }
+
+  void AddLogprobs(Sample& s, const RequestOutput& out) {
+    const Tokenizer* tok = server_->model_.tokenizer;
+    auto piece = [&](int32_t id) {
+      return tok != nullptr ? tok->Decode(std::span<const int32_t>(&id, 1)) : std::to_string(id);
+    };
+    for (const SampleResult& r : out.logprobs) {
+      const std::string token = piece(r.token);
+      if (req_.endpoint == Endpoint::kChat) {
+        Json top = Json::array();
+        for (const TokenLogprob& t : r.top) {
+          const std::string tt = piece(t.token);
+          top.push_back({{"token", tt}, {"logprob", t.logprob}, {"bytes", TokenBytes(tt)}});
+        }
+        s.logprobs.push_back(
+            {{"token", token}, {"logprob", r.logprob}, {"bytes", TokenBytes(token)}, {"top_logprobs", top}});
+      } else {
+        s.lp_tokens.push_back(token);
+        s.lp_values.push_back(r.logprob);
+        Json top = Json::object();
+        for (const TokenLogprob& t : r.top) top[piece(t.token)] = t.logprob;
+        s.lp_top.push_back(top);
+      }
+    }
+  }
+
+  // The logprobs object of a chunk (entries new in `out`) or of the final body (all entries).
+  Json ChunkLogprobs(const Sample& s, size_t first_new) const {
+    if (!req_.logprobs) return nullptr;
+    if (req_.endpoint == Endpoint::kChat) {
+      Json content = Json::array();
+      for (size_t i = first_new; i < s.logprobs.size(); ++i) content.push_back(s.logprobs[i]);
+      return {{"content", content}};
+    }
+    Json lp = {{"tokens", Json::array()},
+               {"token_logprobs", Json::array()},
+               {"top_logprobs", Json::array()},
+               {"text_offset", Json::array()}};
+    for (size_t i = first_new; i < s.lp_tokens.size(); ++i) {
+      lp["tokens"].push_back(s.lp_tokens[i]);
+      lp["token_logprobs"].push_back(s.lp_values[i]);
+      lp["top_logprobs"].push_back(s.lp_top[i]);
+      lp["text_offset"].push_back(0);
+    }
+    return lp;
+  }
+
+  void Process(RequestOutput out) {
+    Sample& s = samples_.at(static_cast<size_t>(out.index));
+    // Failed before anything was produced (queue timeout, model error): a proper HTTP error, if nothing was sent.
+    if (!started_ && out.finished && !out.status.ok() && out.token_ids.empty() &&
+        out.finish_reason != FinishReason::kAbort) {
+      done_ = true;
+      const bool timeout = out.status.code() == StatusCode::kDeadlineExceeded;
+      ApiError err = ApiErrorFromStatus(out.status, "", timeout ? "queue_timeout" : "");
+      if (err.http_status == 500) FATHOM_LOG_ERROR("request {}: {}", record_.request_id, out.status.ToString());
+      record_.error_code = timeout ? "queue_timeout" : err.code;
+      if (out.status.code() == StatusCode::kResourceExhausted) record_.error_code = "resource_exhausted";
+      record_.finish_reason = std::string(FinishName(out));
+      if (log_) {
+        log_->Finish();
+        server_->logs_.MarkFinished(response_id_);
+      }
+      server_->active_->fetch_sub(1);
+      server_->ReplyError(
+          ex_, err, record_,
+          timeout ? HttpHeaders{{"Retry-After", std::to_string(server_->options_.retry_after_s)}} : HttpHeaders{});
+      self_.reset();
+      return;
+    }
+    if (req_.stream && !started_ && !client_gone_.load()) ex_->StartStream(ResponseHeaders());
+    started_ = true;
+
+    const auto now = Clock::now();
+    if (!out.token_ids.empty()) {
+      if (out.index == 0) {
+        if (s.tokens == 0) {
+          record_.ttft = std::chrono::duration<double>(now - arrival_).count();
+        } else {
+          record_.inter_token_gaps.push_back(std::chrono::duration<double>(now - last_token_).count());
+        }
+        last_token_ = now;
+      }
+      if (reasoning_ && s.split.in_reasoning()) s.reasoning_tokens += static_cast<int32_t>(out.token_ids.size());
+      s.tokens += static_cast<int32_t>(out.token_ids.size());
+    }
+    const size_t first_new_lp = req_.endpoint == Endpoint::kChat ? s.logprobs.size() : s.lp_tokens.size();
+    if (req_.logprobs) AddLogprobs(s, out);
+
+    ReasoningDelta delta;
+    if (reasoning_) {
+      delta = s.split.Push(out.text);
+      if (out.finished) {
+        ReasoningDelta tail = s.split.Finish();
+        delta.reasoning += tail.reasoning;
+        delta.content += tail.content;
+      }
+    } else {
+      delta.content = std::move(out.text);
+    }
+    s.content += delta.content;
+    s.reasoning += delta.reasoning;
+    if (out.finished) {
+      s.finished = true;
+      s.final_out = out;
+      ++num_finished_;
+    }
+
+    if (req_.stream) {
+      const auto t0 = Clock::now();
+      const bool has_text = !delta.content.empty() || !delta.reasoning.empty();
+      const bool has_lp =
+          req_.logprobs && (req_.endpoint == Endpoint::kChat ? s.logprobs.size() : s.lp_tokens.size()) > first_new_lp;
+      if (has_text || has_lp || out.finished || !s.sent_role) {
+        Json chunk = ChunkBase();
+        Json choice = {{"index", out.index}};
+        if (req_.endpoint == Endpoint::kChat) {
+          Json d = Json::object();
+          if (!s.sent_role) {
+            d["role"] = "assistant";
+            s.sent_role = true;
+            if (!has_text) d["content"] = "";
+          }
+          if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+          if (!delta.content.empty()) d["content"] = delta.content;
+          choice["delta"] = d;
+        } else {
+          choice["text"] = delta.content;
+        }
+        choice["logprobs"] = has_lp ? ChunkLogprobs(s, first_new_lp) : Json(nullptr);
+        choice["finish_reason"] = out.finished ? Json(std::string(FinishName(out))) : Json(nullptr);
+        if (out.finished && !out.stop_reason.empty()) choice["stop_reason"] = out.stop_reason;
+        chunk["choices"] = Json::array({choice});
+        record_.serialize += SecondsSince(t0);
+        Emit(chunk);
+      }
+    }
+    if (num_finished_ == static_cast<int32_t>(samples_.size())) Complete();
+  }
+
+  void FillRecord() {
+    const RequestOutput& f0 = samples_[0].final_out;
+    record_.prompt_tokens = f0.prompt_tokens;
+    record_.cached_tokens = f0.prompt_cache_hit_tokens;
+    record_.finish_reason = std::string(FinishName(f0));
+    record_.queue = f0.timings.queue_wait;
+    record_.prefill = f0.timings.prefill;
+    record_.decode = f0.timings.decode;
+    record_.completion_tokens = 0;
+    record_.reasoning_tokens = 0;
+    record_.detokenize = 0;
+    for (const Sample& s : samples_) {
+      record_.completion_tokens += s.tokens;
+      record_.reasoning_tokens += s.reasoning_tokens;
+      record_.detokenize += s.final_out.timings.detokenize;
+    }
+    record_.total = SecondsSince(arrival_);
+  }
+
+  Json Usage() const {
+    Json usage = {{"prompt_tokens", record_.prompt_tokens},
+                  {"completion_tokens", record_.completion_tokens},
+                  {"total_tokens", record_.prompt_tokens + record_.completion_tokens},
+                  {"prompt_cache_hit_tokens", record_.cached_tokens},
+                  {"prompt_cache_miss_tokens", record_.prompt_tokens - record_.cached_tokens},
+                  {"prompt_tokens_details", {{"cached_tokens", record_.cached_tokens}}},
+                  {"completion_tokens_details", {{"reasoning_tokens", record_.reasoning_tokens}}}};
+    return usage;
+  }
+
+  void Complete() {
+    done_ = true;
+    FillRecord();
+    obs::TraceSpan span("respond", "server");
+    if (flow_ != 0 && span.active()) {
+      span.FlowIn("request", flow_);
+      const int64_t now_ns = obs::TraceNowNs();
+      obs::TraceComplete("request", "request", now_ns - static_cast<int64_t>(record_.total * 1e9),
+                         static_cast<int64_t>(record_.total * 1e9),
+                         {{"request_id", record_.request_id},
+                          {"prompt_tokens", record_.prompt_tokens},
+                          {"completion_tokens", record_.completion_tokens},
+                          {"queue_s", record_.queue},
+                          {"ttft_s", record_.ttft}});
+    }
+    bool failed = false;
+    Status failure;
+    for (const Sample& s : samples_) {
+      if (s.final_out.finish_reason == FinishReason::kError) {
+        failed = true;
+        failure = s.final_out.status;
+      }
+    }
+    if (client_gone_.load()) {
+      record_.http_status = 499;
+    } else if (req_.stream) {
+      if (failed) FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
+      const auto t0 = Clock::now();
+      if (req_.include_usage) {
+        Json chunk = ChunkBase();
+        chunk["choices"] = Json::array();
+        record_.total = SecondsSince(arrival_);
+        chunk["usage"] = Usage();
+        chunk["fathom_timing"] = TimingJson(record_);
+        record_.serialize += SecondsSince(t0);
+        Emit(chunk);
+      }
+      EmitDone();
+      ex_->EndStream();
+      record_.http_status = 200;
+    } else if (failed) {
+      if (failure.code() == StatusCode::kResourceExhausted) record_.error_code = "resource_exhausted";
+      FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
+      server_->active_->fetch_sub(1);
+      server_->ReplyError(ex_, ApiErrorFromStatus(InternalError(failure.message())), record_);
+      if (log_) log_->Finish();
+      self_.reset();
+      return;
+    } else {
+      const auto t0 = Clock::now();
+      Json body = {{"id", response_id_},
+                   {"object", req_.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+                   {"created", created_},
+                   {"model", record_.model}};
+      Json choices = Json::array();
+      for (size_t i = 0; i < samples_.size(); ++i) {
+        const Sample& s = samples_[i];
+        Json choice = {{"index", i}};
+        if (req_.endpoint == Endpoint::kChat) {
+          Json message = {{"role", "assistant"}, {"content", s.content}};
+          if (reasoning_) message["reasoning_content"] = s.reasoning;
+          choice["message"] = message;
+        } else {
+          choice["text"] = s.content;
+        }
+        choice["logprobs"] = ChunkLogprobs(s, 0);
+        choice["finish_reason"] = std::string(FinishName(s.final_out));
+        if (!s.final_out.stop_reason.empty()) choice["stop_reason"] = s.final_out.stop_reason;
+        choices.push_back(choice);
+      }
+      body["choices"] = choices;
+      body["usage"] = Usage();
+      std::string text = Dump(body);
+      record_.serialize += SecondsSince(t0);
+      record_.total = SecondsSince(arrival_);
+      HttpHeaders headers = ResponseHeaders();
+      headers.emplace_back("x-fathom-timing", TimingHeader(record_));
+      ex_->Reply(200, "application/json", std::move(text), std::move(headers));
+      record_.http_status = 200;
+    }
+    if (log_) {
+      log_->Finish();
+      server_->logs_.MarkFinished(response_id_);
+    }
+    record_.total = SecondsSince(arrival_);
+    server_->active_->fetch_sub(1);
+    server_->Finish(record_);
+    self_.reset();
+  }
+
+  OpenAiServer* server_;
+  std::shared_ptr<HttpExchange> ex_;
+  ParsedRequest req_;
+  RequestRecord record_;
+  std::string response_id_;
+  std::string engine_id_;
+  Clock::time_point arrival_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  std::vector<Sample> samples_;
+  std::shared_ptr<RequestStream> stream_;
+  std::shared_ptr<StreamLog> log_;
+  std::shared_ptr<Job> self_;
+  std::atomic<bool> drain_scheduled_{false};
+  std::atomic<bool> client_gone_{false};
+  bool reasoning_ = false;
+  bool started_ = false;
+  bool done_ = false;
+  int32_t num_finished_ = 0;
+  uint64_t seq_ = 0;
+  int64_t created_ = 0;
+  uint64_t flow_ = 0;
+  Clock::time_point last_token_;
+};
+
+OpenAiServer::OpenAiServer(ServerOptions options)
+    : options_(std::move(options)),
+      http_(options_.http, [this](std::shared_ptr<HttpExchange> ex) { Handle(ex); }),
+      logs_(options_.stream_logs) {
+  std::random_device rd;
+  id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  created_ = static_cast<int64_t>(EpochSeconds());
+  if (options_.access_log == "-") {
+    access_log_ = stdout;
+  } else if (!options_.access_log.empty()) {
+    access_log_ = std::fopen(options_.access_log.c_str(), "a");
+    own_access_log_ = access_log_ != nullptr;
+    if (access_log_ == nullptr) FATHOM_LOG_WARN("cannot open the access log '{}'", options_.access_log);
+  }
+}
+
+OpenAiServer::~OpenAiServer() {
+  Stop();
+  if (own_access_log_) std::fclose(access_log_);
+}
+
+Status OpenAiServer::Start() {
+  return http_.Start();
+}
+
+void OpenAiServer::Attach(ServedModel model) {
+  model_ = model;
+  if (options_.reasoning_auto && model_.chat != nullptr && TemplateOpensThink(*model_.chat)) {
+    options_.reasoning = ReasoningParser::kDeepSeekR1;
+    FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
+  }
+  ready_.store(true);
+}
+
+void OpenAiServer::BeginDrain() {
+  draining_.store(true);
+  http_.StopAccepting();
+}
+
+bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  while (active_->load() > 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+void OpenAiServer::Stop() {
+  http_.Stop();
+}
+
+RequestRecord OpenAiServer::NewRecord(const HttpExchange& ex) {
+  RequestRecord record;
+  const std::string given = ex.header("X-Request-Id");
+  record.request_id = PlainId(given) ? given : NewId("req-");
+  record.method = std::string(ex.method());
+  record.path = std::string(ex.path());
+  record.client = ex.client();
+  return record;
+}
+
+std::string OpenAiServer::NewId(std::string_view prefix) {
+  const uint64_t n = next_id_.fetch_add(1);
+  return fmt::format("{}{:08x}{:06x}", prefix, static_cast<uint32_t>(id_salt_ ^ (id_salt_ >> 32)), n);
+}
+
+bool OpenAiServer::Authorized(const HttpExchange& ex) const {
+  if (options_.api_key.empty()) return true;
+  std::string auth = ex.header("Authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.size() < kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return false;
+  return ConstantTimeEquals(std::string_view(auth).substr(kBearer.size()), options_.api_key);
+}
+
+void OpenAiServer::ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
+                              HttpHeaders headers) {
+  record.http_status = error.http_status;
+  if (record.error_code.empty()) record.error_code = error.code;
+  headers.emplace_back("X-Request-Id", record.request_id);
+  if (error.http_status != 499)
+    ex->Reply(error.http_status, "application/json", error.BodyString(), std::move(headers));
+  Finish(record);
+}
+
+void OpenAiServer::Finish(const RequestRecord& r) {
+  if (record_hook_) record_hook_(r);
+  if (access_log_ == nullptr) return;
+  Json line = {{"ts", fmt::format("{:.3f}", EpochSeconds())},
+               {"request_id", r.request_id},
+               {"client", r.client},
+               {"method", r.method},
+               {"path", r.path},
+               {"status", r.http_status}};
+  if (!r.error_code.empty()) line["error"] = r.error_code;
+  if (!r.model.empty()) line["model"] = r.model;
+  if (!r.user.empty()) line["user"] = r.user;
+  if (!r.finish_reason.empty() || r.prompt_tokens > 0) {
+    line["stream"] = r.stream;
+    line["finish_reason"] = r.finish_reason;
+    line["prompt_tokens"] = r.prompt_tokens;
+    line["completion_tokens"] = r.completion_tokens;
+    line["cached_tokens"] = r.cached_tokens;
+    line["timing"] = TimingJson(r);
+  }
+  const std::string text = Dump(line) + "\n";
+  std::lock_guard<std::mutex> lock(log_mu_);
+  std::fwrite(text.data(), 1, text.size(), access_log_);
+  std::fflush(access_log_);
+}
+
+void OpenAiServer::Handle(const std::shared_ptr<HttpExchange>& ex) {
+  const std::string path(ex->path());
+  const std::string_view method = ex->method();
+  auto json_reply = [&](int status, const Json& body) { ex->Reply(status, "application/json", Dump(body)); };
+  if (path == "/health") {
+    if (!ready_.load()) return json_reply(503, {{"status", "loading"}});
+    if (draining_.load()) return json_reply(503, {{"status", "draining"}});
+    return json_reply(200, {{"status", "ok"}});
+  }
+  if (path == "/metrics") {
+    if (metrics_handler_) return ex->Reply(200, "text/plain; version=0.0.4; charset=utf-8", metrics_handler_());
+  }
+  if (extra_route_ && extra_route_(ex)) return;
+
+  RequestRecord record = NewRecord(*ex);
+
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static const Route kRoutes[] = {{"/v1/chat/completions", "POST"},
+                                  {"/v1/completions", "POST"},
+                                  {"/v1/models", "GET"},
+                                  {"/tokenize", "POST"},
+                                  {"/detokenize", "POST"}};
+  bool known = false;
+  bool method_ok = false;
+  for (const Route& r : kRoutes) {
+    if (path == r.path) {
+      known = true;
+      method_ok = method == r.method;
+    }
+  }
+  const bool resume = path.rfind("/v1/streams/", 0) == 0;
+  if (path == "/debug/trace") {
+    known = true;
+    method_ok = method == "POST";
+  }
+  if (resume) {
+    known = true;
+    method_ok = method == "GET";
+  }
+  if (!known) {
+    return ReplyError(
+        ex, ApiErrorFromStatus(NotFoundError(fmt::format("no route {} {}", method, path)), "", "not_found"), record);
+  }
+  if (!method_ok) {
+    ApiError e = ApiErrorFromStatus(InvalidArgumentError(fmt::format("{} does not accept {}", path, method)), "",
+                                    "method_not_allowed");
+    e.http_status = 405;
+    return ReplyError(ex, e, record);
+  }
+  if (!Authorized(*ex)) {
+    record.error_code = "unauthorized";
+    return ReplyError(
+        ex, ApiErrorFromStatus(UnauthenticatedError("invalid or missing API key (Authorization: Bearer ...)")), record,
+        {{"WWW-Authenticate", "Bearer"}});
+  }
+  if (!ready_.load()) {
+    return ReplyError(ex, ApiErrorFromStatus(UnavailableError("the model is still loading"), "", "loading"), record,
+                      {{"Retry-After", "5"}});
+  }
+  if (path == "/v1/models") return HandleModels(ex);
+  if (path == "/tokenize") return HandleTokenize(ex);
+  if (path == "/detokenize") return HandleDetokenize(ex);
+  if (resume) return HandleResume(ex, path.substr(std::string_view("/v1/streams/").size()));
+  if (path == "/debug/trace") return HandleTrace(ex, record);
+  if (draining_.load()) {
+    return ReplyError(ex, ApiErrorFromStatus(UnavailableError("the server is shutting down"), "", "draining"), record);
+  }
+  HandleGenerate(ex, path == "/v1/chat/completions");
+}
+
+void OpenAiServer::HandleModels(const std::shared_ptr<HttpExchange>& ex) {
+  const Json model = {{"id", options_.served_model_name},
+                      {"object", "model"},
+                      {"created", created_},
+                      {"owned_by", "fathom"},
+                      {"max_model_len", model_.engine->config().scheduler.max_model_len}};
+  ex->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
+}
+
+void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
+  RequestRecord record = NewRecord(*ex);
+  Json body = Json::parse(ex->request().body(), nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return ReplyError(
+        ex, ApiErrorFromStatus(InvalidArgumentError("the body must be a JSON object"), "", "invalid_json"), record);
+  }
+  std::vector<int32_t> ids;
+  const bool add_special = body.value("add_special_tokens", true);
+  if (body.contains("messages")) {
+    ParsedRequest req;
+    ApiError err;
+    if (!ParseRequest(ex->request().body(), Endpoint::kChat, {.vocab_size = model_.vocab_size}, &req, &err)) {
+      return ReplyError(ex, err, record);
+    }
+    if (model_.chat == nullptr) {
+      return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template")), record);
+    }
+    ChatRequest cr;
+    cr.messages = req.messages;
+    cr.extra = req.chat_template_kwargs;
+    cr.add_generation_prompt = req.add_generation_prompt;
+    auto text = model_.chat->Render(cr);
+    if (!text.ok()) return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
+    ids = model_.chat->EncodePrompt(*text);
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    ids = model_.tokenizer->Encode(body["prompt"].get<std::string>(), {.add_special_tokens = add_special});
+  } else {
+    return ReplyError(
+        ex, ApiErrorFromStatus(InvalidArgumentError("'prompt' (a string) or 'messages' is required"), "prompt"),
+        record);
+  }
+  ex->Reply(200, "application/json",
+            Dump({{"tokens", ids},
+                  {"count", ids.size()},
+                  {"max_model_len", model_.engine->config().scheduler.max_model_len}}));
+}
+
+void OpenAiServer::HandleDetokenize(const std::shared_ptr<HttpExchange>& ex) {
+  RequestRecord record = NewRecord(*ex);
+  Json body = Json::parse(ex->request().body(), nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    return ReplyError(
+        ex, ApiErrorFromStatus(InvalidArgumentError("'tokens' (an array of token ids) is required"), "tokens"), record);
+  }
+  std::vector<int32_t> ids;
+  for (const Json& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model_.vocab_size) {
+      return ReplyError(
+          ex,
+          ApiErrorFromStatus(InvalidArgumentError(fmt::format("'tokens' must hold ids in [0, {})", model_.vocab_size)),
+                             "tokens"),
+          record);
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  ex->Reply(200, "application/json", Dump({{"prompt", model_.tokenizer->Decode(ids, /*skip_special_tokens=*/false)}}));
+}
+
+void OpenAiServer::HandleTrace(const std::shared_ptr<HttpExchange>& ex, RequestRecord record) {
+  double seconds = 5;
+  const std::string_view target = ex->target();
+  if (const size_t q = target.find("seconds="); q != std::string_view::npos) {
+    try {
+      seconds = std::stod(std::string(target.substr(q + 8)));
+    } catch (...) {
+      seconds = -1;
+    }
+  }
+  if (!(seconds > 0 && seconds <= 60)) {
+    return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("seconds must be in (0, 60]"), "seconds"), record);
+  }
+  if (Status s = obs::StartTracing(); !s.ok()) {
+    ApiError e = ApiErrorFromStatus(s, "", "tracing_active");
+    e.http_status = 409;
+    return ReplyError(ex, e, record);
+  }
+  auto timer = std::make_shared<asio::steady_timer>(
+      http_.io_context(), std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  timer->async_wait([ex, timer](const boost::system::error_code&) {
+    ex->Reply(200, "application/json", obs::StopTracing(),
+              {{"Content-Disposition", "attachment; filename=\"fathom-trace.json\""}});
+  });
+  record.http_status = 200;
+  Finish(record);
+}
+
+void OpenAiServer::HandleResume(const std::shared_ptr<HttpExchange>& ex, const std::string& response_id) {
+  RequestRecord record = NewRecord(*ex);
+  std::shared_ptr<StreamLog> log = logs_.Find(response_id);
+  if (log == nullptr) {
+    return ReplyError(ex,
+                      ApiErrorFromStatus(
+                          NotFoundError(fmt::format(
+                              "no stream '{}': it never existed, or its retention window (--stream-retention-s) passed",
+                              response_id)),
+                          "", "stream_not_found"),
+                      record);
+  }
+  uint64_t after = 0;
+  const std::string last = ex->header("Last-Event-ID");
+  if (!last.empty()) {
+    try {
+      size_t pos = 0;
+      after = std::stoull(last, &pos);
+      if (pos != last.size()) throw std::invalid_argument(last);
+    } catch (...) {
+      return ReplyError(
+          ex,
+          ApiErrorFromStatus(InvalidArgumentError("Last-Event-ID must be an event id (an integer)"), "Last-Event-ID"),
+          record);
+    }
+  }
+  ex->StartStream({{"X-Request-Id", record.request_id}, {"X-Server-Timestamp", fmt::format("{:.6f}", EpochSeconds())}});
+  std::weak_ptr<HttpExchange> weak = ex;
+  log->Subscribe(after, [weak](const std::string& event, bool done) {
+    auto e = weak.lock();
+    if (!e) return;
+    if (done) {
+      e->EndStream();
+    } else {
+      e->SendEvent(event);
+    }
+  });
+  record.http_status = 200;
+  Finish(record);
+}
+
+void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool chat) {
+  const Clock::time_point arrival = Clock::now();
+  obs::TraceSpan span("parse+tokenize+submit", "server");
+  const uint64_t flow = span.active() ? obs::NewTraceFlowId() : 0;
+  if (flow != 0) span.FlowOut("request", flow);
+  RequestRecord record = NewRecord(*ex);
+  record.model = options_.served_model_name;
+
+  ParsedRequest req;
+  ApiError err;
+  const RequestLimits limits{.vocab_size = model_.vocab_size};
+  if (!ParseRequest(ex->request().body(), chat ? Endpoint::kChat : Endpoint::kCompletion, limits, &req, &err)) {
+    record.error_code = "invalid";
+    return ReplyError(ex, err, record);
+  }
+  record.stream = req.stream;
+  record.user = req.user;
+  if (!req.model.empty() && req.model != options_.served_model_name) {
+    record.error_code = "model_not_found";
+    return ReplyError(
+        ex,
+        ApiErrorFromStatus(NotFoundError(fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                                     req.model, options_.served_model_name)),
+                           "model", "model_not_found"),
+        record);
+  }
+
+  // Prompt tokens.
+  const auto t_tok = Clock::now();
+  std::vector<int32_t> prompt;
+  if (chat) {
+    if (model_.chat == nullptr) {
+      record.error_code = "invalid";
+      return ReplyError(
+          ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template; use /v1/completions")), record);
+    }
+    ChatRequest cr;
+    cr.messages = req.messages;
+    cr.extra = req.chat_template_kwargs;
+    cr.add_generation_prompt = req.add_generation_prompt;
+    auto text = model_.chat->Render(cr);
+    if (!text.ok()) {
+      record.error_code = "invalid";
+      return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
+    }
+    prompt = model_.chat->EncodePrompt(*text);
+  } else if (req.prompt_is_ids) {
+    prompt = std::move(req.prompt_ids);
+  } else {
+    prompt = model_.tokenizer->Encode(req.prompt_text, {.add_special_tokens = true});
+  }
+  record.tokenize = SecondsSince(t_tok);
+  const char* prompt_param = chat ? "messages" : "prompt";
+  if (prompt.empty()) {
+    record.error_code = "invalid";
+    return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("the prompt encodes to no tokens"), prompt_param),
+                      record);
+  }
+  const int64_t max_len = model_.engine->config().scheduler.max_model_len;
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len >= max_len || (req.max_tokens_given && prompt_len + req.sampling.max_tokens > max_len)) {
+    record.error_code = "too_long";
+    record.prompt_tokens = static_cast<int32_t>(prompt_len);
+    const std::string message =
+        req.max_tokens_given
+            ? fmt::format(
+                  "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the "
+                  "prompt + {} for the completion); shorten the prompt or lower max_tokens",
+                  max_len, prompt_len + req.sampling.max_tokens, prompt_len, req.sampling.max_tokens)
+            : fmt::format("this model's maximum context length is {} tokens, but the prompt has {} tokens", max_len,
+                          prompt_len);
+    return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError(message), prompt_param, "context_length_exceeded"),
+                      record);
+  }
+
+  const std::string engine_id = NewId("e-");
+  const std::string response_id = NewId(chat ? "chatcmpl-" : "cmpl-");
+  EngineRequest er;
+  er.id = engine_id;
+  er.prompt = std::move(prompt);
+  er.sampling = req.sampling;
+  er.priority = req.priority;
+  er.arrival = arrival;
+  er.trace_flow_id = flow;
+  span.Arg("request_id", record.request_id).Arg("prompt_tokens", er.prompt.size());
+  auto job = std::make_shared<Job>(this, ex, std::move(req), record, response_id, engine_id, arrival);
+  job->set_trace_flow(flow);
+  active_->fetch_add(1);
+  auto stream = model_.engine->Submit(std::move(er));
+  if (!stream.ok()) {
+    active_->fetch_sub(1);
+    const Status& st = stream.status();
+    HttpHeaders headers;
+    if (st.code() == StatusCode::kResourceExhausted) {
+      record.error_code = "queue_full";
+      headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
+    } else if (st.code() == StatusCode::kInvalidArgument) {
+      record.error_code = "invalid";
+    }
+    return ReplyError(ex, ApiErrorFromStatus(st), record, std::move(headers));
+  }
+  job->Begin(std::move(stream).value());
+}
+
+}  // namespace fathom::server

@@ -1,0 +1,146 @@
+// The OpenAI- and DeepSeek-compatible API over the engine: routes, validation, auth, chat templates, SSE streaming
+// with resumable event logs, reasoning_content, usage and timing, overload answers, disconnect aborts and draining.
+//
+//   OpenAiServer server(options);                    // listens at once; /health says 503 "loading"
+//   FATHOM_RETURN_IF_ERROR(server.Start());
+//   ... load the model, build the engine ...
+//   server.Attach({.engine = &engine, .tokenizer = tok.get(), .chat = chat.get(), .vocab_size = V});  // 200 "ok"
+//   server.BeginDrain();                             // stop accepting; /health 503 "draining"
+//   server.WaitIdle(grace);  engine.Shutdown(kAbort);  server.WaitIdle(2s);  server.Stop();
+//
+// Threads: the HTTP I/O threads parse, validate, render templates, tokenize and serialize; the engine thread (owned
+// by Engine) does everything that touches model state. Outputs come back through each request's RequestStream,
+// whose listener posts a drain onto the request's strand.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "server/http_server.h"
+#include "server/reasoning.h"
+#include "server/stream_log.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom::server {
+
+struct ServerOptions {
+  HttpOptions http;
+  std::string served_model_name = "fathom";
+  std::string api_key;  // empty: no authentication
+  // kNone, or kDeepSeekR1; `reasoning_auto` picks R1 when the chat template opens a <think> block.
+  ReasoningParser reasoning = ReasoningParser::kNone;
+  bool reasoning_auto = true;
+  StreamLogOptions stream_logs;
+  std::string access_log = "-";  // a file, "-" for stdout, or "" for none
+  int retry_after_s = 1;         // Retry-After of 429 answers
+};
+
+// What the server needs of the loaded model. Pointers outlive the server's use of them (until Stop()).
+struct ServedModel {
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat = nullptr;  // null: chat completions answer 400
+  int64_t vocab_size = 0;
+};
+
+// Per-request observations, for the metrics and the access log.
+struct RequestRecord {
+  std::string request_id;
+  std::string method;
+  std::string path;
+  std::string client;
+  std::string model;
+  std::string user;
+  int http_status = 0;
+  std::string error_code;     // set when rejected: queue_full, queue_timeout, too_long, invalid, unauthorized, ...
+  std::string finish_reason;  // of the first sample
+  bool stream = false;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+  int32_t reasoning_tokens = 0;
+  // Seconds.
+  double queue = 0, tokenize = 0, prefill = 0, decode = 0, detokenize = 0, serialize = 0, total = 0, ttft = 0;
+  std::vector<double> inter_token_gaps;  // between token-bearing outputs, sample 0
+};
+
+class OpenAiServer {
+ public:
+  explicit OpenAiServer(ServerOptions options);
+  ~OpenAiServer();
+  OpenAiServer(const OpenAiServer&) = delete;
+  OpenAiServer& operator=(const OpenAiServer&) = delete;
+
+  Status Start();
+  uint16_t port() const { return http_.port(); }
+  void Attach(ServedModel model);
+  // Called for every finished request (any I/O thread).
+  void SetRecordHook(std::function<void(const RequestRecord&)> hook) { record_hook_ = std::move(hook); }
+  // The body of GET /metrics (Prometheus text format); unset: 404.
+  void SetMetricsHandler(std::function<std::string()> handler) { metrics_handler_ = std::move(handler); }
+  // Extra routes (e.g. POST /debug/trace): return false to fall through to 404.
+  void SetExtraRoute(std::function<bool(const std::shared_ptr<HttpExchange>&)> route) {
+    extra_route_ = std::move(route);
+  }
+
+  void BeginDrain();
+  bool draining() const { return draining_.load(); }
+  int64_t active_requests() const { return active_->load(); }
+  // Waits until no generation request is active or `timeout` passes; true when idle.
+  bool WaitIdle(std::chrono::duration<double> timeout) const;
+  void Stop();
+  int64_t open_connections() const { return http_.open_connections(); }
+
+  class Job;
+
+ private:
+  void Handle(const std::shared_ptr<HttpExchange>& ex);
+  void HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void HandleTokenize(const std::shared_ptr<HttpExchange>& ex);
+  void HandleDetokenize(const std::shared_ptr<HttpExchange>& ex);
+  void HandleModels(const std::shared_ptr<HttpExchange>& ex);
+  void HandleResume(const std::shared_ptr<HttpExchange>& ex, const std::string& response_id);
+  void HandleTrace(const std::shared_ptr<HttpExchange>& ex, RequestRecord record);
+  bool Authorized(const HttpExchange& ex) const;
+  void ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
+                  HttpHeaders headers = {});
+  void Finish(const RequestRecord& record);
+  std::string NewId(std::string_view prefix);
+  // The record of a request as it arrives: id (the client's X-Request-Id when plain), method, path, client.
+  RequestRecord NewRecord(const HttpExchange& ex);
+
+  ServerOptions options_;
+  HttpServer http_;
+  ServedModel model_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::shared_ptr<std::atomic<int64_t>> active_ = std::make_shared<std::atomic<int64_t>>(0);
+  StreamLogs logs_;
+  std::function<void(const RequestRecord&)> record_hook_;
+  std::function<std::string()> metrics_handler_;
+  std::function<bool(const std::shared_ptr<HttpExchange>&)> extra_route_;
+  std::mutex log_mu_;
+  std::FILE* access_log_ = nullptr;
+  bool own_access_log_ = false;
+  std::atomic<uint64_t> next_id_{0};
+  uint64_t id_salt_ = 0;
+  int64_t created_ = 0;
+};
+
+// "deepseek-r1" / "none" / "auto".
+StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* automatic);
+// Whether a chat template's generation prompt ends inside an opened <think> block (R1 distills).
+bool TemplateOpensThink(const ChatTemplate& chat);
+// Constant-time comparison of secrets (the time depends on the lengths only).
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace fathom::server

@@ -1,0 +1,181 @@
+// The API through the official `openai` client against `fathom serve` running the scripted test model
+// (lib/fathom.mjs): chat and completions, streamed and not, n = 2, stop and max_tokens, usage, reasoning_content,
+// Last-Event-ID resume and API keys.
+import {test, before, after} from 'node:test';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import OpenAI from 'openai';
+import {buildScriptedModel, readSse, startServer, tmpDir} from './lib/fathom.mjs';
+
+const kAssistant = 128804;  // <｜Assistant｜>: every chat prompt of the DeepSeek-V3 template ends with it
+const kKey = 'sk-test-0123456789';
+let srv, client, model;
+
+before(async () => {
+  model = buildScriptedModel(path.join(tmpDir('fathom-e2e-'), 'model'), [
+    {triggerId: kAssistant, text: 'Let me think.</think>The answer is 4.', end: 'eos'},
+    {trigger: 'Count:', text: ' one two three four five six seven eight nine ten', end: 'eos'},
+    {trigger: 'Loop', text: ' tick tock', end: 'cycle'},
+  ]);
+  srv = await startServer(['--model', model.dir, '--served-model-name', 'scripted', '--api-key', kKey,
+                           '--reasoning-parser', 'deepseek-r1', '--max-model-len', '256']);
+  client = new OpenAI({baseURL: srv.url + '/v1', apiKey: kKey, maxRetries: 0});
+});
+
+after(async () => {
+  const code = await srv.stop();
+  assert.equal(code, 0, srv.stderr);
+});
+
+test('a non-streamed chat splits reasoning_content from content and counts usage', async () => {
+  const r = await client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'What is 2+2?'}]});
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.model, 'scripted');
+  const c = r.choices[0];
+  assert.equal(c.message.role, 'assistant');
+  assert.equal(c.message.reasoning_content, 'Let me think.');
+  assert.equal(c.message.content, 'The answer is 4.');
+  assert.equal(c.finish_reason, 'stop');
+  // 11 scripted tokens + EOS; the 6 up to and including the one that closes </think> are reasoning.
+  assert.equal(r.usage.completion_tokens, 12);
+  assert.equal(r.usage.completion_tokens_details.reasoning_tokens, 6);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 12);
+  assert.equal(r.usage.prompt_cache_hit_tokens + r.usage.prompt_cache_miss_tokens, r.usage.prompt_tokens);
+});
+
+test('a streamed chat sends role, reasoning deltas, content deltas, a usage chunk and [DONE]', async () => {
+  const stream = await client.chat.completions.create({
+    model: 'scripted', messages: [{role: 'user', content: [{type: 'text', text: 'What is 2+2?'}]}], stream: true,
+    stream_options: {include_usage: true},
+  });
+  let reasoning = '', content = '', role = null, finish = null, usage = null, timing = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) {
+      usage = chunk.usage;
+      timing = chunk.fathom_timing;
+      assert.equal(chunk.choices.length, 0);
+      continue;
+    }
+    const d = chunk.choices[0].delta;
+    if (d.role) role = d.role;
+    if (d.reasoning_content) reasoning += d.reasoning_content;
+    if (d.content) content += d.content;
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(reasoning, 'Let me think.');
+  assert.equal(content, 'The answer is 4.');
+  assert.equal(finish, 'stop');
+  assert.ok(chunks >= 5, `only ${chunks} chunks`);
+  assert.equal(usage.completion_tokens, 12);
+  assert.equal(usage.completion_tokens_details.reasoning_tokens, 6);
+  for (const k of ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total']) {
+    assert.equal(typeof timing[k], 'number', k);
+    assert.ok(timing[k] >= 0, k);
+  }
+  assert.ok(timing.total >= timing.prefill);
+});
+
+test('a completion, its usage and the timing header', async () => {
+  const {data: r, response} = await client.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 50}).withResponse();
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].text, ' one two three four five six seven eight nine ten');
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.usage.completion_tokens, 11);  // ten words + EOS
+  assert.ok(response.headers.get('x-request-id'));
+  assert.ok(Number(response.headers.get('x-server-timestamp')) > 1.7e9);
+  const timing = Object.fromEntries(response.headers.get('x-fathom-timing').split(';').map((kv) => kv.split('=')));
+  assert.deepEqual(Object.keys(timing), ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total']);
+});
+
+test('max_tokens ends with finish_reason length and stop strings with stop', async () => {
+  const a = await client.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 3});
+  assert.equal(a.choices[0].text, ' one two three');
+  assert.equal(a.choices[0].finish_reason, 'length');
+  assert.equal(a.usage.completion_tokens, 3);
+  const b = await client.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 50, stop: [' five', 'xyz']});
+  assert.equal(b.choices[0].text, ' one two three four');
+  assert.equal(b.choices[0].finish_reason, 'stop');
+  const c = await client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}], stop: 'answer'});
+  assert.equal(c.choices[0].message.content, 'The ');
+  assert.equal(c.choices[0].finish_reason, 'stop');
+});
+
+test('n = 2 returns two choices, streamed and not', async () => {
+  const r = await client.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 4, n: 2, temperature: 1, seed: 7});
+  assert.equal(r.choices.length, 2);
+  assert.deepEqual(r.choices.map((c) => c.index).sort(), [0, 1]);
+  for (const c of r.choices) assert.equal(c.text, ' one two three four');
+  assert.equal(r.usage.completion_tokens, 8);
+  const stream = await client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}], n: 2, stream: true});
+  const text = ['', ''];
+  const finish = [null, null];
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      text[c.index] += c.delta.content || '';
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  assert.deepEqual(text, ['The answer is 4.', 'The answer is 4.']);
+  assert.deepEqual(finish, ['stop', 'stop']);
+});
+
+test('prompt token ids, logprobs and the models list', async () => {
+  const ids = model.scripts[1].trigger;
+  const r = await client.completions.create({model: 'scripted', prompt: [0, ids], max_tokens: 2, logprobs: 2});
+  assert.equal(r.choices[0].text, ' one two');
+  assert.deepEqual(r.choices[0].logprobs.tokens, [' one', ' two']);
+  for (const lp of r.choices[0].logprobs.token_logprobs) assert.ok(lp > -1e-3 && lp <= 0, String(lp));
+  const chat = await client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}], max_tokens: 1,
+                                                     logprobs: true, top_logprobs: 2});
+  assert.equal(chat.choices[0].logprobs.content.length, 1);
+  assert.equal(chat.choices[0].logprobs.content[0].token, 'Let');
+  assert.equal(chat.choices[0].logprobs.content[0].top_logprobs.length, 2);
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), ['scripted']);
+});
+
+test('errors arrive as OpenAI error bodies through the client', async () => {
+  await assert.rejects(client.chat.completions.create({model: 'nope', messages: [{role: 'user', content: 'q'}]}),
+                       (e) => e.status === 404 && e.error.code === 'model_not_found' && e.error.param === 'model');
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages: []}),
+                       (e) => e.status === 400 && e.error.param === 'messages');
+  await assert.rejects(client.completions.create({model: 'scripted', prompt: 'Count:', temperature: 3}),
+                       (e) => e.status === 400 && e.error.param === 'temperature' && /\[0, 2\]/.test(e.error.message));
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}],
+                                                       tools: [{type: 'function', function: {name: 'f', parameters: {}}}]}),
+                       (e) => e.status === 400 && e.error.param === 'tools');
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}],
+                                                       response_format: {type: 'json_schema', json_schema: {name: 'x', schema: {}}}}),
+                       (e) => e.status === 400 && e.error.param === 'response_format');
+  await assert.rejects(client.completions.create({model: 'scripted', prompt: 'x '.repeat(300), max_tokens: 10}),
+                       (e) => e.status === 400 && e.error.code === 'context_length_exceeded' && /256/.test(e.error.message));
+});
+
+test('a bad or missing API key gets 401; /health needs none', async () => {
+  const bad = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'sk-wrong', maxRetries: 0});
+  await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.error.type === 'authentication_error');
+  const none = await fetch(srv.url + '/v1/models');
+  assert.equal(none.status, 401);
+  assert.equal((await fetch(srv.url + '/health')).status, 200);
+});
+
+test('a dropped stream is resumed from Last-Event-ID', async () => {
+  const body = {model: 'scripted', prompt: 'Count:', max_tokens: 50, stream: true};
+  const headers = {'content-type': 'application/json', authorization: `Bearer ${kKey}`};
+  const full = await readSse(await fetch(srv.url + '/v1/completions', {method: 'POST', headers, body: JSON.stringify(body)}));
+  const ids = full.map((e) => e.id);
+  assert.deepEqual(ids, ids.map((_, i) => i + 1));
+  assert.equal(full.at(-1).data, '[DONE]');
+  const first = JSON.parse(full[0].data);
+  // Reconnect as if only the first three events had arrived.
+  const resumed = await fetch(srv.url + `/v1/streams/${first.id}`, {headers: {...headers, 'last-event-id': '3'}});
+  assert.equal(resumed.status, 200);
+  const rest = await readSse(resumed);
+  assert.deepEqual(rest.map((e) => e.id), ids.slice(3));
+  const text = [...full.slice(0, 3), ...rest].filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices[0].text).join('');
+  assert.equal(text, ' one two three four five six seven eight nine ten');
+  const missing = await fetch(srv.url + '/v1/streams/cmpl-nope', {headers});
+  assert.equal(missing.status, 404);
+});

@@ -1,0 +1,261 @@
+// Helpers for the end-to-end tests: start `fathom serve` on a free port, build the scripted test model, raw HTTP.
+//
+//   const model = await buildScriptedModel(tmpdir, [{trigger: 'Count:', text: ' one two three', end: 'eos'}]);
+//   const srv = await startServer(['--model', model.dir, '--max-num-seqs', '64']);
+//   const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x'});
+//   ...
+//   await srv.stop();                     // SIGTERM, resolves with the exit code
+import {spawn, execFileSync} from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import zlib from 'node:zlib';
+import {fileURLToPath} from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const repoRoot = path.resolve(here, '../../..');
+export const fathomBin = process.env.FATHOM_BIN || path.join(repoRoot, 'build/cpu-debug/bin/fathom');
+export const dataDir = path.join(repoRoot, 'tests/data');
+
+export function tmpDir(prefix) {
+  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+// The DeepSeek-V3 tokenizer (tests/data copy) in `dir`.
+export function writeTokenizer(dir) {
+  const src = path.join(dataDir, 'tokenizers/deepseek-v3');
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), zlib.gunzipSync(fs.readFileSync(path.join(src, 'tokenizer.json.gz'))));
+  fs.copyFileSync(path.join(src, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+}
+
+export function tokenize(tokDir, text) {
+  const out = execFileSync(fathomBin, ['--log-level', 'error', 'tokenize', '--tokenizer', tokDir, '--text', text]);
+  return JSON.parse(out.toString().trim());
+}
+
+function bf16(x) {
+  const f = new Float32Array([x]);
+  return new Uint16Array(f.buffer)[1];  // exact for the values used here (0, 1, small powers of two)
+}
+
+// A Llama-architecture model whose greedy (and, at temperature 1, near-certain) continuation is scripted: the only
+// layer's attention and MLP outputs are zero, so the logits depend on the last token alone, and lm_head maps each
+// scripted token to its successor with logit 32 against 0 for every other token. A real checkpoint run through the
+// real engine, not a mock: a bigram table written as weights.
+//
+// scripts: [{trigger, text, end: 'eos' | 'cycle'}]: after a prompt whose last token is the trigger's last token,
+// the model writes `text`, then EOS ('eos') or `text` again forever ('cycle'). Tokens that start no script lead to
+// EOS. The special token <｜Assistant｜> may be a trigger (chat prompts end with it).
+export function buildScriptedModel(dir, scripts) {
+  fs.mkdirSync(dir, {recursive: true});
+  writeTokenizer(dir);
+  const hidden = 64, vocab = 129280, eos = 1, inter = 64;
+  const next = new Map();  // token -> successor
+  const setNext = (a, b) => {
+    if (next.has(a) && next.get(a) !== b) throw new Error(`token ${a} has two successors (${next.get(a)}, ${b})`);
+    next.set(a, b);
+  };
+  const scriptIds = [];
+  for (const s of scripts) {
+    const trig = s.triggerId !== undefined ? s.triggerId : tokenize(dir, s.trigger).at(-1);
+    const ids = tokenize(dir, s.text);
+    let prev = trig;
+    for (const id of ids) {
+      setNext(prev, id);
+      prev = id;
+    }
+    setNext(prev, s.end === 'cycle' ? ids[0] : eos);
+    scriptIds.push({trigger: trig, ids});
+  }
+  // Each token with a successor gets its own embedding direction (dimension); the last dimension is "anything else".
+  const dims = new Map();
+  for (const a of next.keys()) {
+    if (dims.size >= hidden - 1) throw new Error('too many scripted tokens for the hidden size');
+    dims.set(a, dims.size);
+  }
+  const other = hidden - 1;
+  const embed = new Uint16Array(vocab * hidden);
+  const lmHead = new Uint16Array(vocab * hidden);
+  const one = bf16(1), four = bf16(4);
+  for (let t = 0; t < vocab; t++) embed[t * hidden + (dims.has(t) ? dims.get(t) : other)] = one;
+  for (const [a, b] of next) lmHead[b * hidden + dims.get(a)] = four;
+  lmHead[eos * hidden + other] = four;
+
+  const tensors = [];
+  const add = (name, shape, data) => tensors.push({name, shape, data});
+  const ones = (n) => new Uint16Array(n).fill(one);
+  add('model.embed_tokens.weight', [vocab, hidden], embed);
+  add('lm_head.weight', [vocab, hidden], lmHead);
+  add('model.norm.weight', [hidden], ones(hidden));
+  const p = 'model.layers.0.';
+  add(p + 'input_layernorm.weight', [hidden], ones(hidden));
+  add(p + 'post_attention_layernorm.weight', [hidden], ones(hidden));
+  for (const w of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) add(p + `self_attn.${w}.weight`, [hidden, hidden], new Uint16Array(hidden * hidden));
+  add(p + 'mlp.gate_proj.weight', [inter, hidden], new Uint16Array(inter * hidden));
+  add(p + 'mlp.up_proj.weight', [inter, hidden], new Uint16Array(inter * hidden));
+  add(p + 'mlp.down_proj.weight', [hidden, inter], new Uint16Array(hidden * inter));
+
+  const header = {__metadata__: {format: 'pt'}};
+  let offset = 0;
+  for (const t of tensors) {
+    const bytes = t.data.byteLength;
+    header[t.name] = {dtype: 'BF16', shape: t.shape, data_offsets: [offset, offset + bytes]};
+    offset += bytes;
+  }
+  let headerText = JSON.stringify(header);
+  while ((8 + headerText.length) % 8 !== 0) headerText += ' ';
+  const fd = fs.openSync(path.join(dir, 'model.safetensors'), 'w');
+  const len = Buffer.alloc(8);
+  len.writeBigUInt64LE(BigInt(headerText.length));
+  fs.writeSync(fd, len);
+  fs.writeSync(fd, Buffer.from(headerText));
+  for (const t of tensors) fs.writeSync(fd, Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength));
+  fs.closeSync(fd);
+
+  const config = {
+    architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: vocab, hidden_size: hidden,
+    intermediate_size: inter, num_hidden_layers: 1, num_attention_heads: 1, num_key_value_heads: 1,
+    hidden_act: 'silu', max_position_embeddings: 4096, rms_norm_eps: 1e-6, rope_theta: 10000,
+    tie_word_embeddings: false, bos_token_id: 0, eos_token_id: eos, torch_dtype: 'bfloat16',
+  };
+  fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config, null, 2));
+  return {dir, scripts: scriptIds};
+}
+
+// Starts `fathom serve --port 0 ...` and waits for /health 200. `log` collects stderr; `access` stdout lines.
+export async function startServer(args, {env = {}, timeoutMs = 120000} = {}) {
+  const child = spawn(fathomBin, ['serve', '--port', '0', ...args], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
+  const srv = {child, stderr: '', access: [], url: null, exitCode: null, threads: () => countThreads(child.pid)};
+  let stdoutBuf = '';
+  child.stdout.on('data', (d) => {
+    stdoutBuf += d.toString();
+    let i;
+    while ((i = stdoutBuf.indexOf('\n')) >= 0) {
+      const line = stdoutBuf.slice(0, i);
+      stdoutBuf = stdoutBuf.slice(i + 1);
+      if (line.trim()) srv.access.push(JSON.parse(line));
+    }
+  });
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => {
+    srv.exitCode = code;
+    srv.signal = signal;
+    resolve(code);
+  }));
+  srv.exited = exited;
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('server did not start:\n' + srv.stderr)), timeoutMs);
+    child.stderr.on('data', (d) => {
+      srv.stderr += d.toString();
+      const m = srv.stderr.match(/listening on http:\/\/[\d.]+:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    exited.then((code) => reject(new Error(`server exited with ${code}:\n${srv.stderr}`)));
+  });
+  srv.port = port;
+  srv.url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const r = await fetch(srv.url + '/health');
+      if (r.status === 200) break;
+    } catch {}
+    if (srv.exitCode !== null) throw new Error(`server exited:\n${srv.stderr}`);
+    if (Date.now() > deadline) throw new Error('server not healthy in time:\n' + srv.stderr);
+    await sleep(100);
+  }
+  srv.stop = async (signal = 'SIGTERM') => {
+    if (srv.exitCode === null) child.kill(signal);
+    return exited;
+  };
+  return srv;
+}
+
+export function countThreads(pid) {
+  try {
+    return fs.readdirSync(`/proc/${pid}/task`).length;
+  } catch {
+    return -1;
+  }
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Sends raw bytes over TCP and resolves with everything the server sent back until it closed (or timeoutMs).
+export function rawRequest(port, chunks, {delayMs = 0, halfClose = false, timeoutMs = 20000} = {}) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, '127.0.0.1');
+    let data = '';
+    const timer = setTimeout(() => {
+      sock.destroy();
+      resolve({data, timedOut: true});
+    }, timeoutMs);
+    sock.on('data', (d) => (data += d.toString()));
+    sock.on('close', () => {
+      clearTimeout(timer);
+      resolve({data, timedOut: false});
+    });
+    sock.on('error', (e) => {
+      clearTimeout(timer);
+      resolve({data, error: e.code});
+    });
+    sock.on('connect', async () => {
+      for (const c of chunks) {
+        sock.write(c);
+        if (delayMs) await sleep(delayMs);
+      }
+      if (halfClose) sock.end();
+    });
+  });
+}
+
+// Parses "HTTP/1.1 400 ...\r\nheaders\r\n\r\nbody" (Content-Length bodies only).
+export function parseResponse(text) {
+  const head = text.indexOf('\r\n\r\n');
+  const lines = text.slice(0, head).split('\r\n');
+  const status = Number(lines[0].split(' ')[1]);
+  const headers = {};
+  for (const l of lines.slice(1)) {
+    const i = l.indexOf(':');
+    headers[l.slice(0, i).toLowerCase()] = l.slice(i + 1).trim();
+  }
+  return {status, headers, body: text.slice(head + 4)};
+}
+
+// Fetches /metrics and returns {name{labels}: value}.
+export async function scrape(url) {
+  const text = await (await fetch(url + '/metrics')).text();
+  const out = {};
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.lastIndexOf(' ');
+    out[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return out;
+}
+
+// Reads an SSE response body; returns [{id, data}] in order.
+export async function readSse(response, {onEvent} = {}) {
+  const events = [];
+  const decoder = new TextDecoder();
+  let buf = '';
+  for await (const chunk of response.body) {
+    buf += decoder.decode(chunk, {stream: true});
+    let i;
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const block = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      const ev = {};
+      for (const line of block.split('\n')) {
+        if (line.startsWith('id: ')) ev.id = Number(line.slice(4));
+        if (line.startsWith('data: ')) ev.data = line.slice(6);
+      }
+      events.push(ev);
+      if (onEvent && onEvent(ev, events) === false) return events;
+    }
+  }
+  return events;
+}

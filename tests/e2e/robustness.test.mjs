@@ -1,0 +1,219 @@
+// Bad input over raw sockets, slow and half-closed clients, 1,000 concurrent streams, client disconnects and
+// SIGTERM under load, against `fathom serve` with the scripted test model.
+import {test, before, after} from 'node:test';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import {buildScriptedModel, parseResponse, rawRequest, readSse, scrape, sleep, startServer, tmpDir} from './lib/fathom.mjs';
+
+const kAssistant = 128804;
+let model, srv;
+
+function post(pathname, body, extraHeaders = '') {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  return `POST ${pathname} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n` +
+         `Connection: close\r\n${extraHeaders}\r\n${text}`;
+}
+
+async function completion(url, body) {
+  const r = await fetch(url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify(body)});
+  return {status: r.status, body: await r.json()};
+}
+
+before(async () => {
+  model = buildScriptedModel(path.join(tmpDir('fathom-e2e-'), 'model'), [
+    {triggerId: kAssistant, text: 'The answer is 4.', end: 'eos'},
+    {trigger: 'Count:', text: ' one two three four five six seven eight nine ten', end: 'eos'},
+    {trigger: 'Loop', text: ' tick tock', end: 'cycle'},
+  ]);
+  srv = await startServer(['--model', model.dir, '--max-model-len', '4096', '--max-request-bytes', '65536',
+                           '--header-timeout-s', '5', '--max-num-seqs', '256', '--max-num-batched-tokens', '4096',
+                           '--http-threads', '2', '--threads', '2']);
+});
+
+after(async () => {
+  const code = await srv.stop();
+  assert.equal(code, 0, srv.stderr);
+});
+
+test('malformed JSON, wrong types, out-of-range values and unknown models get 400/404 bodies', async () => {
+  const cases = [
+    ['/v1/completions', '{"prompt": "Count:", ', 400, null, 'invalid_json'],
+    ['/v1/completions', '[1,2,3]', 400, null, 'invalid_json'],
+    ['/v1/completions', '['.repeat(10000), 400, null, 'invalid_json'],
+    ['/v1/completions', {prompt: 42}, 400, 'prompt', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', max_tokens: 'ten'}, 400, 'max_tokens', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', max_tokens: -1}, 400, 'max_tokens', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', top_p: 0}, 400, 'top_p', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', n: 1000}, 400, 'n', 'invalid_value'],
+    ['/v1/completions', {prompt: [1, 2, 99999999]}, 400, 'prompt', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', logit_bias: {'abc': 1}}, 400, 'logit_bias', 'invalid_value'],
+    ['/v1/completions', {prompt: 'Count:', stream: 'yes'}, 400, 'stream', 'invalid_value'],
+    ['/v1/chat/completions', {messages: 'hi'}, 400, 'messages', 'invalid_value'],
+    ['/v1/chat/completions', {messages: [{role: 'wizard', content: 'hi'}]}, 400, 'messages[0].role', 'invalid_value'],
+    ['/v1/chat/completions', {messages: [{role: 'user', content: [{type: 'image_url', image_url: {url: 'x'}}]}]}, 400,
+     'messages[0].content[0].type', 'unsupported_parameter'],
+    ['/v1/chat/completions', {model: 'gpt-4', messages: [{role: 'user', content: 'hi'}]}, 404, 'model', 'model_not_found'],
+    ['/v1/completions', {prompt: 'word '.repeat(5000), max_tokens: 10}, 400, 'prompt', 'context_length_exceeded'],
+  ];
+  for (const [route, body, status, param, code] of cases) {
+    const {data} = await rawRequest(srv.port, [post(route, body)]);
+    const r = parseResponse(data);
+    assert.equal(r.status, status, `${route} ${JSON.stringify(body).slice(0, 80)}: ${data.slice(0, 300)}`);
+    const err = JSON.parse(r.body).error;
+    assert.equal(err.param, param, JSON.stringify(err));
+    assert.equal(err.code, code, JSON.stringify(err));
+    assert.equal(typeof err.message, 'string');
+    assert.ok(err.type);
+  }
+  // Context overflow names both numbers.
+  const long = await completion(srv.url, {prompt: 'word '.repeat(5000), max_tokens: 10});
+  assert.match(long.body.error.message, /4096/);
+  assert.match(long.body.error.message, /500\d/);
+  // Unknown routes and methods.
+  assert.equal(parseResponse((await rawRequest(srv.port, ['GET /v2/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'])).data).status, 404);
+  assert.equal(parseResponse((await rawRequest(srv.port, ['GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'])).data).status, 405);
+  // Still serving.
+  assert.equal((await completion(srv.url, {prompt: 'Count:', max_tokens: 2})).body.choices[0].text, ' one two');
+});
+
+test('an oversized body gets 413, garbage gets 400, and neither stops the server', async () => {
+  const big = JSON.stringify({prompt: 'x'.repeat(70000)});
+  const r = parseResponse((await rawRequest(srv.port, [post('/v1/completions', big)])).data);
+  assert.equal(r.status, 413);
+  assert.equal(JSON.parse(r.body).error.code, 'payload_too_large');
+  const g = await rawRequest(srv.port, ['\x00\x01garbage\r\n\r\n']);
+  assert.equal(parseResponse(g.data).status, 400);
+  assert.equal((await completion(srv.url, {prompt: 'Count:', max_tokens: 1})).status, 200);
+});
+
+test('a client sending its headers byte by byte is cut off with 408 while others are served', async () => {
+  const req = post('/v1/completions', {prompt: 'Count:', max_tokens: 1});
+  const slow = rawRequest(srv.port, req.split(''), {delayMs: 100, timeoutMs: 15000});
+  // Meanwhile, normal requests complete promptly.
+  const t0 = Date.now();
+  for (let i = 0; i < 3; i++) assert.equal((await completion(srv.url, {prompt: 'Count:', max_tokens: 2})).status, 200);
+  assert.ok(Date.now() - t0 < 10000);
+  const s = await slow;
+  assert.equal(parseResponse(s.data).status, 408, s.data);
+});
+
+test('a half-closed connection still gets its error answer', async () => {
+  const r = await rawRequest(srv.port, [post('/v1/completions', '{"prompt": ')], {halfClose: true});
+  assert.equal(parseResponse(r.data).status, 400);
+  const t = await rawRequest(srv.port, ['POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'], {halfClose: true});
+  assert.ok(t.data === '' || parseResponse(t.data).status === 400, t.data);
+  assert.equal((await completion(srv.url, {prompt: 'Count:', max_tokens: 1})).status, 200);
+});
+
+test('a client that disconnects mid-stream has its request aborted and its KV blocks freed', async () => {
+  const controller = new AbortController();
+  const before = await scrape(srv.url);
+  const r = await fetch(srv.url + '/v1/completions', {
+    method: 'POST', headers: {'content-type': 'application/json'}, signal: controller.signal,
+    body: JSON.stringify({prompt: 'Loop', max_tokens: 3000, stream: true}),
+  });
+  let n = 0;
+  try {
+    await readSse(r, {onEvent: () => {
+      if (++n === 5) controller.abort();
+    }});
+  } catch (e) {
+    assert.equal(e.name, 'AbortError');
+  }
+  let m;
+  for (let i = 0; i < 100; i++) {
+    m = await scrape(srv.url);
+    if (m['fathom_kv_cache_blocks_used'] === 0 && m['fathom_requests_running'] === 0) break;
+    await sleep(50);
+  }
+  assert.equal(m['fathom_kv_cache_blocks_used'], 0);
+  assert.equal(m['fathom_requests_running'], 0);
+  const key = 'fathom_requests_total{finish_reason="abort",status="499"}';
+  assert.equal((m[key] || 0) - (before[key] || 0), 1);
+  // Far fewer than 3000 tokens were generated.
+  assert.ok(m['fathom_generation_tokens_total'] - before['fathom_generation_tokens_total'] < 500);
+});
+
+test('1,000 concurrent streaming clients all complete on a few dozen threads', async () => {
+  const N = 1000;
+  let maxThreads = 0;
+  const sampler = setInterval(() => (maxThreads = Math.max(maxThreads, srv.threads())), 50);
+  const one = async () => {
+    let r;
+    try {
+      r = await fetch(srv.url + '/v1/completions', {
+        method: 'POST', headers: {'content-type': 'application/json'},
+        body: JSON.stringify({prompt: 'Count:', max_tokens: 4, stream: true}),
+      });
+    } catch (e) {
+      throw new Error(`fetch failed: ${e.cause && (e.cause.code || e.cause.message)}; server log:\n${srv.stderr.slice(-2000)}`);
+    }
+    assert.equal(r.status, 200);
+    const events = await readSse(r);
+    assert.equal(events.at(-1).data, '[DONE]');
+    return events.filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices[0].text).join('');
+  };
+  // Open all connections first so that they really are concurrent.
+  const texts = await Promise.all(Array.from({length: N}, one));
+  clearInterval(sampler);
+  assert.equal(texts.length, N);
+  for (const t of texts) assert.equal(t, ' one two three four');
+  assert.ok(maxThreads > 0 && maxThreads <= 40, `the server ran ${maxThreads} threads`);
+});
+
+test('SIGTERM under load: in-flight requests finish or end with abort, and the exit code is 0', async () => {
+  const local = await startServer(['--model', model.dir, '--shutdown-grace-s', '2', '--access-log', 'off']);
+  const short = Array.from({length: 4}, () => completion(local.url, {prompt: 'Count:', max_tokens: 3}));
+  const streams = Array.from({length: 4}, async () => {
+    const r = await fetch(local.url + '/v1/completions', {
+      method: 'POST', headers: {'content-type': 'application/json'},
+      body: JSON.stringify({prompt: 'Loop', max_tokens: 4000, stream: true}),
+    });
+    const events = await readSse(r);
+    return events;
+  });
+  await sleep(500);
+  const code = await local.stop('SIGTERM');
+  assert.equal(code, 0, local.stderr);
+  for (const s of await Promise.all(short)) {
+    // Finished within the grace period, or cut short with finish_reason "abort".
+    assert.equal(s.status, 200);
+    const c = s.body.choices[0];
+    if (c.finish_reason === 'length') {
+      assert.equal(c.text, ' one two three');
+    } else {
+      assert.equal(c.finish_reason, 'abort');
+    }
+  }
+  for (const events of await Promise.all(streams)) {
+    assert.equal(events.at(-1).data, '[DONE]');
+    const last = JSON.parse(events.at(-2).data);
+    assert.equal(last.choices[0].finish_reason, 'abort');
+  }
+  assert.match(local.stderr, /draining/);
+});
+
+test('overload: 429 with Retry-After when the queue is full, 503 after the queue delay', async () => {
+  const local = await startServer(['--model', model.dir, '--max-num-seqs', '1', '--max-queue-len', '1',
+                                   '--max-queue-delay-ms', '1500', '--shutdown-grace-s', '1', '--access-log', 'off']);
+  const body = (max) => JSON.stringify({prompt: 'Loop', max_tokens: max});
+  const post = (max) => fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'}, body: body(max)});
+  const running = post(3000);  // occupies the only sequence slot for a while
+  await sleep(300);
+  const queued = post(2);      // waits in the queue; times out after 1.5 s
+  await sleep(300);
+  const full = await post(2);  // the queue already holds one
+  assert.equal(full.status, 429);
+  assert.ok(Number(full.headers.get('retry-after')) >= 1);
+  assert.equal((await full.json()).error.code, 'queue_full');
+  const timedOut = await queued;
+  assert.equal(timedOut.status, 503);
+  assert.equal((await timedOut.json()).error.code, 'queue_timeout');
+  const m = await scrape(local.url);
+  assert.equal(m['fathom_requests_rejected_total{reason="queue_full"}'], 1);
+  assert.equal(m['fathom_requests_rejected_total{reason="queue_timeout"}'], 1);
+  assert.equal(await local.stop('SIGINT'), 0, local.stderr);
+  const r = await running;
+  assert.equal(r.status, 200);
+  assert.equal((await r.json()).choices[0].finish_reason, 'abort');  // cut short by the shutdown
+});

@@ -1,0 +1,145 @@
+#include "server/api.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fathom::server {
+namespace {
+
+const RequestLimits kLimits{.vocab_size = 1000};
+
+ParsedRequest Ok(const std::string& body, Endpoint e = Endpoint::kChat) {
+  ParsedRequest req;
+  ApiError err;
+  EXPECT_TRUE(ParseRequest(body, e, kLimits, &req, &err)) << err.message;
+  return req;
+}
+
+ApiError Bad(const std::string& body, Endpoint e = Endpoint::kChat) {
+  ParsedRequest req;
+  ApiError err;
+  EXPECT_FALSE(ParseRequest(body, e, kLimits, &req, &err)) << body;
+  return err;
+}
+
+TEST(ApiTest, ChatFieldsBecomeSamplingParams) {
+  ParsedRequest r = Ok(R"({"model":"m","messages":[{"role":"system","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+      "max_completion_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":5,"min_p":0.1,"n":2,"seed":-1,
+      "presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.1,"stop":["x","y"],
+      "logit_bias":{"5":-100,"7":2.5},"logprobs":true,"top_logprobs":3,"stream":true,
+      "stream_options":{"include_usage":true},"user":"u1","priority":-2,"unknown_field":{"ignored":true}})");
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1]["content"], "a\nb");
+  EXPECT_EQ(r.sampling.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_EQ(r.sampling.n, 2);
+  EXPECT_EQ(r.sampling.seed, static_cast<uint64_t>(-1));
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"x", "y"}));
+  ASSERT_EQ(r.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(r.sampling.logit_bias[0].first, 5);
+  EXPECT_FLOAT_EQ(r.sampling.logit_bias[0].second, -100.0f);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.user, "u1");
+  EXPECT_EQ(r.priority, -2);
+}
+
+TEST(ApiTest, DefaultsLeaveMaxTokensToTheContext) {
+  ParsedRequest r = Ok(R"({"messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_EQ(r.sampling.max_tokens, 0);
+  EXPECT_FALSE(r.max_tokens_given);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(ApiTest, CompletionPromptsAsTextOrIds) {
+  EXPECT_EQ(Ok(R"({"prompt":"hello"})", Endpoint::kCompletion).prompt_text, "hello");
+  EXPECT_EQ(Ok(R"({"prompt":["hello"]})", Endpoint::kCompletion).prompt_text, "hello");
+  ParsedRequest ids = Ok(R"({"prompt":[1,2,3],"logprobs":2})", Endpoint::kCompletion);
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ids.logprobs);
+  EXPECT_EQ(ids.top_logprobs, 2);
+  EXPECT_EQ(Ok(R"({"prompt":[[4,5]]})", Endpoint::kCompletion).prompt_ids, (std::vector<int32_t>{4, 5}));
+}
+
+TEST(ApiTest, ErrorsNameTheField) {
+  struct Case {
+    const char* body;
+    Endpoint endpoint;
+    const char* param;
+    const char* code;
+  };
+  const Case cases[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", Endpoint::kChat, "temperature",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":2.5})", Endpoint::kChat, "temperature",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", Endpoint::kChat, "max_tokens",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":0})", Endpoint::kChat, "n", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat, "top_logprobs",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", Endpoint::kChat, "stop[0]", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1000":1}})", Endpoint::kChat, "logit_bias",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":101}})", Endpoint::kChat, "logit_bias",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", Endpoint::kChat, "tools",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", Endpoint::kChat,
+       "response_format", "unsupported_parameter"},
+      {R"({"messages":[]})", Endpoint::kChat, "messages", "invalid_value"},
+      {R"({"messages":[{"role":"user"}]})", Endpoint::kChat, "messages[0].content", "invalid_value"},
+      {R"({"messages":[{"content":"x"}]})", Endpoint::kChat, "messages[0].role", "invalid_value"},
+      {R"({"prompt":[1,-2]})", Endpoint::kCompletion, "prompt", "invalid_value"},
+      {R"({"prompt":["a","b"]})", Endpoint::kCompletion, "prompt", "unsupported_parameter"},
+      {R"({"prompt":"a","echo":true})", Endpoint::kCompletion, "echo", "unsupported_parameter"},
+      {R"({"prompt":"a","logprobs":6})", Endpoint::kCompletion, "logprobs", "invalid_value"},
+      {R"({"prompt":"a","min_tokens":5,"max_tokens":2})", Endpoint::kCompletion, "min_tokens", "invalid_value"},
+      {R"({})", Endpoint::kCompletion, "prompt", "invalid_value"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = Bad(c.body, c.endpoint);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body;
+    EXPECT_FALSE(e.message.empty());
+  }
+}
+
+TEST(ApiTest, MalformedAndHostileJson) {
+  EXPECT_EQ(Bad("{").code, "invalid_json");
+  EXPECT_EQ(Bad("[]").code, "invalid_json");
+  EXPECT_EQ(Bad("\"str\"").code, "invalid_json");
+  EXPECT_EQ(Bad(std::string(100000, '[')).code, "invalid_json");
+  EXPECT_EQ(Bad(std::string(10000, '{')).code, "invalid_json");
+  EXPECT_EQ(Bad("{\"messages\": \"\xff\xfe\"}").code, "invalid_json");  // not UTF-8
+}
+
+TEST(ApiErrorTest, OneTableMapsCodesToHttp) {
+  EXPECT_EQ(ApiErrorFromStatus(InvalidArgumentError("x")).http_status, 400);
+  EXPECT_EQ(ApiErrorFromStatus(UnauthenticatedError("x")).http_status, 401);
+  EXPECT_EQ(ApiErrorFromStatus(NotFoundError("x")).http_status, 404);
+  EXPECT_EQ(ApiErrorFromStatus(ResourceExhaustedError("x")).http_status, 429);
+  EXPECT_EQ(ApiErrorFromStatus(UnavailableError("x")).http_status, 503);
+  EXPECT_EQ(ApiErrorFromStatus(DeadlineExceededError("x")).http_status, 503);
+  EXPECT_EQ(ApiErrorFromStatus(InternalError("x")).http_status, 500);
+  EXPECT_EQ(PayloadTooLargeError(10).http_status, 413);
+  const nlohmann::json body = ApiErrorFromStatus(InvalidArgumentError("bad"), "temperature").Body();
+  EXPECT_EQ(body["error"]["message"], "bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "temperature");
+  EXPECT_EQ(body["error"]["code"], "invalid_value");
+  EXPECT_TRUE(ApiErrorFromStatus(InternalError("x")).Body()["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace fathom::server
