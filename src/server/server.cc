@@ -409,9 +409,12 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         record_.serialize += SecondsSince(t0);
         Emit(chunk);
       }
+      record_.http_status = 200;
+      record_.total = SecondsSince(arrival_);
+      server_->Finish(record_);  // metrics before the last bytes leave
+      finished_ = true;
       EmitDone();
       ex_->EndStream();
-      record_.http_status = 200;
     } else if (failed) {
       if (failure.code() == StatusCode::kResourceExhausted) record_.error_code = "resource_exhausted";
       FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
@@ -449,16 +452,20 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
       record_.total = SecondsSince(arrival_);
       HttpHeaders headers = ResponseHeaders();
       headers.emplace_back("x-fathom-timing", TimingHeader(record_));
-      ex_->Reply(200, "application/json", std::move(text), std::move(headers));
       record_.http_status = 200;
+      server_->Finish(record_);  // metrics before the last bytes leave
+      finished_ = true;
+      ex_->Reply(200, "application/json", std::move(text), std::move(headers));
     }
     if (log_) {
       log_->Finish();
       server_->logs_.MarkFinished(response_id_);
     }
-    record_.total = SecondsSince(arrival_);
+    if (!finished_) {
+      record_.total = SecondsSince(arrival_);
+      server_->Finish(record_);
+    }
     server_->active_->fetch_sub(1);
-    server_->Finish(record_);
     self_.reset();
   }
 
@@ -479,6 +486,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   bool reasoning_ = false;
   bool started_ = false;
   bool done_ = false;
+  bool finished_ = false;  // the record went to the metrics and the access log
   int32_t num_finished_ = 0;
   uint64_t seq_ = 0;
   int64_t created_ = 0;
@@ -566,9 +574,9 @@ void OpenAiServer::ReplyError(const std::shared_ptr<HttpExchange>& ex, const Api
   record.http_status = error.http_status;
   if (record.error_code.empty()) record.error_code = error.code;
   headers.emplace_back("X-Request-Id", record.request_id);
+  Finish(record);  // metrics first: a client that reads /metrics right after its answer sees itself counted
   if (error.http_status != 499)
     ex->Reply(error.http_status, "application/json", error.BodyString(), std::move(headers));
-  Finish(record);
 }
 
 void OpenAiServer::Finish(const RequestRecord& r) {

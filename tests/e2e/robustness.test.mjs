@@ -163,6 +163,7 @@ test('1,000 concurrent streaming clients all complete on a few dozen threads', a
 
 test('SIGTERM under load: in-flight requests finish or end with abort, and the exit code is 0', async () => {
   const local = await startServer(['--model', model.dir, '--shutdown-grace-s', '2', '--access-log', 'off']);
+  try {
   const short = Array.from({length: 4}, () => completion(local.url, {prompt: 'Count:', max_tokens: 3}));
   const streams = Array.from({length: 4}, async () => {
     const r = await fetch(local.url + '/v1/completions', {
@@ -191,11 +192,15 @@ test('SIGTERM under load: in-flight requests finish or end with abort, and the e
     assert.equal(last.choices[0].finish_reason, 'abort');
   }
   assert.match(local.stderr, /draining/);
+  } finally {
+    await local.stop('SIGKILL');  // no-op once it exited; never leave a server behind a failed assertion
+  }
 });
 
 test('overload: 429 with Retry-After when the queue is full, 503 after the queue delay', async () => {
   const local = await startServer(['--model', model.dir, '--max-num-seqs', '1', '--max-queue-len', '1',
                                    '--max-queue-delay-ms', '1500', '--shutdown-grace-s', '1', '--access-log', 'off']);
+  try {
   const body = (max) => JSON.stringify({prompt: 'Loop', max_tokens: max});
   const post = (max) => fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'}, body: body(max)});
   const running = post(3000);  // occupies the only sequence slot for a while
@@ -216,4 +221,7 @@ test('overload: 429 with Retry-After when the queue is full, 503 after the queue
   const r = await running;
   assert.equal(r.status, 200);
   assert.equal((await r.json()).choices[0].finish_reason, 'abort');  // cut short by the shutdown
+  } finally {
+    await local.stop('SIGKILL');
+  }
 });
