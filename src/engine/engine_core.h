@@ -126,6 +126,7 @@ class EngineCore {
   std::unordered_map<std::string, std::unique_ptr<SampleState>> samples_;  // by scheduler id
   std::vector<std::string> finished_ids_;
   std::vector<float> host_logits_;
+  std::vector<int32_t> host_ids_;  // argmax ids of a step whose rows are all plain greedy
   EngineStats stats_;
 };
 

@@ -54,6 +54,12 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
   return OkStatus();
 }
 
+bool IsPlainGreedy(const SamplingParams& p, const SamplingContext& ctx) {
+  return p.greedy() && !p.logprobs && p.top_logprobs == 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         static_cast<int64_t>(ctx.output.size()) >= static_cast<int64_t>(p.min_tokens);
+}
+
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -75,6 +75,11 @@ struct SampleResult {
   std::vector<TokenLogprob> top;  // top_logprobs most likely under the raw logits, most likely first
 };
 
+// True when Sample() returns argmax(logits) and nothing else for this step: greedy, no logits processor with an
+// effect now (min_tokens already reached, no logit_bias, no penalties) and no logprobs. The engine then takes the
+// argmax on the device and copies one id per row instead of the whole row.
+bool IsPlainGreedy(const SamplingParams& p, const SamplingContext& ctx);
+
 // min_tokens masking, logit_bias, then repetition / presence / frequency penalties, in place. logits [vocab]
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx);
 // Probabilities after temperature, top-k, top-p and min-p (masked tokens get 0). Requires temperature > 0.

@@ -88,6 +88,12 @@ class Backend {
   // out = x W^T + b.   x [n, in]; out [n, out]
   virtual void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) = 0;
 
+  // outs[i] = x W_i^T + b_i for several weights that share one input (q/k/v, gate/up). The GPU runs them as one
+  // launch at decode sizes; the default runs Linear once per weight.   x [n, in]; outs[i] [n, out_i]
+  virtual void LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs) {
+    for (size_t i = 0; i < ws.size(); ++i) Linear(x, ws[i], outs[i]);
+  }
+
   // a += b.   a, b [n, d]
   virtual void AddInPlace(const TensorView& a, const TensorView& b) = 0;
 
@@ -105,6 +111,16 @@ class Backend {
   virtual void WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
                        const KvLayerView& cache) = 0;
 
+  // ApplyRope on q and k, then WriteKv(k, v): one kernel on the GPU.   q [n, heads, head_dim];
+  // k [n, kv_heads, k_dim]; v [n, kv_heads, v_dim]. Both q and k are rotated in place, as by ApplyRope.
+  virtual void RopeWriteKv(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cos,
+                           const TensorView& sin, bool interleaved, const AttentionMetadata& meta,
+                           const KvLayerView& cache) {
+    ApplyRope(q, cos, sin, interleaved);
+    ApplyRope(k, cos, sin, interleaved);
+    WriteKv(k, v, meta, cache);
+  }
+
   // Causal attention of each new token over its sequence's cached tokens (the new ones included, as written by
   // WriteKv). q [n, heads, k_dim]; out [n, heads, v_dim]; heads is a multiple of the cache's kv_heads (GQA).
   virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
@@ -117,6 +133,11 @@ class Backend {
   // out [n, d]. The MoE combine step.
   virtual void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                               const TensorView& out) = 0;
+
+  // ids[r] = the index of the largest value of row r, the lowest index among equal maxima (std::max_element's
+  // choice). Greedy decoding reads ids instead of copying whole logits rows to the host.
+  // logits f32 [n, vocab]; ids i32 [n]
+  virtual void ArgMax(const TensorView& logits, const TensorView& ids) = 0;
 
   // dst = src for same-shaped 2-d or 3-d views (strided, unit inner stride).
   virtual void Copy(const TensorView& src, const TensorView& dst) = 0;

@@ -3,6 +3,7 @@
 // attention_bias) and config defaults, so one file serves both.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 
 #include "model/registry.h"
@@ -95,6 +96,8 @@ class LlamaModel final : public Model {
       l.gate = Linear(LayerName(i, "mlp.gate_proj"), cfg_.mlp_bias);
       l.up = Linear(LayerName(i, "mlp.up_proj"), cfg_.mlp_bias);
       l.down = Linear(LayerName(i, "mlp.down_proj"), cfg_.mlp_bias);
+      l.qkv = {l.q, l.k, l.v};
+      l.gate_up = {l.gate, l.up};
       layers_.push_back(l);
     }
     embed_ = weights_->Get("model.embed_tokens.weight");
@@ -136,6 +139,8 @@ class LlamaModel final : public Model {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const TensorView q2 = q.view().Reshape({n, nh * hd}), k2 = k.view().Reshape({n, nkv * hd});
     const TensorView v2 = v.view().Reshape({n, nkv * hd}), attn2 = attn.view().Reshape({n, nh * hd});
+    const TensorView qkv_out[] = {q2, k2, v2};
+    const TensorView gate_up_out[] = {gate, up};
 
     for (int64_t i = 0; i < cfg_.num_layers; ++i) {
       const Layer& l = layers_[static_cast<size_t>(i)];
@@ -144,18 +149,13 @@ class LlamaModel final : public Model {
       } else {
         be.AddRmsNorm(residual, proj, l.input_norm, eps, normed);  // adds the previous layer's MLP output
       }
-      be.Linear(normed, l.q, q2);
-      be.Linear(normed, l.k, k2);
-      be.Linear(normed, l.v, v2);
-      be.ApplyRope(q, cos, sin, cfg_.rope.interleaved);
-      be.ApplyRope(k, cos, sin, cfg_.rope.interleaved);
+      be.LinearFanOut(normed, l.qkv, qkv_out);
       const KvLayerView cache = kv.layer(i);
-      be.WriteKv(k, v, meta, cache);
+      be.RopeWriteKv(q, k, v, cos, sin, cfg_.rope.interleaved, meta, cache);
       be.PagedAttention(q, cache, meta, scale, attn);
       be.Linear(attn2, l.o, proj);
       be.AddRmsNorm(residual, proj, l.post_norm, eps, normed);
-      be.Linear(normed, l.gate, gate);
-      be.Linear(normed, l.up, up);
+      be.LinearFanOut(normed, l.gate_up, gate_up_out);
       be.SiluMul(gate, up, gate);
       be.Linear(gate, l.down, proj);
     }
@@ -168,6 +168,8 @@ class LlamaModel final : public Model {
   struct Layer {
     TensorView input_norm, post_norm;
     LinearWeight q, k, v, o, gate, up, down;
+    std::array<LinearWeight, 3> qkv;      // one fan-out GEMM
+    std::array<LinearWeight, 2> gate_up;  // one fan-out GEMM
   };
 
   LinearWeight Linear(const std::string& prefix, bool bias) const {

@@ -53,6 +53,27 @@ TEST(SamplerTest, GreedyTakesTheArgmaxAfterProcessors) {
   EXPECT_EQ(Sample(std::vector<float>{0.0f, 1.0f, 5.5f}, p, {}, rng).token, 2);
 }
 
+// Only rows that Sample() would answer with the plain argmax may take the device argmax instead.
+TEST(SamplerTest, PlainGreedyOnlyWithoutProcessorsOrLogprobs) {
+  const std::vector<int32_t> prompt = {5, 6}, none = {}, one = {7};
+  const std::vector<int64_t> eos = {2};
+  SamplingParams p{.temperature = 0.0f};
+  EXPECT_TRUE(IsPlainGreedy(p, {prompt, none, eos}));
+  SamplingParams sampled{.temperature = 0.7f};
+  EXPECT_FALSE(IsPlainGreedy(sampled, {prompt, none, eos}));
+  for (SamplingParams q : {SamplingParams{.temperature = 0.0f, .logit_bias = {{1, 1.0f}}},
+                           SamplingParams{.temperature = 0.0f, .repetition_penalty = 1.1f},
+                           SamplingParams{.temperature = 0.0f, .presence_penalty = 0.5f},
+                           SamplingParams{.temperature = 0.0f, .frequency_penalty = 0.5f},
+                           SamplingParams{.temperature = 0.0f, .logprobs = true},
+                           SamplingParams{.temperature = 0.0f, .top_logprobs = 2}}) {
+    EXPECT_FALSE(IsPlainGreedy(q, {prompt, none, eos}));
+  }
+  SamplingParams min1{.temperature = 0.0f, .min_tokens = 1};
+  EXPECT_FALSE(IsPlainGreedy(min1, {prompt, none, eos}));  // EOS is still masked at this step
+  EXPECT_TRUE(IsPlainGreedy(min1, {prompt, one, eos}));    // min_tokens reached
+}
+
 std::vector<float> LogitsOf(std::vector<double> probs) {
   std::vector<float> l;
   for (double x : probs) l.push_back(static_cast<float>(std::log(x)));

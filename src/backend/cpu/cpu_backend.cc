@@ -343,6 +343,15 @@ void CpuBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, 
   });
 }
 
+void CpuBackend::ArgMax(const TensorView& logits, const TensorView& ids) {
+  FATHOM_CHECK_EQ(logits.dim(0), ids.dim(0));
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    const float* row = logits.data<float>() + r * logits.stride(0);
+    ids.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+}
+
 void CpuBackend::Copy(const TensorView& src, const TensorView& dst) {
   FATHOM_CHECK_EQ(src.ndim(), dst.ndim());
   FATHOM_CHECK(src.ndim() == 2 || src.ndim() == 3, "Copy of a {}-d view", src.ndim());

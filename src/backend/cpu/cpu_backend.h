@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
+  void ArgMax(const TensorView& logits, const TensorView& ids) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 #include "backend/cuda/kernels.h"
@@ -37,6 +38,7 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  be->pool_ = std::make_shared<Pool>();
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
@@ -44,6 +46,66 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   be->gemm_ = std::make_unique<CublasLtGemm>();
   FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
   return be;
+}
+
+struct CudaBackend::Pool {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free;  // size class -> blocks
+  ~Pool() {
+    for (auto& [bytes, blocks] : free) {
+      for (void* p : blocks) cudaFree(p);
+    }
+  }
+  // Size classes: powers of two from 4 KiB, with four steps per doubling above 1 MiB (at most 19% slack).
+  static size_t Class(size_t bytes) {
+    size_t c = 4096;
+    while (c < bytes && c < (1u << 20)) c *= 2;
+    if (c >= bytes) return c;
+    size_t p = 1u << 20;
+    while (p * 2 < bytes) p *= 2;
+    const size_t step = p / 4;
+    return (bytes + step - 1) / step * step;
+  }
+  void* Take(size_t cls) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = free.find(cls);
+    if (it == free.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  void Give(size_t cls, void* p) {
+    std::lock_guard<std::mutex> lock(mu);
+    free[cls].push_back(p);
+  }
+  // Frees every cached block (when a cudaMalloc fails, to retry with what they held).
+  void Trim() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [bytes, blocks] : free) {
+      for (void* p : blocks) cudaFree(p);
+      blocks.clear();
+    }
+  }
+};
+
+StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64_t> shape) {
+  TensorView probe(nullptr, dtype, shape);
+  const size_t bytes = std::max<size_t>(probe.nbytes(), 16);
+  const bool pooled = bytes <= kMaxPooledBytes;
+  const size_t cls = pooled ? Pool::Class(bytes) : bytes;
+  void* p = pooled ? pool_->Take(cls) : nullptr;
+  if (p == nullptr) {
+    cudaError_t e = cudaMalloc(&p, cls);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // an allocation failure is not sticky: clear it and retry after trimming the pool
+      pool_->Trim();
+      e = cudaMalloc(&p, cls);
+    }
+    FATHOM_RETURN_IF_ERROR(CudaStatus(e, fmt::format("cudaMalloc of {} bytes", cls)));
+  }
+  if (!pooled) return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
+  std::shared_ptr<Pool> pool = pool_;
+  return Tensor::Adopt(p, dtype, shape, Device::kCuda, [pool, cls](void* q) { pool->Give(cls, q); });
 }
 
 CudaBackend::~CudaBackend() {
@@ -153,13 +215,14 @@ Status CudaBackend::Synchronize() {
 }
 
 Tensor CudaBackend::Alloc(DType dtype, std::span<const int64_t> shape) {
-  TensorView probe(nullptr, dtype, shape);
-  const size_t bytes = std::max<size_t>(probe.nbytes(), 16);
-  void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, bytes);
-  FATHOM_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(e));
-  Check(static_cast<int>(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream_))), "cudaMemsetAsync");
-  return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
+  StatusOr<Tensor> t = NewDeviceTensor(dtype, shape);
+  FATHOM_CHECK(t.ok(), "{}", t.status().ToString());
+  const size_t bytes = t->nbytes();
+  if (bytes > 0) {
+    Check(static_cast<int>(cudaMemsetAsync(t->view().raw(), 0, bytes, static_cast<cudaStream_t>(stream_))),
+          "cudaMemsetAsync");
+  }
+  return std::move(t).value();
 }
 
 StatusOr<Tensor> CudaBackend::Upload(const TensorView& host) {
@@ -167,10 +230,8 @@ StatusOr<Tensor> CudaBackend::Upload(const TensorView& host) {
     return InvalidArgumentError("CudaBackend::Upload needs a contiguous host tensor");
   }
   const std::vector<int64_t> shape = host.shape();
-  void* p = nullptr;
-  const size_t bytes = std::max<size_t>(host.nbytes(), 16);
-  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of {} bytes", bytes)));
-  Tensor t = Tensor::Adopt(p, host.dtype(), shape, Device::kCuda, [](void* q) { cudaFree(q); });
+  FATHOM_ASSIGN_OR_RETURN(Tensor t, NewDeviceTensor(host.dtype(), shape));
+  void* p = t.view().raw();
   if (host.nbytes() > 0) {
     FATHOM_RETURN_IF_ERROR(CudaStatus(
         cudaMemcpyAsync(p, host.raw(), host.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
@@ -246,6 +307,38 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
   });
 }
 
+void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws,
+                               std::span<const TensorView> outs) {
+  FATHOM_CHECK_EQ(ws.size(), outs.size());
+  const int64_t n = x.dim(0), k = x.dim(1);
+  // Decode-sized batches with bf16 weights: one GEMV launch for all the weights. Otherwise one Linear each.
+  bool one_launch = n <= 8 && !ws.empty() && ws.size() <= static_cast<size_t>(cuda::kMaxGemvParts);
+  std::array<cuda::GemvPart, cuda::kMaxGemvParts> parts{};
+  for (size_t i = 0; one_launch && i < ws.size(); ++i) {
+    const LinearWeight& w = ws[i];
+    FATHOM_CHECK_EQ(w.in_features(), k);
+    FATHOM_CHECK_EQ(outs[i].dim(1), w.out_features());
+    parts[i] = cuda::GemvPart{w.weight.raw(),
+                              w.weight.stride(0),
+                              w.out_features(),
+                              w.bias.empty() ? nullptr : w.bias.raw(),
+                              w.bias.empty() ? 0 : Dt(w.bias),
+                              outs[i].data<float>(),
+                              outs[i].stride(0)};
+    one_launch = w.weight.dtype() == DType::kBF16 && outs[i].stride(1) == 1 &&
+                 cuda::LinearBf16FanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
+  }
+  static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
+  if (!one_launch || force_generic || x.stride(1) != 1) {
+    Backend::LinearFanOut(x, ws, outs);
+    return;
+  }
+  Launch("LinearFanOut", [&] {
+    return cuda::LaunchLinearBf16FanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
+                                        stream_);
+  });
+}
+
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
   Launch("AddInPlace", [&] {
     return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
@@ -290,6 +383,40 @@ void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const Attent
   }
 }
 
+void CudaBackend::RopeWriteKv(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cos,
+                              const TensorView& sin, bool interleaved, const AttentionMetadata& meta,
+                              const KvLayerView& cache) {
+  FATHOM_CHECK_EQ(q.stride(2), 1);
+  FATHOM_CHECK_EQ(k.stride(2), 1);
+  FATHOM_CHECK(v.empty() || v.stride(2) == 1);
+  cuda::RopeWriteArgs a{};
+  a.q = q.data<float>();
+  a.q_s0 = q.stride(0);
+  a.q_s1 = q.stride(1);
+  a.heads = q.dim(1);
+  a.k = k.data<float>();
+  a.k_s0 = k.stride(0);
+  a.k_s1 = k.stride(1);
+  a.kv_heads = k.dim(1);
+  a.k_dim = k.dim(2);
+  if (!v.empty()) {
+    a.v = v.data<float>();
+    a.v_s0 = v.stride(0);
+    a.v_s1 = v.stride(1);
+    a.v_dim = v.dim(2);
+    a.v_cache = Cache(cache.v);
+  }
+  a.cos = cos.data<float>();
+  a.sin = sin.data<float>();
+  a.half = cos.dim(1);
+  a.interleaved = interleaved;
+  a.slot_mapping = meta.slot_mapping.data<int32_t>();
+  a.block_size = meta.block_size;
+  a.k_cache = Cache(cache.k);
+  a.n = q.dim(0);
+  Launch("RopeWriteKv", [&] { return cuda::LaunchRopeWriteCache(a, stream_); });
+}
+
 void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
                                  float scale, const TensorView& out) {
   cuda::AttentionArgs a{};
@@ -318,8 +445,8 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   // (token, head).
   const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a);
   if (ws <= kMaxAttentionWorkspace && std::getenv("FATHOM_CUDA_NO_SPLIT_ATTENTION") == nullptr) {
-    void* w = Workspace(static_cast<size_t>(ws));
-    if (w == nullptr) return;
+    void* w = ws > 0 ? Workspace(static_cast<size_t>(ws)) : nullptr;
+    if (ws > 0 && w == nullptr) return;
     Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, w, stream_); });
   } else {
     Launch("PagedAttention", [&] { return cuda::LaunchPagedAttention(a, stream_); });
@@ -338,6 +465,14 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
   Launch("ScatterAddRows", [&] {
     return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
                                       indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_);
+  });
+}
+
+void CudaBackend::ArgMax(const TensorView& logits, const TensorView& ids) {
+  FATHOM_CHECK_EQ(logits.dim(0), ids.dim(0));
+  Launch("ArgMax", [&] {
+    return cuda::LaunchArgMax(logits.data<float>(), logits.stride(0), logits.dim(0), logits.dim(1),
+                              ids.data<int32_t>(), stream_);
   });
 }
 

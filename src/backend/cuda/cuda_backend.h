@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                   const TensorView& out) override;
   void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
+  void LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs) override;
   void AddInPlace(const TensorView& a, const TensorView& b) override;
   void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
   void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
@@ -47,11 +48,15 @@ class CudaBackend final : public Backend {
   void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) override;
   void WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
                const KvLayerView& cache) override;
+  void RopeWriteKv(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cos,
+                   const TensorView& sin, bool interleaved, const AttentionMetadata& meta,
+                   const KvLayerView& cache) override;
   void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
+  void ArgMax(const TensorView& logits, const TensorView& ids) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 
@@ -73,7 +78,16 @@ class CudaBackend final : public Backend {
     std::map<std::string, std::pair<double, int64_t>> totals;  // op -> (ms, calls)
   };
 
+  // Device memory for Alloc/Upload: blocks of up to kMaxPooledBytes are kept on free lists by size class and reused
+  // (in stream order, on the backend's one stream), so a forward pass costs no cudaMalloc/cudaFree, which would
+  // synchronize the device. Larger blocks (KV caches, weights) go straight to cudaMalloc. Shared with the tensors'
+  // deleters so that a tensor may outlive the backend.
+  struct Pool;
+  static constexpr size_t kMaxPooledBytes = 256ull << 20;
+
   CudaBackend() = default;
+  StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
+  std::shared_ptr<Pool> pool_;
   void Check(int err, const char* op);
   void Launch(const char* op, const std::function<int()>& launch);
   void CollectProfile();

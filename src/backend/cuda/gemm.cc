@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string_view>
+
 namespace fathom {
 
 namespace {
@@ -45,6 +48,38 @@ Status CublasLtGemm::Init(void* stream) {
   return OkStatus();
 }
 
+StatusOr<int> CublasLtGemm::PickFastest(const Plan& p, const void* results_v, int found, const void* x, const void* w,
+                                        float* out) {
+  const auto* results = static_cast<const cublasLtMatmulHeuristicResult_t*>(results_v);
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  cudaEvent_t start = nullptr, end = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) {
+    return InternalError("cudaEventCreate failed");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  int best = 0;
+  float best_ms = 0.0f;
+  for (int i = 0; i < found; ++i) {
+    float ms = 0.0f;
+    bool ok = true;
+    for (int rep = 0; rep < 3 && ok; ++rep) {  // the first run warms up; the last two are timed
+      if (rep == 1) cudaEventRecord(start, s);
+      ok = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.d, out,
+                          p.d, &results[i].algo, workspace_, workspace_bytes_, s) == CUBLAS_STATUS_SUCCESS;
+    }
+    cudaEventRecord(end, s);
+    if (cudaEventSynchronize(end) != cudaSuccess || !ok) continue;
+    cudaEventElapsedTime(&ms, start, end);
+    if (i == 0 || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  return best;
+}
+
 Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
                          int64_t out_stride) {
   // Column-major view: W row-major [m, k] is Wc (k x m, ld w_stride); x row-major [n, k] is Xc (k x n, ld k);
@@ -69,16 +104,29 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                          sizeof(workspace_bytes_));
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
-                                                             p->b, p->d, p->d, pref, 1, &result, &found);
+                                                             p->b, p->d, p->d, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     FATHOM_RETURN_IF_ERROR(LtStatus(hs, "heuristic"));
     if (found == 0) {
       return InternalError(fmt::format("cuBLASLt has no bf16 algorithm for n={} k={} m={}", n, k, m));
     }
-    p->algo = result.algo;
+    p->algo = results[0].algo;
+    // The first heuristic is not always the fastest. With FATHOM_CUDA_GEMM_TUNE=1, prefill-sized GEMMs time the
+    // candidates once (two runs each, on the real operands) and keep the best. Off by default: on the H200 the best
+    // of 8 gained 0-3% at the R1-Distill-Qwen-7B shapes (bench/results/2026-11-30-cuda-kernels.json), while tuning
+    // costs milliseconds per new shape, and chunked prefill brings many.
+    static const bool tune = [] {
+      const char* e = std::getenv("FATHOM_CUDA_GEMM_TUNE");
+      return e != nullptr && std::string_view(e) == "1";
+    }();
+    if (tune && found > 1 && n >= kTuneMinRows) {
+      FATHOM_ASSIGN_OR_RETURN(const int best, PickFastest(*p, results, found, x, w, out));
+      p->algo = results[best].algo;
+    }
     plan = p.release();
     plans_[key] = plan;
   }

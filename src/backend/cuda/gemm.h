@@ -1,5 +1,6 @@
 // bf16 GEMMs through cuBLASLt: out[n, m] (float32) = x[n, k] (bf16) W[m, k]^T (bf16), float32 accumulation, with the
-// algorithm chosen by cuBLASLt's heuristic once per shape and cached.
+// algorithm chosen once per shape and cached: cuBLASLt's first heuristic, or with FATHOM_CUDA_GEMM_TUNE=1 for
+// prefill-sized GEMMs (n >= 64) the fastest of its top 8 candidates, timed on the first call.
 //
 //   CublasLtGemm gemm;
 //   FATHOM_RETURN_IF_ERROR(gemm.Init(stream));
@@ -28,6 +29,9 @@ class CublasLtGemm {
 
  private:
   struct Plan;
+  static constexpr int64_t kTuneMinRows = 64;
+  // Index of the fastest of `found` heuristic results (cublasLtMatmulHeuristicResult_t[]) on these operands.
+  StatusOr<int> PickFastest(const Plan& p, const void* results, int found, const void* x, const void* w, float* out);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* stream_ = nullptr;
   void* workspace_ = nullptr;

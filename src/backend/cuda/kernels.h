@@ -23,6 +23,22 @@ int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const 
                  int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk, const void* bias,
                  int bias_dtype, float* out, int64_t out_stride, Stream s);
 
+// Several bf16 weights that share the input x [n <= 8, in] (q/k/v, gate/up): one launch, one warp per output row.
+// Needs LinearBf16FanOutFits for every part.
+struct GemvPart {
+  const void* w;  // bf16 [m, in], rows w_stride elements apart
+  int64_t w_stride;
+  int64_t m;
+  const void* bias;  // [m] or null
+  int bias_dtype;
+  float* out;  // [n, m], rows out_stride apart
+  int64_t out_stride;
+};
+constexpr int kMaxGemvParts = 4;
+bool LinearBf16FanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);
+int LaunchLinearBf16FanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count,
+                           Stream s);
+
 int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t rows, int64_t cols,
                      Stream s);
 
@@ -46,6 +62,26 @@ struct CacheView {
 int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                      const int32_t* slot_mapping, int64_t block_size, CacheView cache, Stream s);
 
+// Rotates q [n, heads, >= 2 * half] and k [n, kv_heads, k_dim] in place, then writes k and v [n, kv_heads, v_dim]
+// (v may be null) into their cache slots: one launch for ApplyRope(q), ApplyRope(k) and WriteKv.
+struct RopeWriteArgs {
+  float* q;
+  int64_t q_s0, q_s1, heads;
+  float* k;
+  int64_t k_s0, k_s1, kv_heads, k_dim;
+  const float* v;
+  int64_t v_s0, v_s1, v_dim;
+  const float* cos;
+  const float* sin;
+  int64_t half;
+  bool interleaved;
+  const int32_t* slot_mapping;
+  int64_t block_size;
+  CacheView k_cache, v_cache;
+  int64_t n;
+};
+int LaunchRopeWriteCache(const RopeWriteArgs& a, Stream s);
+
 struct AttentionArgs {
   const float* q;  // [n, heads, k_dim]
   int64_t q_s0, q_s1;
@@ -64,7 +100,10 @@ struct AttentionArgs {
 };
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.
 int LaunchPagedAttention(const AttentionArgs& a, Stream s);
-// Flash-decoding: chunks of 64 keys per block, then a merge. Needs SplitAttentionWorkspaceBytes(a) of workspace.
+// Flash-decoding: each block takes a chunk of one sequence's keys, then a merge kernel combines the chunks. When
+// k_dim == v_dim is 64 or 128, the cache is f32/f16/bf16 with 16-byte aligned rows and heads / kv_heads <= 8, one
+// block serves all query heads of a KV head (GQA packing) and sizes its chunks to fill the GPU; otherwise chunks
+// of 64 keys per (token, head). Needs SplitAttentionWorkspaceBytes(a) of workspace (0 when no merge is needed).
 int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a);
 int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
 
@@ -77,6 +116,8 @@ int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64
                      int64_t out_stride, Stream s);
 int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, const float* w, int64_t m, int64_t d,
                          float* out, int64_t out_stride, Stream s);
+// ids[r] = argmax of row r of x [rows, cols] (row stride xs), the lowest index among equal maxima.
+int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s);
 // 3-d strided copy (a 2-d copy passes d1 = 1).
 int LaunchCopy(const float* src, int64_t s0, int64_t s1, float* dst, int64_t d0s, int64_t d1s, int64_t d0, int64_t d1,
                int64_t inner, Stream s);

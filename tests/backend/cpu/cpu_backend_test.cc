@@ -143,6 +143,16 @@ TEST(CpuBackendTest, RmsNormAndAddRmsNorm) {
   }
 }
 
+TEST(CpuBackendTest, ArgMaxTakesTheLowestIndexAmongEqualMaxima) {
+  CpuBackend be;
+  Tensor l = FromVector({0.5f, 2.0f, 2.0f, -1.0f, /**/ -3.0f, -3.0f, -3.0f, -3.0f, /**/ 1.0f, 0.0f, 0.0f, 7.0f}, {3, 4});
+  Tensor ids = be.Alloc(DType::kI32, {3});
+  be.ArgMax(l, ids);
+  EXPECT_EQ(ids.data<int32_t>()[0], 1);
+  EXPECT_EQ(ids.data<int32_t>()[1], 0);
+  EXPECT_EQ(ids.data<int32_t>()[2], 3);
+}
+
 TEST(CpuBackendTest, RopeInterleavedEqualsNeoxOnPermutedInput) {
   CpuBackend be;
   const int64_t n = 4, heads = 2, d = 8, half = d / 2;

@@ -1,6 +1,7 @@
 // CudaBackend against the CPU reference op by op, and the reference models against the oracle on the GPU.
 #include "backend/cuda/cuda_backend.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -106,6 +107,188 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
   unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
+// Several weights sharing one input in one launch (q/k/v with biases, gate/up), at the R1-Distill-Qwen-7B sizes, for
+// every decode batch size the one-launch path takes and one it does not.
+TEST(CudaBackendTest, LinearFanOutMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  const int64_t in = 3584;
+  for (const std::vector<int64_t>& outs : std::vector<std::vector<int64_t>>{{3584, 512, 512}, {18944, 18944}}) {
+    for (int64_t n : {1, 2, 3, 8, 9}) {
+      std::vector<Tensor> host_w, host_b, dev_w, dev_b, y_cpu, y_gpu;
+      std::vector<LinearWeight> cw, gw;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        host_w.push_back(RandomHost(DType::kBF16, {outs[i], in}, 40 + static_cast<uint32_t>(i), 0.05f));
+        host_b.push_back(RandomHost(DType::kBF16, {outs[i]}, 50 + static_cast<uint32_t>(i)));
+        dev_w.push_back(*gpu->Upload(host_w.back()));
+        dev_b.push_back(*gpu->Upload(host_b.back()));
+        LinearWeight c, g;
+        c.weight = host_w.back();
+        g.weight = dev_w.back();
+        if (outs.size() == 3) {  // q/k/v carry biases (Qwen2), gate/up do not
+          c.bias = host_b.back();
+          g.bias = dev_b.back();
+        }
+        cw.push_back(c);
+        gw.push_back(g);
+        y_cpu.push_back(cpu.Alloc(DType::kF32, {n, outs[i]}));
+        y_gpu.push_back(gpu->Alloc(DType::kF32, {n, outs[i]}));
+      }
+      Tensor x = RandomHost(DType::kF32, {n, in}, 60);
+      Tensor xd = *gpu->Upload(x);
+      std::vector<TensorView> oc(y_cpu.begin(), y_cpu.end()), og(y_gpu.begin(), y_gpu.end());
+      cpu.LinearFanOut(x, cw, oc);
+      gpu->LinearFanOut(xd, gw, og);
+      ASSERT_TRUE(gpu->Synchronize().ok());
+      for (size_t i = 0; i < outs.size(); ++i) {
+        auto h = Host(*gpu, y_gpu[i]);
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu[i].data<float>(), n * outs[i]), 1e-4f)
+            << "part " << i << " of " << outs.size() << ", n=" << n;
+      }
+    }
+  }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// RMSNorm and the fused residual add, through the vectorized kernel (hidden sizes of the DeepSeek families, one and
+// several rows) and the generic one (an odd width).
+TEST(CudaBackendTest, RmsNormAndAddRmsNormMatchCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  for (int64_t cols : {301, 1536, 2048, 3584, 4096, 5120, 7168, 8192}) {
+    for (int64_t rows : {1, 5}) {
+      Tensor x = RandomHost(DType::kF32, {rows, cols}, 70, 3.0f), a = RandomHost(DType::kF32, {rows, cols}, 71);
+      Tensor w = RandomHost(DType::kBF16, {cols}, 72);
+      Tensor res_gpu = *gpu->Upload(x), ad = *gpu->Upload(a), wd = *gpu->Upload(w);
+      Tensor out_cpu = cpu.Alloc(DType::kF32, {rows, cols}), out_gpu = gpu->Alloc(DType::kF32, {rows, cols});
+      Tensor norm_cpu = cpu.Alloc(DType::kF32, {rows, cols}), norm_gpu = gpu->Alloc(DType::kF32, {rows, cols});
+      cpu.RmsNorm(x, w, 1e-6f, norm_cpu);
+      gpu->RmsNorm(res_gpu, wd, 1e-6f, norm_gpu);
+      cpu.AddRmsNorm(x, a, w, 1e-6f, out_cpu);  // x becomes x + a
+      gpu->AddRmsNorm(res_gpu, ad, wd, 1e-6f, out_gpu);
+      ASSERT_TRUE(gpu->Synchronize().ok());
+      const int64_t n = rows * cols;
+      auto hn = Host(*gpu, norm_gpu), ho = Host(*gpu, out_gpu), hr = Host(*gpu, res_gpu);
+      EXPECT_LE(testing::MaxAbsDiff(hn.data(), norm_cpu.data<float>(), n), 1e-5f) << "RmsNorm cols=" << cols;
+      EXPECT_LE(testing::MaxAbsDiff(ho.data(), out_cpu.data<float>(), n), 1e-5f) << "AddRmsNorm cols=" << cols;
+      EXPECT_EQ(testing::MaxAbsDiff(hr.data(), x.data<float>(), n), 0.0f) << "residual cols=" << cols;
+    }
+  }
+}
+
+std::vector<float> CacheToHost(Backend& be, const TensorView& c) {
+  std::vector<float> out(static_cast<size_t>(c.numel()));
+  if (c.dtype() == DType::kF32) {
+    EXPECT_TRUE(be.CopyToHost(c, out.data()).ok());
+    return out;
+  }
+  std::vector<uint16_t> raw(static_cast<size_t>(c.numel()));
+  EXPECT_TRUE(be.CopyToHost(c, raw.data()).ok());
+  for (size_t i = 0; i < raw.size(); ++i) out[i] = Bf16ToF32(raw[i]);
+  return out;
+}
+
+// RoPE on q and k fused with the cache write: NeoX and interleaved pairs, full and partial rotary dims, f32 and bf16
+// caches, scattered slots. q, k and both caches must equal ApplyRope + ApplyRope + WriteKv on the CPU.
+TEST(CudaBackendTest, RopeWriteKvMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  for (DType cache_dtype : {DType::kF32, DType::kBF16}) {
+    for (bool interleaved : {false, true}) {
+      for (int64_t half : {64, 32}) {
+        const int64_t n = 5, heads = 28, kv_heads = 4, hd = 128, bs = 16;
+        KvCacheSpec spec{1, kv_heads, hd, hd, false};
+        auto kv_cpu = KvCache::Allocate(cpu, spec, cache_dtype, 8, bs);
+        auto kv_gpu = KvCache::Allocate(*gpu, spec, cache_dtype, 8, bs);
+        ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
+        ForwardBatch fb(bs);
+        std::vector<int32_t> toks(static_cast<size_t>(n), 0);
+        const std::vector<int32_t> table = {6, 2};
+        fb.AddSequence(toks, 13, table, LogitsMode::kNone);  // positions 13..17 cross from block 6 into block 2
+        auto mc = BatchOnDevice::Upload(fb, cpu);
+        auto mg = BatchOnDevice::Upload(fb, *gpu);
+        ASSERT_TRUE(mc.ok() && mg.ok());
+        Tensor q = RandomHost(DType::kF32, {n, heads, hd}, 80), k = RandomHost(DType::kF32, {n, kv_heads, hd}, 81);
+        Tensor v = RandomHost(DType::kF32, {n, kv_heads, hd}, 82);
+        Tensor cs = RandomHost(DType::kF32, {n, half}, 83), sn = RandomHost(DType::kF32, {n, half}, 84);
+        Tensor qd = *gpu->Upload(q), kd = *gpu->Upload(k), vd = *gpu->Upload(v), cd = *gpu->Upload(cs),
+               sd = *gpu->Upload(sn);
+        cpu.RopeWriteKv(q, k, v, cs, sn, interleaved, mc->meta(), kv_cpu->layer(0));
+        gpu->RopeWriteKv(qd, kd, vd, cd, sd, interleaved, mg->meta(), kv_gpu->layer(0));
+        ASSERT_TRUE(gpu->Synchronize().ok());
+        const std::string what = fmt::format("{} interleaved={} half={}", DTypeName(cache_dtype), interleaved, half);
+        auto hq = Host(*gpu, qd), hk = Host(*gpu, kd);
+        EXPECT_LE(testing::MaxAbsDiff(hq.data(), q.data<float>(), q.numel()), 1e-6f) << what;
+        EXPECT_LE(testing::MaxAbsDiff(hk.data(), k.data<float>(), k.numel()), 1e-6f) << what;
+        for (bool is_k : {true, false}) {
+          const TensorView gc = is_k ? kv_gpu->layer(0).k : kv_gpu->layer(0).v;
+          const TensorView cc = is_k ? kv_cpu->layer(0).k : kv_cpu->layer(0).v;
+          auto hg = CacheToHost(*gpu, gc), hc = CacheToHost(cpu, cc);
+          EXPECT_LE(testing::MaxAbsDiff(hg.data(), hc.data(), gc.numel()), cache_dtype == DType::kF32 ? 1e-6f : 1e-2f)
+              << what << (is_k ? " k cache" : " v cache");
+        }
+      }
+    }
+  }
+}
+
+// More rows than a grid's y dimension holds (65535): a one-shot prefill of 64 x 1024 tokens has 65536.
+TEST(CudaBackendTest, ElementwiseOpsAndGemmCoverMoreThan65535Rows) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+  const int64_t n = 70000, d = 16, in = 64;
+  Tensor a = RandomHost(DType::kF32, {n, d}, 90), b = RandomHost(DType::kF32, {n, d}, 91);
+  Tensor x = RandomHost(DType::kF32, {n, in}, 92);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = Bf16ToF32(F32ToBf16(x.data<float>()[i]));
+  Tensor w = RandomHost(DType::kBF16, {d, in}, 93), bias = RandomHost(DType::kBF16, {d}, 94);
+  Tensor ad = *gpu->Upload(a), bd = *gpu->Upload(b), xd = *gpu->Upload(x), wd = *gpu->Upload(w),
+         biasd = *gpu->Upload(bias);
+  Tensor silu_cpu = cpu.Alloc(DType::kF32, {n, d}), silu_gpu = gpu->Alloc(DType::kF32, {n, d});
+  cpu.SiluMul(a, b, silu_cpu);
+  gpu->SiluMul(ad, bd, silu_gpu);
+  cpu.AddInPlace(a, b);
+  gpu->AddInPlace(ad, bd);
+  LinearWeight lc, lg;
+  lc.weight = w;
+  lc.bias = bias;
+  lg.weight = wd;
+  lg.bias = biasd;
+  Tensor y_cpu = cpu.Alloc(DType::kF32, {n, d}), y_gpu = gpu->Alloc(DType::kF32, {n, d});
+  cpu.Linear(x, lc, y_cpu);
+  gpu->Linear(xd, lg, y_gpu);  // ToBf16, cuBLASLt, AddBias
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  auto hs = Host(*gpu, silu_gpu), ha = Host(*gpu, ad), hy = Host(*gpu, y_gpu);
+  EXPECT_LE(testing::MaxAbsDiff(hs.data(), silu_cpu.data<float>(), n * d), 1e-6f);
+  EXPECT_EQ(testing::MaxAbsDiff(ha.data(), a.data<float>(), n * d), 0.0f);
+  EXPECT_LE(testing::MaxAbsDiff(hy.data(), y_cpu.data<float>(), n * d), 1e-4f);
+}
+
+// Greedy decoding takes the argmax on the device: ties go to the lowest index, as std::max_element does.
+TEST(CudaBackendTest, ArgMaxMatchesCpuWithTies) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const int64_t rows = 5, vocab = 152064;
+  Tensor l = RandomHost(DType::kF32, {rows, vocab}, 95);
+  l.data<float>()[0 * vocab + 7] = 5.0f;  // row 0: one maximum
+  l.data<float>()[1 * vocab + 100000] = 5.0f;  // row 1: a tie, the lower index wins
+  l.data<float>()[1 * vocab + 99999] = 5.0f;
+  l.data<float>()[2 * vocab + vocab - 1] = 5.0f;  // row 2: the last id
+  for (int64_t i = 0; i < vocab; ++i) l.data<float>()[3 * vocab + i] = -1.0f;  // row 3: all equal -> 0
+  Tensor ld = *gpu->Upload(l);
+  Tensor ids_cpu = cpu.Alloc(DType::kI32, {rows}), ids_gpu = gpu->Alloc(DType::kI32, {rows});
+  cpu.ArgMax(l, ids_cpu);
+  gpu->ArgMax(ld, ids_gpu);
+  std::vector<int32_t> h(static_cast<size_t>(rows));
+  ASSERT_TRUE(gpu->CopyToHost(ids_gpu, h.data()).ok());
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(h[static_cast<size_t>(r)], ids_cpu.data<int32_t>()[r]) << "row " << r;
+  EXPECT_EQ(h[0], 7);
+  EXPECT_EQ(h[1], 99999);
+  EXPECT_EQ(h[2], vocab - 1);
+  EXPECT_EQ(h[3], 0);
+}
+
 // Prefill-shaped GEMMs run on cuBLASLt with activations rounded to bf16: against the CPU on the same bf16-rounded
 // inputs they agree to float32 accumulation error, at a real size.
 TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
@@ -138,50 +321,72 @@ TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
 TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  for (int mode = 0; mode < 4; ++mode) {
-    const DType cache_dtype = mode % 2 ? DType::kBF16 : DType::kF32;
-    if (mode / 2) {
-      setenv("FATHOM_CUDA_NO_SPLIT_ATTENTION", "1", 1);  // the one-block-per-(token, head) kernel
-    } else {
-      unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
-    }
-    const int64_t heads = 8, kv_heads = 2, d = 64, bs = 16;
-    const std::vector<int32_t> cached = {0, 300, 1000};
-    const std::vector<int32_t> fresh = {40, 1, 3};
-    KvCacheSpec spec{1, kv_heads, d, d, false};
-    auto kv_cpu = KvCache::Allocate(cpu, spec, cache_dtype, 128, bs);
-    auto kv_gpu = KvCache::Allocate(*gpu, spec, cache_dtype, 128, bs);
-    ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
-    testing::ScatteredBlocks blocks(128, 5);
-    std::vector<std::vector<int32_t>> tables;
-    ForwardBatch fill(bs), step(bs);
-    for (size_t s = 0; s < 3; ++s) {
-      tables.push_back(blocks.Take((cached[s] + fresh[s] + bs - 1) / bs));
-      std::vector<int32_t> a(static_cast<size_t>(cached[s]), 0), b(static_cast<size_t>(fresh[s]), 0);
-      fill.AddSequence(a, 0, tables.back(), LogitsMode::kNone);
-      step.AddSequence(b, cached[s], tables.back(), LogitsMode::kNone);
-    }
-    for (ForwardBatch* fb : {&fill, &step}) {
-      const int64_t n = fb->num_tokens();
-      Tensor k = RandomHost(DType::kF32, {n, kv_heads, d}, 11), v = RandomHost(DType::kF32, {n, kv_heads, d}, 12);
-      Tensor q = RandomHost(DType::kF32, {n, heads, d}, 13);
-      auto mc = BatchOnDevice::Upload(*fb, cpu);
-      auto mg = BatchOnDevice::Upload(*fb, *gpu);
-      ASSERT_TRUE(mc.ok() && mg.ok());
-      cpu.WriteKv(k, v, mc->meta(), kv_cpu->layer(0));
-      Tensor kd = *gpu->Upload(k), vd = *gpu->Upload(v), qd = *gpu->Upload(q);
-      gpu->WriteKv(kd, vd, mg->meta(), kv_gpu->layer(0));
-      if (fb == &fill) continue;
-      Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, d});
-      Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, d});
-      cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), 0.125f, out_cpu);
-      gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
-      ASSERT_TRUE(gpu->Synchronize().ok());
-      auto h = Host(*gpu, out_gpu);
-      EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), 1e-5f) << "mode " << mode;
+  struct Shape {
+    int64_t heads, kv_heads, d;
+  };
+  // (8, 2, 64): a small GQA group; (28, 4, 128): R1-Distill-Qwen-7B; (32, 32, 128): deepseek-coder (MHA);
+  // (12, 2, 128): R1-Distill-Qwen-1.5B; (16, 2, 96): no packed kernel for this head size.
+  for (const Shape& sh : std::vector<Shape>{{8, 2, 64}, {28, 4, 128}, {32, 32, 128}, {12, 2, 128}, {16, 2, 96}}) {
+    // mode 0: default (GQA-packed split-K where it fits), 1: split-K per (token, head), 2: one block per (token, head)
+    for (int mode = 0; mode < 6; ++mode) {
+      const DType cache_dtype = mode % 2 ? DType::kBF16 : DType::kF32;
+      const int kernel = mode / 2;
+      if (kernel == 2) {
+        setenv("FATHOM_CUDA_NO_SPLIT_ATTENTION", "1", 1);
+      } else {
+        unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
+      }
+      if (kernel == 1) {
+        setenv("FATHOM_CUDA_NO_GQA_ATTENTION", "1", 1);
+      } else {
+        unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
+      }
+      const int64_t heads = sh.heads, kv_heads = sh.kv_heads, d = sh.d, bs = 16;
+      const std::vector<int32_t> cached = {0, 300, 1000, 511};
+      const std::vector<int32_t> fresh = {40, 1, 3, 1};
+      KvCacheSpec spec{1, kv_heads, d, d, false};
+      auto kv_cpu = KvCache::Allocate(cpu, spec, cache_dtype, 128, bs);
+      auto kv_gpu = KvCache::Allocate(*gpu, spec, cache_dtype, 128, bs);
+      ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
+      testing::ScatteredBlocks blocks(128, 5);
+      std::vector<std::vector<int32_t>> tables;
+      ForwardBatch fill(bs), step(bs), decode(bs);
+      for (size_t s = 0; s < cached.size(); ++s) {
+        tables.push_back(blocks.Take((cached[s] + fresh[s] + bs - 1) / bs));
+        std::vector<int32_t> a(static_cast<size_t>(cached[s]), 0), b(static_cast<size_t>(fresh[s]), 0);
+        fill.AddSequence(a, 0, tables.back(), LogitsMode::kNone);
+        step.AddSequence(b, cached[s], tables.back(), LogitsMode::kNone);
+      }
+      // A batch-1 decode step alone (the shape where the split is widest) over the last sequence.
+      decode.AddSequence(std::vector<int32_t>{0}, cached.back(), tables.back(), LogitsMode::kNone);
+      for (ForwardBatch* fb : {&fill, &step, &decode}) {
+        const int64_t n = fb->num_tokens();
+        Tensor k = RandomHost(DType::kF32, {n, kv_heads, d}, 11), v = RandomHost(DType::kF32, {n, kv_heads, d}, 12);
+        Tensor q = RandomHost(DType::kF32, {n, heads, d}, 13);
+        auto mc = BatchOnDevice::Upload(*fb, cpu);
+        auto mg = BatchOnDevice::Upload(*fb, *gpu);
+        ASSERT_TRUE(mc.ok() && mg.ok());
+        if (fb != &decode) {
+          cpu.WriteKv(k, v, mc->meta(), kv_cpu->layer(0));
+          Tensor kd = *gpu->Upload(k), vd = *gpu->Upload(v);
+          gpu->WriteKv(kd, vd, mg->meta(), kv_gpu->layer(0));
+        }
+        if (fb == &fill) continue;
+        Tensor qd = *gpu->Upload(q);
+        Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, d});
+        Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, d});
+        cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), 0.125f, out_cpu);
+        gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
+        ASSERT_TRUE(gpu->Synchronize().ok());
+        auto h = Host(*gpu, out_gpu);
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), 1e-5f)
+            << "heads " << heads << "/" << kv_heads << " d " << d << " mode " << mode
+            << (fb == &decode ? " decode" : " step");
+      }
     }
   }
   unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
+  unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
 }
 
 // The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32

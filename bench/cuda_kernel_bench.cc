@@ -1,0 +1,326 @@
+// Kernel-level benchmark of the CUDA backend on real model shapes (R1-Distill-Qwen-7B by default), each figure next
+// to the alternative it has to beat:
+//   - decode GEMV (bf16 weights, one token): fathom's fan-out GEMV against cuBLASLt (bf16 in, f32 out), in TB/s;
+//   - prefill GEMM (bf16 tensor cores) at 512 and 8192 tokens: cuBLASLt's first heuristic against the fastest of its
+//     top candidates, f32 and bf16 output, in TFLOP/s;
+//   - paged decode attention (the default kernel choice), in GB/s of KV read.
+// Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
+//
+//   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
+// Prints one JSON object per line.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+
+namespace {
+
+#define CK(x)                                                                                    \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      fmt::print(stderr, "{}:{}: {} failed: {}\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+#define LK(x)                                                                        \
+  do {                                                                               \
+    cublasStatus_t s_ = (x);                                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                               \
+      fmt::print(stderr, "{}:{}: {} failed: {}\n", __FILE__, __LINE__, #x, int(s_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+constexpr int kBf16 = 2, kF32 = 0;  // fathom::DType values
+
+struct Shape {
+  int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
+};
+
+// Device buffer filled with small random bf16 (as uint16) or f32 values.
+void* RandomDevice(size_t elems, bool bf16, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
+  void* p = nullptr;
+  CK(cudaMalloc(&p, elems * (bf16 ? 2 : 4)));
+  if (bf16) {
+    std::vector<uint16_t> h(elems);
+    for (auto& v : h) {
+      float f = d(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      v = static_cast<uint16_t>(u >> 16);
+    }
+    CK(cudaMemcpy(p, h.data(), elems * 2, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<float> h(elems);
+    for (auto& v : h) v = d(rng);
+    CK(cudaMemcpy(p, h.data(), elems * 4, cudaMemcpyHostToDevice));
+  }
+  return p;
+}
+
+// Median-free simple timing: warm-up, then the mean of `iters` runs between two events.
+double TimeUs(cudaStream_t s, int iters, const std::function<void(int)>& run) {
+  for (int i = 0; i < 3; ++i) run(i);
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) run(i);
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGetLastError());
+  return 1e3 * ms / iters;
+}
+
+struct Lt {
+  cublasLtHandle_t h = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 32u << 20;
+  cudaStream_t s = nullptr;
+};
+
+struct LtGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> algos;
+};
+
+// out [n, m] (f32 or bf16) = x [n, k] (bf16) W^T, W [m, k] (bf16): the layout CublasLtGemm uses.
+LtGemm MakeGemm(Lt& lt, int64_t n, int64_t k, int64_t m, bool out_bf16, int want) {
+  LtGemm g;
+  LK(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  LK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  LK(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_16BF, k, m, k));
+  LK(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_16BF, k, n, k));
+  LK(cublasLtMatrixLayoutCreate(&g.d, out_bf16 ? CUDA_R_16BF : CUDA_R_32F, m, n, m));
+  cublasLtMatmulPreference_t pref;
+  LK(cublasLtMatmulPreferenceCreate(&pref));
+  LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt.ws_bytes,
+                                          sizeof(lt.ws_bytes)));
+  g.algos.resize(static_cast<size_t>(want));
+  int found = 0;
+  LK(cublasLtMatmulAlgoGetHeuristic(lt.h, g.desc, g.a, g.b, g.d, g.d, pref, want, g.algos.data(), &found));
+  g.algos.resize(static_cast<size_t>(found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  return g;
+}
+
+void RunGemm(Lt& lt, const LtGemm& g, size_t algo, const void* x, const void* w, void* out) {
+  const float alpha = 1, beta = 0;
+  LK(cublasLtMatmul(lt.h, g.desc, &alpha, w, g.a, x, g.b, &beta, out, g.d, out, g.d, &g.algos[algo].algo, lt.ws,
+                    lt.ws_bytes, lt.s));
+}
+
+// Copies of a weight so that cycling through them defeats L2 (>= 512 MiB in all).
+std::vector<void*> WeightCopies(size_t elems, uint32_t seed) {
+  const size_t bytes = elems * 2;
+  const size_t copies = std::max<size_t>(1, (512ull << 20) / bytes + 1);
+  std::vector<void*> v;
+  void* first = RandomDevice(elems, true, seed);
+  v.push_back(first);
+  for (size_t i = 1; i < copies; ++i) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMemcpy(p, first, bytes, cudaMemcpyDeviceToDevice));
+    v.push_back(p);
+  }
+  return v;
+}
+
+void Gemv(Lt& lt, const char* name, int64_t k, const std::vector<int64_t>& ms) {
+  // ours: all parts in one launch; cuBLASLt: one GEMM per part (bf16 x, f32 out).
+  std::vector<std::vector<void*>> w;
+  int64_t m_total = 0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    w.push_back(WeightCopies(static_cast<size_t>(ms[i] * k), 100 + static_cast<uint32_t>(i)));
+    m_total += ms[i];
+  }
+  const size_t copies = w[0].size();
+  float* x = static_cast<float*>(RandomDevice(static_cast<size_t>(k), false, 1));
+  void* xb = RandomDevice(static_cast<size_t>(k), true, 2);
+  std::vector<float*> out;
+  for (int64_t m : ms) out.push_back(static_cast<float*>(RandomDevice(static_cast<size_t>(m), false, 3)));
+  const double bytes = 2.0 * static_cast<double>(m_total * k);
+  const double ours = TimeUs(lt.s, 50, [&](int it) {
+    std::vector<fathom::cuda::GemvPart> parts;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      parts.push_back({w[i][static_cast<size_t>(it) % copies], k, ms[i], nullptr, 0, out[i], ms[i]});
+    }
+    const int e = fathom::cuda::LaunchLinearBf16FanOut(x, k, 1, k, parts.data(), static_cast<int>(parts.size()), lt.s);
+    if (e != 0) std::exit(2);
+  });
+  std::vector<LtGemm> g;
+  for (int64_t m : ms) g.push_back(MakeGemm(lt, 1, k, m, false, 8));
+  double best_lt = 1e30, first_lt = 0;
+  for (size_t a = 0; a < g[0].algos.size(); ++a) {
+    bool ok = true;
+    for (auto& gi : g) ok = ok && a < gi.algos.size();
+    if (!ok) break;
+    const double t = TimeUs(lt.s, 50, [&](int it) {
+      for (size_t i = 0; i < ms.size(); ++i) RunGemm(lt, g[i], a, xb, w[i][static_cast<size_t>(it) % copies], out[i]);
+    });
+    if (a == 0) first_lt = t;
+    best_lt = std::min(best_lt, t);
+  }
+  fmt::print(
+      "{{\"kernel\": \"gemv\", \"shape\": \"{}\", \"k\": {}, \"m\": {}, \"weight_mb\": {:.1f}, \"fathom_us\": {:.1f}, "
+      "\"fathom_tb_s\": {:.2f}, \"cublaslt_first_us\": {:.1f}, \"cublaslt_best_us\": {:.1f}, \"cublaslt_best_tb_s\": "
+      "{:.2f}}}\n",
+      name, k, m_total, bytes / 1e6, ours, bytes / ours / 1e6, first_lt, best_lt, bytes / best_lt / 1e6);
+  for (auto& v : w)
+    for (void* p : v) cudaFree(p);
+  cudaFree(x);
+  cudaFree(xb);
+  for (float* o : out) cudaFree(o);
+}
+
+void Gemm(Lt& lt, int64_t n, int64_t k, int64_t m) {
+  void* x = RandomDevice(static_cast<size_t>(n * k), true, 5);
+  void* w = RandomDevice(static_cast<size_t>(m * k), true, 6);
+  void* out = nullptr;
+  CK(cudaMalloc(&out, static_cast<size_t>(n * m) * 4));
+  const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m);
+  for (bool bf16_out : {false, true}) {
+    LtGemm g = MakeGemm(lt, n, k, m, bf16_out, 16);
+    double first = 0, best = 1e30;
+    size_t best_i = 0;
+    for (size_t a = 0; a < g.algos.size(); ++a) {
+      const double t = TimeUs(lt.s, 10, [&](int) { RunGemm(lt, g, a, x, w, out); });
+      if (a == 0) first = t;
+      if (t < best) {
+        best = t;
+        best_i = a;
+      }
+    }
+    fmt::print(
+        "{{\"kernel\": \"gemm\", \"n\": {}, \"k\": {}, \"m\": {}, \"out\": \"{}\", \"candidates\": {}, \"first_us\": "
+        "{:.1f}, \"first_tflop_s\": {:.0f}, \"best_us\": {:.1f}, \"best_tflop_s\": {:.0f}, \"best_index\": {}}}\n",
+        n, k, m, bf16_out ? "bf16" : "f32", g.algos.size(), first, flop / first / 1e6, best, flop / best / 1e6, best_i);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(out);
+}
+
+void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cache) {
+  const int64_t bs = 16, blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
+  const int64_t row = s.kv_heads * s.head_dim;
+  const size_t cache_elems = static_cast<size_t>(num_blocks * bs * row);
+  void* kc = RandomDevice(cache_elems, bf16_cache, 7);
+  void* vc = RandomDevice(cache_elems, bf16_cache, 8);
+  float* q = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * s.heads * s.head_dim), false, 9));
+  float* out = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * s.heads * s.head_dim), false, 10));
+  std::vector<int32_t> pos(static_cast<size_t>(batch), static_cast<int32_t>(ctx - 1)), qs, bts, tables;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  for (int64_t i = 0; i < num_blocks; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
+  for (int64_t b = 0; b <= batch; ++b) {
+    qs.push_back(static_cast<int32_t>(b));
+    bts.push_back(static_cast<int32_t>(b * blocks_per));
+  }
+  auto up = [](const std::vector<int32_t>& v) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, v.size() * 4));
+    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return static_cast<int32_t*>(p);
+  };
+  fathom::cuda::AttentionArgs a{};
+  a.q = q;
+  a.q_s0 = s.heads * s.head_dim;
+  a.q_s1 = s.head_dim;
+  a.out = out;
+  a.o_s0 = a.q_s0;
+  a.o_s1 = a.q_s1;
+  a.n = batch;
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.k_dim = a.v_dim = s.head_dim;
+  const int dt = bf16_cache ? kBf16 : kF32;
+  a.k = {kc, dt, bs * row, row, s.head_dim};
+  a.v = {vc, dt, bs * row, row, s.head_dim};
+  a.positions = up(pos);
+  a.query_start = up(qs);
+  a.block_table_start = up(bts);
+  a.block_tables = up(perm);
+  a.num_seqs = batch;
+  a.block_size = bs;
+  a.max_seq_len = ctx;
+  a.scale = 0.088f;
+  const double kv_bytes = 2.0 * static_cast<double>(batch * ctx * row) * (bf16_cache ? 2 : 4);
+  const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a);
+  void* w = nullptr;
+  if (ws > 0) CK(cudaMalloc(&w, static_cast<size_t>(ws)));
+  const double us = TimeUs(lt.s, 50, [&](int) {
+    if (fathom::cuda::LaunchSplitAttention(a, w, lt.s) != 0) std::exit(3);
+  });
+  cudaFree(w);
+  fmt::print(
+      "{{\"kernel\": \"decode_attention\", \"batch\": {}, \"context\": {}, \"heads\": {}, \"kv_heads\": {}, "
+      "\"head_dim\": {}, \"cache\": \"{}\", \"kv_mb\": {:.1f}, \"us\": {:.1f}, \"gb_s\": {:.0f}}}\n",
+      batch, ctx, s.heads, s.kv_heads, s.head_dim, bf16_cache ? "bf16" : "f32", kv_bytes / 1e6, us,
+      kv_bytes / us / 1e3);
+  cudaFree(kc);
+  cudaFree(vc);
+  cudaFree(q);
+  cudaFree(out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Shape s;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (f == "--hidden") s.hidden = v;
+    else if (f == "--inter") s.inter = v;
+    else if (f == "--heads") s.heads = v;
+    else if (f == "--kv-heads") s.kv_heads = v;
+    else if (f == "--head-dim") s.head_dim = v;
+    else if (f == "--vocab") s.vocab = v;
+    else {
+      fmt::print(stderr, "unknown flag {}\n", f);
+      return 1;
+    }
+  }
+  Lt lt;
+  LK(cublasLtCreate(&lt.h));
+  CK(cudaMalloc(&lt.ws, lt.ws_bytes));
+  CK(cudaStreamCreate(&lt.s));
+  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  fmt::print(stderr, "decode GEMV ...\n");
+  Gemv(lt, "qkv", s.hidden, {q, kv, kv});
+  Gemv(lt, "o_proj", q, {s.hidden});
+  Gemv(lt, "gate_up", s.hidden, {s.inter, s.inter});
+  Gemv(lt, "down", s.inter, {s.hidden});
+  Gemv(lt, "lm_head", s.hidden, {s.vocab});
+  fmt::print(stderr, "prefill GEMM ...\n");
+  for (int64_t n : {512, 8192}) {
+    Gemm(lt, n, s.hidden, q + 2 * kv);
+    Gemm(lt, n, s.hidden, s.inter);
+    Gemm(lt, n, s.inter, s.hidden);
+  }
+  fmt::print(stderr, "decode attention ...\n");
+  for (bool bf16 : {false, true}) {
+    Attention(lt, s, 1, 512, bf16);
+    Attention(lt, s, 1, 4096, bf16);
+    Attention(lt, s, 64, 1024, bf16);
+    Attention(lt, s, 256, 1024, bf16);
+  }
+  return 0;
+}
