@@ -23,13 +23,13 @@
 
 namespace {
 
-#define CK(x)                                                                                    \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
+#define CK(x)                                                                                       \
+  do {                                                                                              \
+    cudaError_t e_ = (x);                                                                           \
+    if (e_ != cudaSuccess) {                                                                        \
       fmt::print(stderr, "{}:{}: {} failed: {}\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
   } while (0)
 #define LK(x)                                                                        \
   do {                                                                               \
@@ -287,12 +287,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
-    if (f == "--hidden") s.hidden = v;
-    else if (f == "--inter") s.inter = v;
-    else if (f == "--heads") s.heads = v;
-    else if (f == "--kv-heads") s.kv_heads = v;
-    else if (f == "--head-dim") s.head_dim = v;
-    else if (f == "--vocab") s.vocab = v;
+    if (f == "--hidden")
+      s.hidden = v;
+    else if (f == "--inter")
+      s.inter = v;
+    else if (f == "--heads")
+      s.heads = v;
+    else if (f == "--kv-heads")
+      s.kv_heads = v;
+    else if (f == "--head-dim")
+      s.head_dim = v;
+    else if (f == "--vocab")
+      s.vocab = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;

@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 
 #include "cli/cli_util.h"
+#include "core/logging.h"
 #include "core/thread_pool.h"
+#include "engine/memory_plan.h"
 #include "model/registry.h"
 #include "model/weights.h"
 
@@ -42,7 +45,12 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
       ->group(engine_group);
   cmd->add_option("--max-queue-delay-ms", o.max_queue_delay_ms, "Queue wait before 'timed out' (0: forever)")
       ->group(engine_group);
-  cmd->add_option("--kv-cache-memory", o.kv_cache_memory, "KV-cache budget, e.g. 512MiB")
+  cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
+                  "KV-cache budget, e.g. 512MiB (default: what --gpu-memory-utilization leaves on a GPU; 1GiB on "
+                  "the CPU)")
+      ->group(engine_group);
+  cmd->add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                  "Share of the GPU's memory for weights, activations and the KV cache")
       ->capture_default_str()
       ->group(engine_group);
   cmd->add_option("--num-kv-blocks", o.num_kv_blocks, "KV-cache blocks (overrides --kv-cache-memory)")
@@ -88,6 +96,34 @@ std::string ModelFolder(const std::string& model) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
+namespace {
+
+// Before loading onto a GPU: the weights must fit its free memory within the utilization budget.
+Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilization) {
+  const DeviceMemoryInfo mem = backend.MemoryInfo();
+  if (mem.total_bytes <= 0) return OkStatus();
+  FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
+  int64_t weights = 0;
+  for (const WeightSpec& s : arch->weight_specs(cfg)) {
+    if (s.shares_storage) continue;
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    weights += n * static_cast<int64_t>(DTypeSize(s.dtype));
+  }
+  const int64_t in_use = mem.total_bytes - mem.free_bytes;
+  const int64_t budget = static_cast<int64_t>(utilization * static_cast<double>(mem.total_bytes)) - in_use;
+  if (weights > budget) {
+    return ResourceExhaustedError(fmt::format(
+        "the weights need {} but {} of the GPU's {} leaves {} ({} already in use): {} short. Use a smaller model or "
+        "raise --gpu-memory-utilization",
+        HumanBytes(weights), utilization, HumanBytes(mem.total_bytes), HumanBytes(std::max<int64_t>(budget, 0)),
+        HumanBytes(in_use), HumanBytes(weights - std::max<int64_t>(budget, 0))));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_tokenizer) {
   if (o.threads > 0) SetDefaultThreadCount(o.threads);
   LoadedModel m;
@@ -104,6 +140,7 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
   }
 
   FATHOM_ASSIGN_OR_RETURN(m.backend, MakeBackend(o.device));
+  FATHOM_RETURN_IF_ERROR(CheckWeightsFit(m.config, *m.backend, o.gpu_memory_utilization));
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.weights_seed;
@@ -123,7 +160,28 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
   EngineConfig ec;
   ec.block_size = o.block_size;
   ec.num_blocks = o.num_kv_blocks;
-  FATHOM_ASSIGN_OR_RETURN(ec.kv_cache_memory_bytes, ParseBytes(o.kv_cache_memory));
+  if (!o.kv_cache_memory.empty()) {
+    FATHOM_ASSIGN_OR_RETURN(ec.kv_cache_memory_bytes, ParseBytes(o.kv_cache_memory));
+  } else {
+    ec.kv_cache_memory_bytes = 1ll << 30;
+    const DeviceMemoryInfo mem = m.backend->MemoryInfo();
+    if (mem.total_bytes > 0 && o.num_kv_blocks <= 0) {
+      // On a GPU the KV cache takes what --gpu-memory-utilization leaves after the weights and activations.
+      MemoryPlanInput in;
+      in.total_bytes = mem.total_bytes;
+      in.free_bytes = mem.free_bytes;
+      in.utilization = o.gpu_memory_utilization;
+      in.max_batched_tokens = o.max_num_batched_tokens;
+      in.activation_bytes = ActivationReserveBytes(m.config, o.max_num_batched_tokens, o.max_num_seqs);
+      in.kv_bytes_per_token =
+          m.model->kv_cache_spec().values_per_token() * static_cast<int64_t>(DTypeSize(m.backend->activation_dtype()));
+      in.block_size = o.block_size;
+      in.max_model_len = o.max_model_len > 0 ? o.max_model_len : m.config.max_position_embeddings;
+      FATHOM_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanDeviceMemory(in));
+      FATHOM_LOG_INFO("{}", plan.Describe());
+      ec.kv_cache_memory_bytes = plan.kv_bytes;
+    }
+  }
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.policy = o.scheduling_policy;
   ec.scheduler.max_model_len = o.max_model_len;

@@ -39,7 +39,8 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;
   int max_queue_len = 0;
   int64_t max_queue_delay_ms = 0;
-  std::string kv_cache_memory = "1GiB";
+  std::string kv_cache_memory;  // empty: from --gpu-memory-utilization on a GPU, 1GiB on the CPU
+  double gpu_memory_utilization = 0.9;
   int num_kv_blocks = 0;
   bool enable_prefix_caching = true;
   std::string scheduling_policy = "priority";

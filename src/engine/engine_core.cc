@@ -110,8 +110,8 @@ namespace {
 Status WarmUp(Model& model, Backend& backend, KvCache& kv, const EngineConfig& config) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t bs = kv.block_size();
-  const int64_t prefill = std::min<int64_t>({config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len,
-                                            kv.num_blocks() * bs, 512});
+  const int64_t prefill = std::min<int64_t>(
+      {config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len, kv.num_blocks() * bs, 512});
   if (prefill < 2) return OkStatus();
   FATHOM_LOG_INFO("warming up the {} backend: a {}-token prefill and a decode step", backend.name(), prefill);
   std::vector<int32_t> table(static_cast<size_t>((prefill + bs - 1) / bs));
@@ -410,10 +410,10 @@ Status EngineCore::Step() {
     if (sit == samples_.end() || sr == nullptr) continue;
     const ReqState* rq = sit->second->req;
     const std::span<const int32_t> all(sr->tokens);
-    device_argmax = !(rq->sampling.n > 1 && !rq->forked) &&
-                    IsPlainGreedy(rq->sampling, {all.first(static_cast<size_t>(sr->prompt_len)),
-                                                 all.subspan(static_cast<size_t>(sr->prompt_len)),
-                                                 config_.eos_token_ids});
+    device_argmax =
+        !(rq->sampling.n > 1 && !rq->forked) &&
+        IsPlainGreedy(rq->sampling, {all.first(static_cast<size_t>(sr->prompt_len)),
+                                     all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids});
   }
   if (status.ok() && device_argmax) {
     Tensor ids = backend_.Alloc(DType::kI32, {batch.num_logits()});

@@ -55,6 +55,12 @@ struct AttentionMetadata {
   int64_t max_seq_len = 0;
 };
 
+// A device's memory: zero totals mean host memory, which fathom does not plan.
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,6 +69,9 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype of activations between ops (f32 on the CPU reference).
   virtual DType activation_dtype() const = 0;
+
+  // The device's free and total memory now (zeros on the CPU).
+  virtual DeviceMemoryInfo MemoryInfo() { return {}; }
 
   // Memory. Alloc returns zeroed memory on device().
   virtual Tensor Alloc(DType dtype, std::span<const int64_t> shape) = 0;

@@ -214,6 +214,21 @@ Status CudaBackend::Synchronize() {
   return s;
 }
 
+DeviceMemoryInfo CudaBackend::MemoryInfo() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  // Blocks cached by the pool are free for fathom's purposes too.
+  int64_t cached = 0;
+  {
+    std::lock_guard<std::mutex> lock(pool_->mu);
+    for (const auto& [cls, blocks] : pool_->free) cached += static_cast<int64_t>(cls * blocks.size());
+  }
+  return {static_cast<int64_t>(free_b) + cached, static_cast<int64_t>(total_b)};
+}
+
 Tensor CudaBackend::Alloc(DType dtype, std::span<const int64_t> shape) {
   StatusOr<Tensor> t = NewDeviceTensor(dtype, shape);
   FATHOM_CHECK(t.ok(), "{}", t.status().ToString());
@@ -471,8 +486,8 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
 void CudaBackend::ArgMax(const TensorView& logits, const TensorView& ids) {
   FATHOM_CHECK_EQ(logits.dim(0), ids.dim(0));
   Launch("ArgMax", [&] {
-    return cuda::LaunchArgMax(logits.data<float>(), logits.stride(0), logits.dim(0), logits.dim(1),
-                              ids.data<int32_t>(), stream_);
+    return cuda::LaunchArgMax(logits.data<float>(), logits.stride(0), logits.dim(0), logits.dim(1), ids.data<int32_t>(),
+                              stream_);
   });
 }
 

@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return DType::kF32; }
 
+  DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;
   Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
   StatusOr<Tensor> Upload(const TensorView& host) override;

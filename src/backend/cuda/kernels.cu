@@ -194,8 +194,8 @@ __device__ __forceinline__ void GemvAccumulate(const uint4& raw, const float* x,
     if (kT == 1 || j < tn) {
       const float4* xv = reinterpret_cast<const float4*>(x + j * xs + k * 8);
       const float4 a = __ldg(xv), b = __ldg(xv + 1);
-      acc[j] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] +
-                b.w * wf[7];
+      acc[j] +=
+          a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
     }
   }
 }
@@ -243,9 +243,9 @@ void LaunchFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvP
 
 // RMSNorm with the row held in registers (float4 per thread, kPer of them): one read and one write of x.
 template <int kPer>
-__global__ void __launch_bounds__(512) RmsNormVecKernel(float* x, int64_t xs, const float* add, int64_t as,
-                                                        const void* w, int wd, float eps, float* out, int64_t os,
-                                                        int64_t cols) {
+__global__ void __launch_bounds__(512)
+    RmsNormVecKernel(float* x, int64_t xs, const float* add, int64_t as, const void* w, int wd, float eps, float* out,
+                     int64_t os, int64_t cols) {
   const int64_t r = blockIdx.x, nv = cols / 4;
   float4* xr = reinterpret_cast<float4*>(x + r * xs);
   const float4* ar = add != nullptr ? reinterpret_cast<const float4*>(add + r * as) : nullptr;
@@ -590,7 +590,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   // A step's keys share one KV block when the block size is a multiple of the step (steps start at multiples of
   // kKeysPerStep): one block-table read per step then.
   const bool one_block = a.block_size % kKeysPerStep == 0;
-  auto load_step = [&](int64_t jb, float (&kr)[kKeysPerStep][kPer], float (&vr)[kKeysPerStep][kPer]) {
+  auto load_step = [&](int64_t jb, float(&kr)[kKeysPerStep][kPer], float(&vr)[kKeysPerStep][kPer]) {
     const int64_t first_blk = table[jb / a.block_size];
 #pragma unroll
     for (int u = 0; u < kKeysPerStep; ++u) {
@@ -816,8 +816,8 @@ int LaunchRmsNorm(float* x, int64_t xs, const float* add, int64_t as, const void
   if (rows == 0) return 0;
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int64_t nv = cols / 4;
-  if (cols % 4 == 0 && xs % 4 == 0 && os % 4 == 0 && a16(x) && a16(out) && (add == nullptr || (as % 4 == 0 && a16(add))) &&
-      nv <= 8 * 512) {
+  if (cols % 4 == 0 && xs % 4 == 0 && os % 4 == 0 && a16(x) && a16(out) &&
+      (add == nullptr || (as % 4 == 0 && a16(add))) && nv <= 8 * 512) {
     const unsigned g = static_cast<unsigned>(rows);
     if (nv <= 512) {
       RmsNormVecKernel<1><<<g, 512, 0, S(s)>>>(x, xs, add, as, w, wd, eps, out, os, cols);
@@ -967,8 +967,8 @@ int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
       a, chunks, part_m, part_l, part_acc);
   const int err = Done();
   if (err != 0) return err;
-  MergeAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, static_cast<size_t>(chunks) * sizeof(float), S(s)>>>(
-      a, chunks, part_m, part_l, part_acc);
+  MergeAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, static_cast<size_t>(chunks) * sizeof(float),
+                         S(s)>>>(a, chunks, part_m, part_l, part_acc);
   return Done();
 }
 
@@ -986,8 +986,7 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
 
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s) {
   if (rows == 0) return 0;
-  ToBf16Kernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(
-      x, xs, cols, static_cast<__nv_bfloat16*>(out));
+  ToBf16Kernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(x, xs, cols, static_cast<__nv_bfloat16*>(out));
   return Done();
 }
 

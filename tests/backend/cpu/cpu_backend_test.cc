@@ -145,7 +145,8 @@ TEST(CpuBackendTest, RmsNormAndAddRmsNorm) {
 
 TEST(CpuBackendTest, ArgMaxTakesTheLowestIndexAmongEqualMaxima) {
   CpuBackend be;
-  Tensor l = FromVector({0.5f, 2.0f, 2.0f, -1.0f, /**/ -3.0f, -3.0f, -3.0f, -3.0f, /**/ 1.0f, 0.0f, 0.0f, 7.0f}, {3, 4});
+  Tensor l =
+      FromVector({0.5f, 2.0f, 2.0f, -1.0f, /**/ -3.0f, -3.0f, -3.0f, -3.0f, /**/ 1.0f, 0.0f, 0.0f, 7.0f}, {3, 4});
   Tensor ids = be.Alloc(DType::kI32, {3});
   be.ArgMax(l, ids);
   EXPECT_EQ(ids.data<int32_t>()[0], 1);

@@ -271,10 +271,10 @@ TEST(CudaBackendTest, ArgMaxMatchesCpuWithTies) {
   CpuBackend cpu;
   const int64_t rows = 5, vocab = 152064;
   Tensor l = RandomHost(DType::kF32, {rows, vocab}, 95);
-  l.data<float>()[0 * vocab + 7] = 5.0f;  // row 0: one maximum
+  l.data<float>()[0 * vocab + 7] = 5.0f;       // row 0: one maximum
   l.data<float>()[1 * vocab + 100000] = 5.0f;  // row 1: a tie, the lower index wins
   l.data<float>()[1 * vocab + 99999] = 5.0f;
-  l.data<float>()[2 * vocab + vocab - 1] = 5.0f;  // row 2: the last id
+  l.data<float>()[2 * vocab + vocab - 1] = 5.0f;                               // row 2: the last id
   for (int64_t i = 0; i < vocab; ++i) l.data<float>()[3 * vocab + i] = -1.0f;  // row 3: all equal -> 0
   Tensor ld = *gpu->Upload(l);
   Tensor ids_cpu = cpu.Alloc(DType::kI32, {rows}), ids_gpu = gpu->Alloc(DType::kI32, {rows});
@@ -402,6 +402,23 @@ struct GoldenParam {
 
 class CudaGoldenTest : public ::testing::TestWithParam<GoldenParam> {};
 
+// A reference fixture on the GPU: its config, its weights and the oracle's expected outputs.
+struct GpuFixture {
+  ModelConfig cfg;
+  std::unique_ptr<Model> model;
+  testing::GoldenSet golden;
+};
+StatusOr<GpuFixture> LoadFixture(const std::string& name, CudaBackend& gpu) {
+  const std::string dir = testing::ModelDir(name);
+  GpuFixture f;
+  FATHOM_ASSIGN_OR_RETURN(f.cfg, LoadModelConfig(dir));
+  LoadOptions opts;
+  opts.show_progress = false;
+  FATHOM_ASSIGN_OR_RETURN(f.model, LoadModel(dir, f.cfg, opts, gpu));
+  FATHOM_ASSIGN_OR_RETURN(f.golden, testing::LoadGolden(dir));
+  return f;
+}
+
 float Margin(const float* row, int64_t n, int32_t* best) {
   int32_t b = 0;
   for (int64_t i = 1; i < n; ++i) {
@@ -423,15 +440,11 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   } else {
     unsetenv("FATHOM_CUDA_F32_GEMM");
   }
-  const std::string dir = testing::ModelDir(p.fixture);
-  auto cfg = LoadModelConfig(dir);
-  ASSERT_TRUE(cfg.ok());
-  LoadOptions opts;
-  opts.show_progress = false;
-  auto model = LoadModel(dir, *cfg, opts, *gpu);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto golden = testing::LoadGolden(dir);
-  ASSERT_TRUE(golden.ok());
+  auto fx = LoadFixture(p.fixture, *gpu);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  const ModelConfig* cfg = &fx->cfg;
+  std::unique_ptr<Model>* model = &fx->model;
+  const testing::GoldenSet* golden = &fx->golden;
   const int64_t vocab = cfg->vocab_size;
   constexpr int32_t kBs = 16;
   for (size_t c = 0; c < golden->cases.size(); ++c) {
@@ -485,6 +498,143 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     }
     for (size_t i = 0; i < compare_up_to && i < gc.greedy.size(); ++i) {
       EXPECT_EQ(generated[i], gc.greedy[i]) << "case" << c << " step " << i;
+    }
+  }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// Greedy decoding of `prompts` together (one prefill batch, then one decode batch per step) on the GPU. Returns
+// each prompt's tokens and the top-1 margin of each step.
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> margins;
+};
+GreedyRun GreedyTogether(Model& model, CudaBackend& gpu, const std::vector<std::vector<int32_t>>& prompts, size_t steps,
+                         int64_t vocab) {
+  constexpr int32_t kBs = 16;
+  GreedyRun r;
+  r.tokens.resize(prompts.size());
+  r.margins.resize(prompts.size());
+  auto kv = KvCache::Allocate(gpu, model.kv_cache_spec(), DType::kF32, 128, kBs);
+  EXPECT_TRUE(kv.ok());
+  testing::ScatteredBlocks blocks(128, 9);
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> cached(prompts.size(), 0);
+  for (const auto& p : prompts) {
+    tables.push_back(blocks.Take(static_cast<int32_t>((p.size() + steps + kBs - 1) / kBs)));
+  }
+  for (size_t step = 0; step < steps; ++step) {
+    ForwardBatch b(kBs);
+    std::vector<std::vector<int32_t>> inputs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
+      b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
+    }
+    Tensor logits;
+    EXPECT_TRUE(model.Forward(b, *kv, &logits).ok());
+    auto h = Host(gpu, logits);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      int32_t next = 0;
+      r.margins[i].push_back(Margin(h.data() + static_cast<int64_t>(i) * vocab, vocab, &next));
+      r.tokens[i].push_back(next);
+      cached[i] += static_cast<int32_t>(inputs[i].size());
+    }
+  }
+  return r;
+}
+
+// Batch invariance on the GPU (default bf16 prefill GEMMs): each case's greedy tokens alone equal its tokens when
+// all the fixture's cases run together (a different GEMM shape in prefill, a batched GEMV in decode), up to the
+// first step whose top-1 margin is below 0.1 in either run.
+class CudaBatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaBatchInvarianceTest, GreedyAloneEqualsGreedyInABatch) {
+  REQUIRE_GPU(gpu);
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+  auto fx = LoadFixture(GetParam(), *gpu);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  const ModelConfig* cfg = &fx->cfg;
+  std::unique_ptr<Model>* model = &fx->model;
+  const testing::GoldenSet* golden = &fx->golden;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& gc : golden->cases) prompts.push_back(gc.input_ids);
+  ASSERT_GE(prompts.size(), 2u);
+  constexpr size_t kSteps = 12;
+  const GreedyRun together = GreedyTogether(**model, *gpu, prompts, kSteps, cfg->vocab_size);
+  size_t compared = 0;
+  for (size_t c = 0; c < prompts.size(); ++c) {
+    const GreedyRun alone = GreedyTogether(**model, *gpu, {prompts[c]}, kSteps, cfg->vocab_size);
+    for (size_t s = 0; s < kSteps; ++s) {
+      if (alone.margins[0][s] < 0.1f || together.margins[c][s] < 0.1f) break;
+      EXPECT_EQ(alone.tokens[0][s], together.tokens[c][s]) << "case " << c << " step " << s;
+      ++compared;
+    }
+  }
+  RecordProperty("compared_steps", std::to_string(compared));
+  EXPECT_GT(compared, 0u) << "every first step had a low margin: nothing was compared";
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaBatchInvarianceTest,
+                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
+                                           "qwen2-tied-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           std::string s = param_info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+// Real-size dense configs truncated to two layers, dummy weights: the GPU and the CPU reference agree on every logit
+// of a 40-token prompt and of the decode step after it. Float32-input GEMMs on both sides
+// (FATHOM_CUDA_F32_GEMM=1), so the difference is summation order: at most 1e-4 of the largest logit, and the same
+// top-1 wherever its margin is above 1e-3 of it.
+TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  for (const char* name :
+       {"deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-llama-8b", "deepseek-coder-6.7b-instruct"}) {
+    auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    cfg->num_layers = 2;
+    LoadOptions opts;
+    opts.format = LoadFormat::kDummy;
+    opts.show_progress = false;
+    opts.seed = 7;
+    auto mc = LoadModel("", *cfg, opts, cpu);
+    auto mg = LoadModel("", *cfg, opts, *gpu);
+    ASSERT_TRUE(mc.ok() && mg.ok());
+    const int64_t vocab = cfg->vocab_size;
+    auto kc = KvCache::Allocate(cpu, (*mc)->kv_cache_spec(), DType::kF32, 8, 16);
+    auto kg = KvCache::Allocate(*gpu, (*mg)->kv_cache_spec(), DType::kF32, 8, 16);
+    ASSERT_TRUE(kc.ok() && kg.ok());
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 40; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 100) % vocab));
+    const std::vector<int32_t> table = {5, 1, 6, 2};
+    for (int pass = 0; pass < 2; ++pass) {
+      ForwardBatch b(16);
+      const std::vector<int32_t> next = {42};
+      if (pass == 0) {
+        b.AddSequence(prompt, 0, table, LogitsMode::kAll);
+      } else {
+        b.AddSequence(next, 40, table, LogitsMode::kLast);
+      }
+      Tensor lc, lg;
+      ASSERT_TRUE((*mc)->Forward(b, *kc, &lc).ok());
+      ASSERT_TRUE((*mg)->Forward(b, *kg, &lg).ok());
+      auto h = Host(*gpu, lg);
+      const int64_t rows = lc.dim(0);
+      float scale = 0.0f;
+      for (int64_t i = 0; i < rows * vocab; ++i) scale = std::max(scale, std::fabs(lc.data<float>()[i]));
+      const float diff = testing::MaxAbsDiff(h.data(), lc.data<float>(), rows * vocab);
+      EXPECT_LE(diff, 1e-4f * scale) << name << (pass ? " decode" : " prefill") << " (largest logit " << scale << ")";
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t want = 0, got = 0;
+        if (Margin(lc.data<float>() + r * vocab, vocab, &want) > 1e-3f * scale) {
+          Margin(h.data() + r * vocab, vocab, &got);
+          EXPECT_EQ(got, want) << name << " row " << r;
+        }
+      }
+      RecordProperty(std::string(name) + (pass ? "_decode" : "_prefill") + "_max_abs_diff", std::to_string(diff));
     }
   }
   unsetenv("FATHOM_CUDA_F32_GEMM");

@@ -1,0 +1,82 @@
+#include "engine/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fathom {
+
+std::string HumanBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (std::llabs(bytes) >= (1ll << 30)) return fmt::format("{:.2f} GiB", b / (1ll << 30));
+  if (std::llabs(bytes) >= (1ll << 20)) return fmt::format("{:.1f} MiB", b / (1ll << 20));
+  if (std::llabs(bytes) >= (1ll << 10)) return fmt::format("{:.1f} KiB", b / (1ll << 10));
+  return fmt::format("{} B", bytes);
+}
+
+std::string MemoryPlan::Describe() const {
+  return fmt::format(
+      "memory plan: {} x {} = {} for fathom; weights and runtime {}; activations for {} batched tokens {}; KV cache "
+      "{} = {} tokens at {} per token",
+      utilization, HumanBytes(total_bytes), HumanBytes(budget_bytes), HumanBytes(in_use_bytes), max_batched_tokens,
+      HumanBytes(activation_bytes), HumanBytes(kv_bytes), kv_tokens, HumanBytes(kv_bytes_per_token));
+}
+
+StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
+  if (!(in.utilization > 0.0 && in.utilization <= 1.0)) {
+    return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", in.utilization));
+  }
+  if (in.total_bytes <= 0 || in.free_bytes < 0 || in.free_bytes > in.total_bytes || in.kv_bytes_per_token <= 0 ||
+      in.block_size <= 0) {
+    return InvalidArgumentError(fmt::format("cannot plan device memory: total {} B, free {} B, {} B per token",
+                                            in.total_bytes, in.free_bytes, in.kv_bytes_per_token));
+  }
+  MemoryPlan p;
+  p.total_bytes = in.total_bytes;
+  p.utilization = in.utilization;
+  p.budget_bytes = static_cast<int64_t>(std::floor(in.utilization * static_cast<double>(in.total_bytes)));
+  p.in_use_bytes = in.total_bytes - in.free_bytes;
+  p.activation_bytes = in.activation_bytes;
+  p.kv_bytes_per_token = in.kv_bytes_per_token;
+  p.max_batched_tokens = in.max_batched_tokens;
+  const int64_t block_bytes = in.kv_bytes_per_token * in.block_size;
+  const int64_t left = p.budget_bytes - p.in_use_bytes - p.activation_bytes;
+  if (left < block_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "the GPU memory does not fit: {} of {} is {}, the weights and runtime already use {} and one step's "
+        "activations for {} batched tokens need {}, which leaves {} for the KV cache, {} short of a single block of "
+        "{} tokens ({}). Raise --gpu-memory-utilization, lower --max-num-batched-tokens, or use a smaller model",
+        in.utilization, HumanBytes(in.total_bytes), HumanBytes(p.budget_bytes), HumanBytes(p.in_use_bytes),
+        in.max_batched_tokens, HumanBytes(p.activation_bytes), HumanBytes(std::max<int64_t>(left, 0)),
+        HumanBytes(block_bytes - left), in.block_size, HumanBytes(block_bytes)));
+  }
+  const int64_t blocks = left / block_bytes;
+  p.kv_bytes = blocks * block_bytes;
+  p.kv_tokens = blocks * in.block_size;
+  if (in.max_model_len > 0 && p.kv_tokens < in.max_model_len) {
+    const int64_t need_blocks = (in.max_model_len + in.block_size - 1) / in.block_size;
+    return ResourceExhaustedError(fmt::format(
+        "the KV cache holds {} tokens ({}), fewer than one request of --max-model-len {} needs: {} more. Raise "
+        "--gpu-memory-utilization or lower --max-model-len",
+        p.kv_tokens, HumanBytes(p.kv_bytes), in.max_model_len, HumanBytes((need_blocks - blocks) * block_bytes)));
+  }
+  return p;
+}
+
+int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_tokens, int64_t max_seqs) {
+  const int64_t h = cfg.hidden_size;
+  int64_t inter = cfg.intermediate_size;
+  if (cfg.is_moe()) {
+    inter = std::max(inter, cfg.moe.moe_intermediate_size * (cfg.moe.num_experts_per_tok + cfg.moe.n_shared_experts));
+  }
+  const int64_t head = std::max(cfg.head_dim, cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim);
+  const int64_t q = cfg.num_heads * head;
+  const int64_t kv = std::max(2 * cfg.num_kv_heads * cfg.head_dim, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim);
+  const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter) + 2 * std::max(h, inter);
+  const int64_t logits = std::min(max_seqs, max_batched_tokens) * cfg.vocab_size * 4;
+  const int64_t reserve = max_batched_tokens * per_token + logits;
+  return reserve + reserve / 4 + (288ll << 20);
+}
+
+}  // namespace fathom

@@ -1,0 +1,56 @@
+// The device memory plan: how a GPU's memory splits between the weights (already loaded), one step's activations
+// and the KV cache, decided before serving; and a clear error, with the shortfall, when something does not fit.
+//
+//   MemoryPlanInput in;                        // device totals, --gpu-memory-utilization, model sizes
+//   in.activation_bytes = ActivationReserveBytes(cfg, max_num_batched_tokens, max_num_seqs);
+//   FATHOM_ASSIGN_OR_RETURN(MemoryPlan plan, PlanDeviceMemory(in));
+//   FATHOM_LOG_INFO("{}", plan.Describe());   // ... KV cache 109.9 GiB = 1,027,584 tokens ...
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+#include "io/model_config.h"
+
+namespace fathom {
+
+struct MemoryPlanInput {
+  int64_t total_bytes = 0;         // the device's memory
+  int64_t free_bytes = 0;          // free now, with the weights loaded
+  double utilization = 0.9;        // the share of total_bytes fathom may use (--gpu-memory-utilization)
+  int64_t activation_bytes = 0;    // one step's activations and kernel workspaces
+  int64_t max_batched_tokens = 0;  // for the messages
+  int64_t kv_bytes_per_token = 0;  // K and V of every layer
+  int64_t block_size = 16;
+  int64_t max_model_len = 0;  // one request of this many tokens must fit
+};
+
+struct MemoryPlan {
+  int64_t total_bytes = 0;
+  int64_t budget_bytes = 0;  // utilization x total
+  int64_t in_use_bytes = 0;  // weights, CUDA context and library workspaces: total - free at planning time
+  int64_t activation_bytes = 0;
+  int64_t kv_bytes = 0;   // whole blocks only
+  int64_t kv_tokens = 0;  // the most tokens the KV cache holds (all sequences together)
+  int64_t kv_bytes_per_token = 0;
+  int64_t max_batched_tokens = 0;
+  double utilization = 0.9;
+
+  std::string Describe() const;
+};
+
+// Fails with kResourceExhausted, naming what does not fit and by how many bytes, when the budget is already spent
+// by the weights and activations, or when the KV cache would hold fewer than max_model_len tokens.
+StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in);
+
+// A conservative reserve for one forward step of `max_batched_tokens` tokens and `max_seqs` logits rows with
+// float32 activations: the per-token activations of a layer (residual, norms, q/k/v, attention output, MLP
+// intermediates), the bf16 staging buffer of the GEMMs, the logits, the attention split-K workspace (256 MiB) and
+// cuBLASLt's (32 MiB), plus a quarter for the allocator's size classes.
+int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_tokens, int64_t max_seqs);
+
+// "1.50 GiB", "512.0 MiB", "12.0 KiB", "100 B".
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace fathom

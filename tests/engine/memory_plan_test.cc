@@ -1,0 +1,94 @@
+// The device memory plan on hand-made numbers: the split, whole blocks only, and the errors with their shortfalls.
+#include "engine/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace fathom {
+namespace {
+
+constexpr int64_t kGiB = 1ll << 30, kMiB = 1ll << 20;
+
+MemoryPlanInput H200Like() {
+  MemoryPlanInput in;
+  in.total_bytes = 140 * kGiB;
+  in.free_bytes = 124 * kGiB;  // 16 GiB of weights and runtime
+  in.utilization = 0.9;
+  in.activation_bytes = 2 * kGiB;
+  in.max_batched_tokens = 2048;
+  in.kv_bytes_per_token = 114688;  // R1-Distill-Qwen-7B, float32 KV
+  in.block_size = 16;
+  in.max_model_len = 131072;
+  return in;
+}
+
+TEST(MemoryPlanTest, KvCacheTakesWhatTheBudgetLeavesInWholeBlocks) {
+  auto plan = PlanDeviceMemory(H200Like());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->budget_bytes, 126 * kGiB);
+  EXPECT_EQ(plan->in_use_bytes, 16 * kGiB);
+  const int64_t left = 126 * kGiB - 16 * kGiB - 2 * kGiB;  // 108 GiB
+  const int64_t block = 114688 * 16;
+  EXPECT_EQ(plan->kv_bytes, left / block * block);
+  EXPECT_EQ(plan->kv_tokens, left / block * 16);
+  EXPECT_EQ(plan->kv_tokens, 1011120);
+  const std::string d = plan->Describe();
+  EXPECT_NE(d.find("1011120 tokens"), std::string::npos) << d;
+  EXPECT_NE(d.find("weights and runtime 16.00 GiB"), std::string::npos) << d;
+}
+
+TEST(MemoryPlanTest, WeightsAndActivationsOverTheBudgetSayByHowMuch) {
+  MemoryPlanInput in = H200Like();
+  in.max_model_len = 4096;
+  in.free_bytes = 20 * kGiB;  // 120 GiB in use: 126 - 120 - 2 = 4 GiB left: still fits
+  ASSERT_TRUE(PlanDeviceMemory(in).ok());
+  in.free_bytes = 15 * kGiB;  // 125 GiB in use: 126 - 125 - 2 = -1 GiB
+  auto plan = PlanDeviceMemory(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+  const std::string m = plan.status().message();
+  EXPECT_NE(m.find("already use 125.00 GiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("leaves 0 B for the KV cache"), std::string::npos) << m;
+  EXPECT_NE(m.find("1.00 GiB short of a single block"), std::string::npos) << m;  // 1 GiB + 1.75 MiB, rounded
+  EXPECT_NE(m.find("--gpu-memory-utilization"), std::string::npos) << m;
+}
+
+TEST(MemoryPlanTest, ContextThatDoesNotFitTheKvCacheIsRefused) {
+  MemoryPlanInput in = H200Like();
+  in.utilization = 0.2;  // 28 GiB budget: 28 - 16 - 2 = 10 GiB = 93,616 tokens < 131,072
+  auto plan = PlanDeviceMemory(in);
+  ASSERT_FALSE(plan.ok());
+  const std::string m = plan.status().message();
+  EXPECT_NE(m.find("fewer than one request of --max-model-len 131072"), std::string::npos) << m;
+  in.max_model_len = 32768;
+  ASSERT_TRUE(PlanDeviceMemory(in).ok());
+}
+
+TEST(MemoryPlanTest, UtilizationOutsideZeroToOneIsAnError) {
+  MemoryPlanInput in = H200Like();
+  for (double u : {0.0, -0.5, 1.01}) {
+    in.utilization = u;
+    auto plan = PlanDeviceMemory(in);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(MemoryPlanTest, ActivationReserveGrowsWithTheBatchedTokens) {
+  ModelConfig cfg;
+  cfg.hidden_size = 3584;
+  cfg.intermediate_size = 18944;
+  cfg.num_heads = 28;
+  cfg.num_kv_heads = 4;
+  cfg.head_dim = 128;
+  cfg.vocab_size = 152064;
+  const int64_t small = ActivationReserveBytes(cfg, 256, 256), large = ActivationReserveBytes(cfg, 8192, 256);
+  EXPECT_GT(large, small);
+  // 8192 tokens x (4 x (4 x 3584 + 2 x 3584 + 2 x 1024 + 2 x 18944) + 2 x 18944) B, plus 256 logits rows, + 25%,
+  // + 288 MiB.
+  const int64_t per_token = 4 * (4 * 3584 + 2 * 3584 + 2 * 1024 + 2 * 18944) + 2 * 18944;
+  const int64_t reserve = 8192 * per_token + 256 * 152064 * 4;
+  EXPECT_EQ(large, reserve + reserve / 4 + 288 * kMiB);
+}
+
+}  // namespace
+}  // namespace fathom
