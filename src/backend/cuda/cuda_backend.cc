@@ -286,32 +286,44 @@ void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, co
   });
 }
 
+bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
+  const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;  // read per call: tests switch it
+  return n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && gemm_ != nullptr;
+}
+
+void* CudaBackend::StageBf16(const TensorView& x) {
+  const int64_t n = x.dim(0), k = x.dim(1);
+  void* xb = Workspace(static_cast<size_t>(n * k) * 2);
+  if (xb == nullptr) return nullptr;
+  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, xb, stream_); });
+  return xb;
+}
+
+void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out) {
+  const int64_t m = w.out_features();
+  const auto t0 = profile_ ? RecordStart() : nullptr;
+  Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0));
+  if (profile_) RecordEnd("GemmBf16", t0);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_error_.ok()) first_error_ = st;
+    return;
+  }
+  if (!w.bias.empty()) {
+    Launch("AddBias", [&] {
+      return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
+    });
+  }
+}
+
 void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
   FATHOM_CHECK_EQ(w.in_features(), x.dim(1));
   FATHOM_CHECK_EQ(out.dim(1), w.out_features());
   const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
   const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
-  // Prefill-shaped GEMMs on bf16 weights go to cuBLASLt's tensor cores (activations rounded to bf16 on the way in,
-  // float32 accumulation and output); decode-shaped ones (n <= 8) stay on the float32-input GEMV, which is
-  // memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs (the exact reference path).
-  const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;
-  if (n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && gemm_ != nullptr) {
-    void* xb = Workspace(static_cast<size_t>(n * k) * 2);
-    if (xb == nullptr) return;
-    Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, xb, stream_); });
-    const auto t0 = profile_ ? RecordStart() : nullptr;
-    Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0));
-    if (profile_) RecordEnd("GemmBf16", t0);
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (first_error_.ok()) first_error_ = st;
-      return;
-    }
-    if (!w.bias.empty()) {
-      Launch("AddBias", [&] {
-        return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
-      });
-    }
+  if (UseCublasLt(n, w)) {
+    void* xb = StageBf16(x);
+    if (xb != nullptr) GemmFromStaged(xb, n, k, w, out);
     return;
   }
   Launch("Linear", [&] {
@@ -345,7 +357,19 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   }
   static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
   if (!one_launch || force_generic || x.stride(1) != 1) {
-    Backend::LinearFanOut(x, ws, outs);
+    // Prefill-sized: when every weight goes to cuBLASLt, round x to bf16 once for all of them.
+    bool all_lt = !ws.empty();
+    for (const LinearWeight& w : ws) all_lt = all_lt && UseCublasLt(n, w) && w.in_features() == k;
+    if (!all_lt) {
+      Backend::LinearFanOut(x, ws, outs);
+      return;
+    }
+    void* xb = StageBf16(x);
+    if (xb == nullptr) return;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      FATHOM_CHECK_EQ(outs[i].dim(1), ws[i].out_features());
+      GemmFromStaged(xb, n, k, ws[i], outs[i]);
+    }
     return;
   }
   Launch("LinearFanOut", [&] {

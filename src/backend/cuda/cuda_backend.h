@@ -89,6 +89,13 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
   std::shared_ptr<Pool> pool_;
+  // Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x rounded to bf16 once into the
+  // workspace (StageBf16), float32 accumulation and output, then the bias. Decode-shaped ones stay on the
+  // float32-input GEMV, which is memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs
+  // (the exact reference path).
+  bool UseCublasLt(int64_t n, const LinearWeight& w) const;
+  void* StageBf16(const TensorView& x);  // null (error recorded) when the workspace cannot grow
+  void GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out);
   void Check(int err, const char* op);
   void Launch(const char* op, const std::function<int()>& launch);
   void CollectProfile();

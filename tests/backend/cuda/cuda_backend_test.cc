@@ -314,6 +314,22 @@ TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
   ASSERT_TRUE(gpu->Synchronize().ok());
   auto h = Host(*gpu, y);
   EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 2e-4f);
+  // The fan-out at prefill size: x rounded once, one cuBLASLt GEMM per weight (with and without a bias).
+  Tensor w2 = RandomHost(DType::kBF16, {out / 2, in}, 24, 0.05f);
+  Tensor w2d = *gpu->Upload(w2);
+  LinearWeight lw2, gw2;
+  lw2.weight = w2;
+  gw2.weight = w2d;
+  Tensor y2_cpu = cpu.Alloc(DType::kF32, {n, out / 2}), y2 = gpu->Alloc(DType::kF32, {n, out / 2});
+  Tensor yf = gpu->Alloc(DType::kF32, {n, out});
+  cpu.Linear(x, lw2, y2_cpu);
+  const LinearWeight parts[] = {gw, gw2};
+  const TensorView outs[] = {yf, y2};
+  gpu->LinearFanOut(xd, parts, outs);
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  auto hf = Host(*gpu, yf), h2 = Host(*gpu, y2);
+  EXPECT_LE(testing::MaxAbsDiff(hf.data(), y_cpu.data<float>(), n * out), 2e-4f);
+  EXPECT_LE(testing::MaxAbsDiff(h2.data(), y2_cpu.data<float>(), n * out / 2), 2e-4f);
 }
 
 // Paged attention on the GPU (split-K for decode, one block per (token, head) otherwise) against the CPU backend,
