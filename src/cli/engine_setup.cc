@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/cli_util.h"
+#include "core/bytes.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 #include "engine/memory_plan.h"
@@ -103,21 +104,15 @@ Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilizat
   const DeviceMemoryInfo mem = backend.MemoryInfo();
   if (mem.total_bytes <= 0) return OkStatus();
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
-  int64_t weights = 0;
-  for (const WeightSpec& s : arch->weight_specs(cfg)) {
-    if (s.shares_storage) continue;
-    int64_t n = 1;
-    for (int64_t d : s.shape) n *= d;
-    weights += n * static_cast<int64_t>(DTypeSize(s.dtype));
-  }
+  const int64_t weights = ComputeWeightStats(arch->weight_specs(cfg), nullptr).total_bytes;
   const int64_t in_use = mem.total_bytes - mem.free_bytes;
   const int64_t budget = static_cast<int64_t>(utilization * static_cast<double>(mem.total_bytes)) - in_use;
   if (weights > budget) {
     return ResourceExhaustedError(fmt::format(
         "the weights need {} but {} of the GPU's {} leaves {} ({} already in use): {} short. Use a smaller model or "
         "raise --gpu-memory-utilization",
-        HumanBytes(weights), utilization, HumanBytes(mem.total_bytes), HumanBytes(std::max<int64_t>(budget, 0)),
-        HumanBytes(in_use), HumanBytes(weights - std::max<int64_t>(budget, 0))));
+        FormatBytes(weights), utilization, FormatBytes(mem.total_bytes), FormatBytes(std::max<int64_t>(budget, 0)),
+        FormatBytes(in_use), FormatBytes(weights - std::max<int64_t>(budget, 0))));
   }
   return OkStatus();
 }

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdio>
 
+#include "core/bytes.h"
+
 namespace fathom {
 
 namespace {
@@ -25,11 +27,7 @@ spdlog::logger& Logger() {
 
 std::string FormatAmount(int64_t v, const std::string& unit) {
   if (unit != "B") return unit.empty() ? std::to_string(v) : fmt::format("{} {}", v, unit);
-  const double d = static_cast<double>(v);
-  if (d >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", d / (1024.0 * 1024 * 1024));
-  if (d >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", d / (1024.0 * 1024));
-  if (d >= 1024.0) return fmt::format("{:.1f} KiB", d / 1024.0);
-  return fmt::format("{} B", v);
+  return FormatBytes(v);
 }
 
 }  // namespace

@@ -5,22 +5,16 @@
 #include <algorithm>
 #include <cmath>
 
-namespace fathom {
+#include "core/bytes.h"
 
-std::string HumanBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (std::llabs(bytes) >= (1ll << 30)) return fmt::format("{:.2f} GiB", b / (1ll << 30));
-  if (std::llabs(bytes) >= (1ll << 20)) return fmt::format("{:.1f} MiB", b / (1ll << 20));
-  if (std::llabs(bytes) >= (1ll << 10)) return fmt::format("{:.1f} KiB", b / (1ll << 10));
-  return fmt::format("{} B", bytes);
-}
+namespace fathom {
 
 std::string MemoryPlan::Describe() const {
   return fmt::format(
       "memory plan: {} x {} = {} for fathom; weights and runtime {}; activations for {} batched tokens {}; KV cache "
       "{} = {} tokens at {} per token",
-      utilization, HumanBytes(total_bytes), HumanBytes(budget_bytes), HumanBytes(in_use_bytes), max_batched_tokens,
-      HumanBytes(activation_bytes), HumanBytes(kv_bytes), kv_tokens, HumanBytes(kv_bytes_per_token));
+      utilization, FormatBytes(total_bytes), FormatBytes(budget_bytes), FormatBytes(in_use_bytes), max_batched_tokens,
+      FormatBytes(activation_bytes), FormatBytes(kv_bytes), kv_tokens, FormatBytes(kv_bytes_per_token));
 }
 
 StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
@@ -47,9 +41,9 @@ StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
         "the GPU memory does not fit: {} of {} is {}, the weights and runtime already use {} and one step's "
         "activations for {} batched tokens need {}, which leaves {} for the KV cache, {} short of a single block of "
         "{} tokens ({}). Raise --gpu-memory-utilization, lower --max-num-batched-tokens, or use a smaller model",
-        in.utilization, HumanBytes(in.total_bytes), HumanBytes(p.budget_bytes), HumanBytes(p.in_use_bytes),
-        in.max_batched_tokens, HumanBytes(p.activation_bytes), HumanBytes(std::max<int64_t>(left, 0)),
-        HumanBytes(block_bytes - left), in.block_size, HumanBytes(block_bytes)));
+        in.utilization, FormatBytes(in.total_bytes), FormatBytes(p.budget_bytes), FormatBytes(p.in_use_bytes),
+        in.max_batched_tokens, FormatBytes(p.activation_bytes), FormatBytes(std::max<int64_t>(left, 0)),
+        FormatBytes(block_bytes - left), in.block_size, FormatBytes(block_bytes)));
   }
   const int64_t blocks = left / block_bytes;
   p.kv_bytes = blocks * block_bytes;
@@ -59,7 +53,7 @@ StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
     return ResourceExhaustedError(fmt::format(
         "the KV cache holds {} tokens ({}), fewer than one request of --max-model-len {} needs: {} more. Raise "
         "--gpu-memory-utilization or lower --max-model-len",
-        p.kv_tokens, HumanBytes(p.kv_bytes), in.max_model_len, HumanBytes((need_blocks - blocks) * block_bytes)));
+        p.kv_tokens, FormatBytes(p.kv_bytes), in.max_model_len, FormatBytes((need_blocks - blocks) * block_bytes)));
   }
   return p;
 }

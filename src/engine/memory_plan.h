@@ -50,7 +50,4 @@ StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in);
 // cuBLASLt's (32 MiB), plus a quarter for the allocator's size classes.
 int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_tokens, int64_t max_seqs);
 
-// "1.50 GiB", "512.0 MiB", "12.0 KiB", "100 B".
-std::string HumanBytes(int64_t bytes);
-
 }  // namespace fathom
