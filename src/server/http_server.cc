@@ -186,10 +186,24 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       if (ec || self->current_ == nullptr || self->closing_) return;
       char byte = 0;
       const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        self->Fail();  // EOF or reset: the client is gone
+      if (n == 0) {
+        self->PeerClosed();  // EOF: the client sends no more; it may still read
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        self->Fail();  // reset: the client is gone
       }
       // n > 0: pipelined data; stop watching (the next read consumes it).
+    });
+  }
+
+  // The client shut down its sending side while a response is pending. That is how a vanished client looks, so
+  // the exchange is told (generation stops), but the socket stays open: a reply already being produced (an error
+  // answer, say) is still written, then the connection closes. A reply that never comes is bounded by a timer.
+  void PeerClosed() {
+    keep_alive_ = false;
+    if (current_) current_->NotifyClosed();
+    read_timer_.expires_after(Seconds(options_.write_timeout_s));
+    read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && self->current_ != nullptr) self->Close();
     });
   }
 
@@ -357,6 +371,11 @@ void HttpExchange::SendEvent(std::string event) {
 void HttpExchange::EndStream() {
   if (responded_.exchange(true)) return;
   session_->Write("0\r\n\r\n", /*complete=*/true, /*close_after=*/!request_.keep_alive());
+}
+
+void HttpExchange::Abandon() {
+  if (responded_.exchange(true)) return;
+  session_->Write("", /*complete=*/true, /*close_after=*/true);
 }
 
 void HttpExchange::OnClose(std::function<void()> callback) {

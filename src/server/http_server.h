@@ -71,6 +71,8 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   void StartStream(HttpHeaders headers = {});
   void SendEvent(std::string event);
   void EndStream();
+  // Nothing will be sent (the client is gone): the connection closes without a response.
+  void Abandon();
 
   // Runs once, on an I/O thread, if the client disconnects before the response is complete.
   void OnClose(std::function<void()> callback);

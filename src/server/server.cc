@@ -397,6 +397,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     }
     if (client_gone_.load()) {
       record_.http_status = 499;
+      ex_->Abandon();  // nothing more will be written to a client that left
     } else if (req_.stream) {
       if (failed) FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
       const auto t0 = Clock::now();
