@@ -351,8 +351,8 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   if (format != LoadFormat::kDummy) {
     FATHOM_ASSIGN_OR_RETURN(dtypes, CheckpointDtypes(m.folder, specs));
   }
-  const bench::ModelCosts costs =
-      bench::ComputeModelCosts(m.config, specs, dtypes, m.model->kv_cache_spec(), m.backend->activation_dtype());
+  const bench::ModelCosts costs = bench::ComputeModelCosts(m.config, specs, dtypes, m.model->kv_cache_spec(),
+                                                           ec.kv_cache_dtype.value_or(m.backend->kv_cache_dtype()));
   FATHOM_LOG_INFO("measuring peaks");
   FATHOM_ASSIGN_OR_RETURN(
       bench::Peaks peaks,

@@ -62,6 +62,13 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
   cmd->add_option("--scheduling-policy", o.scheduling_policy, "fcfs | priority")
       ->capture_default_str()
       ->group(engine_group);
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                  "auto (bfloat16 on a GPU, float32 on the CPU), float32, float16 or bfloat16")
+      ->capture_default_str()
+      ->group(engine_group);
+  cmd->add_flag("--enforce-eager", o.enforce_eager,
+                "Run every step op by op: no CUDA graphs for decode steps (for debugging and profiling)")
+      ->group(engine_group);
 }
 
 StatusOr<int64_t> ParseBytes(const std::string& text, const std::string& flag) {
@@ -153,6 +160,18 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
     return InvalidArgumentError("--max-queue-len and --max-queue-delay-ms must be >= 0");
   }
   EngineConfig ec;
+  if (o.kv_cache_dtype == "auto") {
+    ec.kv_cache_dtype = m.backend->kv_cache_dtype();
+  } else {
+    StatusOr<DType> kv = DTypeFromString(o.kv_cache_dtype);
+    if (!kv.ok() || *kv == DType::kF8E4M3) {
+      return InvalidArgumentError(
+          fmt::format("--kv-cache-dtype '{}' is not supported: use auto, float32, float16 or "
+                      "bfloat16",
+                      o.kv_cache_dtype));
+    }
+    ec.kv_cache_dtype = *kv;
+  }
   ec.block_size = o.block_size;
   ec.num_blocks = o.num_kv_blocks;
   if (!o.kv_cache_memory.empty()) {
@@ -169,7 +188,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
       in.max_batched_tokens = o.max_num_batched_tokens;
       in.activation_bytes = ActivationReserveBytes(m.config, o.max_num_batched_tokens, o.max_num_seqs);
       in.kv_bytes_per_token =
-          m.model->kv_cache_spec().values_per_token() * static_cast<int64_t>(DTypeSize(m.backend->activation_dtype()));
+          m.model->kv_cache_spec().values_per_token() * static_cast<int64_t>(DTypeSize(*ec.kv_cache_dtype));
       in.block_size = o.block_size;
       in.max_model_len = o.max_model_len > 0 ? o.max_model_len : m.config.max_position_embeddings;
       FATHOM_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanDeviceMemory(in));
@@ -179,6 +198,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
   }
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.policy = o.scheduling_policy;
+  ec.enforce_eager = o.enforce_eager;
   ec.scheduler.max_model_len = o.max_model_len;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;

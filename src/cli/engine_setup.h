@@ -44,6 +44,8 @@ struct EngineOptions {
   int num_kv_blocks = 0;
   bool enable_prefix_caching = true;
   std::string scheduling_policy = "priority";
+  bool enforce_eager = false;
+  std::string kv_cache_dtype = "auto";
 };
 
 // Registers the model and engine flags on `cmd` in two option groups ("Model" and "Engine"). `model_required`:

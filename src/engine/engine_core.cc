@@ -55,22 +55,16 @@ struct EngineCore::SampleState {
   double detok_s = 0.0;
 };
 
-Status CopyKvBlocks(KvCache& kv, std::span<const kv::BlockCopy> copies) {
+Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const kv::BlockCopy> copies) {
   if (copies.empty()) return OkStatus();
   for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
     KvLayerView layer = kv.layer(l);
     std::vector<TensorView> parts = {layer.k};
     if (!kv.spec().v_in_k) parts.push_back(layer.v);
     for (const TensorView& t : parts) {
-      if (t.device() != Device::kCpu) {
-        return UnimplementedError("copy-on-write of KV blocks (n > 1) needs a block-copy op on this backend");
-      }
       FATHOM_CHECK(t.is_contiguous());
-      const size_t block_bytes = static_cast<size_t>(t.stride(0)) * DTypeSize(t.dtype());
-      char* base = static_cast<char*>(t.raw());
-      for (const kv::BlockCopy& c : copies) {
-        std::memcpy(base + static_cast<size_t>(c.dst) * block_bytes, base + static_cast<size_t>(c.src) * block_bytes,
-                    block_bytes);
+      for (const kv::BlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each
+        FATHOM_RETURN_IF_ERROR(backend.CopyOnDevice(t.Slice(0, c.src, c.src + 1), t.Slice(0, c.dst, c.dst + 1)));
       }
     }
   }
@@ -138,7 +132,11 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
                                                          TextStreamFactory text, sched::NowFn now) {
   if (config.block_size <= 0) return InvalidArgumentError("block size must be positive");
   const KvCacheSpec spec = model.kv_cache_spec();
-  const DType kv_dtype = backend.activation_dtype();
+  const DType kv_dtype = config.kv_cache_dtype.value_or(backend.kv_cache_dtype());
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16) {
+    return InvalidArgumentError(
+        fmt::format("a KV cache of dtype {} is not supported (use float32, float16 or bfloat16)", DTypeName(kv_dtype)));
+  }
   if (config.num_blocks <= 0) {
     const int64_t per_block = spec.values_per_token() * config.block_size * static_cast<int64_t>(DTypeSize(kv_dtype));
     const int64_t blocks = per_block > 0 ? config.kv_cache_memory_bytes / per_block : 0;
@@ -156,8 +154,36 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
   FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, spec, kv_dtype, config.num_blocks, config.block_size));
   (void)policy;  // validated here; the core builds its own
   if (backend.device() != Device::kCpu) FATHOM_RETURN_IF_ERROR(WarmUp(model, backend, kv, config));
-  return std::unique_ptr<EngineCore>(
+  std::unique_ptr<EngineCore> core(
       new EngineCore(model, backend, std::move(config), std::move(kv), std::move(text), std::move(now)));
+  FATHOM_RETURN_IF_ERROR(core->SetUpGraphs());
+  return core;
+}
+
+Status EngineCore::SetUpGraphs() {
+  if (config_.enforce_eager || !backend_.SupportsGraphs()) return OkStatus();
+  DecodeGraphOptions o;
+  o.max_batch = config_.scheduler.max_num_seqs;
+  o.max_model_len = config_.scheduler.max_model_len;
+  auto graphs = std::make_unique<DecodeGraphs>(model_, backend_, kv_, o);
+  if (!graphs->enabled()) {
+    FATHOM_LOG_INFO("decode graphs: off ({} has no device-only forward)", model_.config().architecture);
+    return OkStatus();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const int total = static_cast<int>(graphs->batch_buckets().size());
+  Progress progress(
+      fmt::format("capturing decode graphs (batch 1..{}, context {})", o.max_batch, graphs->context_buckets().front()),
+      total);
+  FATHOM_RETURN_IF_ERROR(graphs->CaptureCommon([&](int, int) { progress.Advance(1); }));
+  progress.Finish();
+  FATHOM_LOG_INFO(
+      "decode graphs: {} captured in {:.0f} ms for {} batch buckets; longer contexts (buckets up to {}) are captured "
+      "when first needed; --enforce-eager turns graphs off",
+      graphs->num_graphs(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      total, graphs->context_buckets().back());
+  graphs_ = std::move(graphs);
+  return OkStatus();
 }
 
 EngineCore::EngineCore(Model& model, Backend& backend, EngineConfig config, KvCache kv, TextStreamFactory text,
@@ -197,9 +223,6 @@ Status EngineCore::Validate(const EngineRequest& r) const {
         fmt::format("this request needs {} tokens ({} in the prompt + {} to generate) but the maximum context length "
                     "(--max-model-len) is {}; shorten the prompt or lower max_tokens",
                     wanted, prompt_len, std::max(r.sampling.max_tokens, 1), config_.scheduler.max_model_len));
-  }
-  if (r.sampling.n > 1 && backend_.device() != Device::kCpu) {
-    return UnimplementedError("n > 1 needs a KV block-copy op on this backend");
   }
   return OkStatus();
 }
@@ -393,12 +416,27 @@ Status EngineCore::Step() {
     stats_.last_step_tokens = tokens;
     stats_.last_step_seqs = static_cast<int32_t>(plan.seqs.size());
   }
-  Status status = CopyKvBlocks(kv_, plan.copies);
+  Status status = CopyKvBlocks(backend_, kv_, plan.copies);
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
   if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
   const auto t1 = sched::SteadyClock::now();
-  Tensor logits;
-  if (status.ok()) status = model_.Forward(batch, kv_, &logits);
+  Tensor eager_logits;
+  TensorView logits;  // [n_logits, vocab]
+  bool replayed = false;
+  if (status.ok() && graphs_ != nullptr && graphs_->Accepts(batch)) {
+    status = graphs_->Run(batch, &logits);
+    replayed = status.ok();
+    if (!status.ok() && !graphs_->Accepts(batch)) {
+      // The capture failed: this bucket runs eagerly from now on.
+      FATHOM_LOG_WARN("{}; running such steps without a graph", status.message());
+      status = OkStatus();
+    }
+  }
+  if (status.ok() && !replayed) {
+    status = model_.Forward(batch, kv_, &eager_logits);
+    logits = eager_logits.view();
+  }
+  if (replayed) ++stats_.num_graph_steps;
   const int64_t vocab = model_.config().vocab_size;
   // When every sampled row is plain greedy, only the argmax ids cross to the host (4 bytes a row, not 4 x vocab).
   bool device_argmax = batch.num_logits() > 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/decode_graphs.h"
 #include "engine/detokenizer.h"
 #include "engine/request_stream.h"
 #include "engine/sampler.h"
@@ -32,9 +33,11 @@ struct EngineConfig {
   int32_t num_blocks = 0;                            // 0: derived from kv_cache_memory_bytes
   int64_t kv_cache_memory_bytes = int64_t{1} << 30;  // --kv-cache-memory
   bool enable_prefix_caching = true;
-  std::string policy = "priority";     // fcfs | priority
-  std::vector<int64_t> eos_token_ids;  // empty: the model config's
-  std::optional<uint64_t> seed;        // seeds requests that have none; unset: random
+  std::string policy = "priority";      // fcfs | priority
+  std::vector<int64_t> eos_token_ids;   // empty: the model config's
+  std::optional<uint64_t> seed;         // seeds requests that have none; unset: random
+  bool enforce_eager = false;           // --enforce-eager: no decode graphs (CUDA graphs) on a GPU
+  std::optional<DType> kv_cache_dtype;  // --kv-cache-dtype; unset: the backend's kv_cache_dtype()
 };
 
 struct EngineRequest {
@@ -59,6 +62,7 @@ struct EngineStats {
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t num_generated_tokens = 0;
+  int64_t num_graph_steps = 0;   // decode steps replayed from a captured graph
   double last_step_cpu_s = 0.0;  // scheduling, batch building, sampling and detokenization of the last step
   double total_step_cpu_s = 0.0;
   double total_forward_s = 0.0;  // model execution
@@ -69,8 +73,8 @@ struct EngineStats {
   int32_t last_step_seqs = 0;
 };
 
-// Every layer's KV of block src copied into block dst (copy-on-write for n > 1). CPU caches only for now.
-Status CopyKvBlocks(KvCache& kv, std::span<const kv::BlockCopy> copies);
+// Every layer's KV of block src copied into block dst (copy-on-write for n > 1), on the backend, in stream order.
+Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const kv::BlockCopy> copies);
 
 // EOS ids: generation_config.json's eos_token_id next to the config when present, else config.json's.
 StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, const ModelConfig& cfg);
@@ -108,6 +112,8 @@ class EngineCore {
   struct ReqState;
   struct SampleState;
   EngineCore(Model& model, Backend& backend, EngineConfig config, KvCache kv, TextStreamFactory text, sched::NowFn now);
+  // Captures the decode graphs at startup where the backend and model support them (not with --enforce-eager).
+  Status SetUpGraphs();
   void EmitToken(const std::string& sample_id, const SampleResult& r);
   void FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler);
   void FailRequest(const std::string& request_id, FinishReason reason, const Status& status);
@@ -128,6 +134,7 @@ class EngineCore {
   std::vector<float> host_logits_;
   std::vector<int32_t> host_ids_;  // argmax ids of a step whose rows are all plain greedy
   EngineStats stats_;
+  std::unique_ptr<DecodeGraphs> graphs_;  // null: eager only (CPU, --enforce-eager, or a model without support)
 };
 
 }  // namespace fathom

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -69,6 +70,8 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype of activations between ops (f32 on the CPU reference).
   virtual DType activation_dtype() const = 0;
+  // The KV cache's default dtype (--kv-cache-dtype auto): the activations' on the CPU, bf16 on the GPU.
+  virtual DType kv_cache_dtype() const { return activation_dtype(); }
 
   // The device's free and total memory now (zeros on the CPU).
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }
@@ -153,6 +156,34 @@ class Backend {
 
   // Returns (and clears) the first error recorded by an op since the last call; waits for queued work.
   virtual Status Synchronize() = 0;
+
+  // Copies `src` (dst.nbytes() bytes of host memory) into `dst` (contiguous, on device()) in stream order: the host
+  // memory must stay unchanged until the next Synchronize(). The CPU backend copies at once.
+  virtual Status CopyFromHost(const void* src, const TensorView& dst) = 0;
+  // dst = src, both contiguous on device() with the same dtype and size (KV blocks for copy-on-write), in stream
+  // order.
+  virtual Status CopyOnDevice(const TensorView& src, const TensorView& dst) = 0;
+
+  // Dummy weights made where they live (model/weights.cc, FillDummy, defines the values): every element of `out`
+  // (contiguous) is `constant` when set, else element i of the uniform pattern `key` with half-width `scale`.
+  // Unimplemented (the default, and for dtypes a backend lacks) means: fill host memory and upload it instead.
+  virtual Status FillDummy(const TensorView& /*out*/, uint64_t /*key*/, float /*scale*/,
+                           std::optional<float> /*constant*/) {
+    return UnimplementedError("no device-side dummy weights");
+  }
+
+  // Graphs (CUDA graphs): the ops issued between BeginCapture() and EndCapture() are recorded, not run, and
+  // ReplayGraph() runs them again with the same pointers. Tensors that Alloc returns while capturing come from an
+  // arena that all graphs share (a graph's outputs are valid until the next replay or capture) and need not be kept.
+  //   FATHOM_RETURN_IF_ERROR(be.BeginCapture());
+  //   model.ForwardOnDevice(static_inputs, kv, &logits);   // recorded
+  //   FATHOM_ASSIGN_OR_RETURN(int64_t graph, be.EndCapture());
+  //   be.CopyFromHost(host_inputs, static_inputs_buffer);  // new inputs, same addresses
+  //   FATHOM_RETURN_IF_ERROR(be.ReplayGraph(graph));        // logits now hold this step's values
+  virtual bool SupportsGraphs() const { return false; }
+  virtual Status BeginCapture() { return UnimplementedError(std::string(name()) + " has no graphs"); }
+  virtual StatusOr<int64_t> EndCapture() { return UnimplementedError(std::string(name()) + " has no graphs"); }
+  virtual Status ReplayGraph(int64_t /*graph*/) { return UnimplementedError(std::string(name()) + " has no graphs"); }
 };
 
 }  // namespace fathom

@@ -111,14 +111,23 @@ class LlamaModel final : public Model {
 
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override {
     FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, LlamaKvSpec(cfg_), cfg_.vocab_size));
-    const int64_t n = batch.num_tokens();
-    const int64_t n_out = batch.num_logits();
+    if (batch.num_tokens() == 0) {
+      *logits = backend_.Alloc(DType::kF32, {batch.num_logits(), cfg_.vocab_size});
+      return OkStatus();
+    }
+    FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, backend_));
+    return ForwardOnDevice(dev, kv, logits);
+  }
+
+  bool SupportsForwardOnDevice() const override { return true; }
+
+  Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override {
+    const AttentionMetadata& meta = dev.meta();
+    const int64_t n = meta.num_tokens;
+    const int64_t n_out = dev.logits_indices().dim(0);
     Backend& be = backend_;
     const DType act = be.activation_dtype();
     *logits = be.Alloc(DType::kF32, {n_out, cfg_.vocab_size});
-    if (n == 0) return OkStatus();
-    FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, be));
-    const AttentionMetadata& meta = dev.meta();
 
     const int64_t h = cfg_.hidden_size, hd = cfg_.head_dim, nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);

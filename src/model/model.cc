@@ -59,37 +59,56 @@ void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indi
   be.Linear(rows_n, lm_head, logits);
 }
 
-namespace {
-
-StatusOr<Tensor> UploadInts(const std::vector<int32_t>& v, Backend& backend) {
-  const int64_t n = static_cast<int64_t>(v.size());
-  TensorView host(const_cast<int32_t*>(v.data()), DType::kI32, {n});
-  return backend.Upload(host);
+int64_t BatchOnDevice::PackedSize(const ForwardBatch& b) {
+  return static_cast<int64_t>(b.positions.size() + b.slot_mapping.size() + b.query_start.size() + b.seq_lens.size() +
+                              b.block_table_start.size() + b.block_tables.size() + b.token_ids.size() +
+                              b.logits_indices.size());
 }
 
-}  // namespace
+void BatchOnDevice::Pack(const ForwardBatch& b, std::vector<int32_t>* out) {
+  out->clear();
+  out->reserve(static_cast<size_t>(PackedSize(b)));
+  for (const std::vector<int32_t>* v : {&b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens,
+                                        &b.block_table_start, &b.block_tables, &b.token_ids, &b.logits_indices}) {
+    out->insert(out->end(), v->begin(), v->end());
+  }
+}
 
-StatusOr<BatchOnDevice> BatchOnDevice::Upload(const ForwardBatch& b, Backend& backend) {
+BatchOnDevice BatchOnDevice::View(const ForwardBatch& b, const TensorView& packed) {
+  FATHOM_CHECK(packed.dtype() == DType::kI32 && packed.numel() >= PackedSize(b), "packed batch buffer {} for {} values",
+               packed.ShapeString(), PackedSize(b));
   BatchOnDevice out;
-  auto up = [&](const std::vector<int32_t>& v, TensorView* dst) -> Status {
-    FATHOM_ASSIGN_OR_RETURN(Tensor t, UploadInts(v, backend));
-    *dst = t.view();
-    out.keep_.push_back(std::move(t));
-    return OkStatus();
+  int64_t at = 0;
+  auto take = [&](const std::vector<int32_t>& v) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    const TensorView t = packed.Slice(0, at, at + n);
+    at += n;
+    return t;
   };
   AttentionMetadata& m = out.meta_;
-  FATHOM_RETURN_IF_ERROR(up(b.positions, &m.positions));
-  FATHOM_RETURN_IF_ERROR(up(b.slot_mapping, &m.slot_mapping));
-  FATHOM_RETURN_IF_ERROR(up(b.query_start, &m.query_start));
-  FATHOM_RETURN_IF_ERROR(up(b.seq_lens, &m.seq_lens));
-  FATHOM_RETURN_IF_ERROR(up(b.block_table_start, &m.block_table_start));
-  FATHOM_RETURN_IF_ERROR(up(b.block_tables, &m.block_tables));
+  m.positions = take(b.positions);
+  m.slot_mapping = take(b.slot_mapping);
+  m.query_start = take(b.query_start);
+  m.seq_lens = take(b.seq_lens);
+  m.block_table_start = take(b.block_table_start);
+  m.block_tables = take(b.block_tables);
+  out.token_ids_ = take(b.token_ids);
+  out.logits_indices_ = take(b.logits_indices);
   m.num_seqs = b.num_seqs();
   m.num_tokens = b.num_tokens();
   m.block_size = b.block_size;
   m.max_seq_len = b.max_seq_len();
-  FATHOM_ASSIGN_OR_RETURN(out.token_ids_, UploadInts(b.token_ids, backend));
-  FATHOM_ASSIGN_OR_RETURN(out.logits_indices_, UploadInts(b.logits_indices, backend));
+  return out;
+}
+
+StatusOr<BatchOnDevice> BatchOnDevice::Upload(const ForwardBatch& b, Backend& backend) {
+  std::vector<int32_t> host;
+  Pack(b, &host);
+  const int64_t n = static_cast<int64_t>(host.size());
+  FATHOM_ASSIGN_OR_RETURN(Tensor packed, backend.Upload(TensorView(host.data(), DType::kI32, {n})));
+  BatchOnDevice out = View(b, packed.view());
+  out.packed_ = std::move(packed);
+  out.host_ = std::move(host);  // moving a vector keeps its buffer: the CPU backend's views stay valid
   return out;
 }
 

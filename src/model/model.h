@@ -53,6 +53,8 @@ class KvCache {
   std::vector<KvLayerView> layers_;
 };
 
+class BatchOnDevice;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -61,6 +63,13 @@ class Model {
   // Appends the batch's tokens to `kv` and returns logits [batch.num_logits(), vocab] (f32, on the backend's
   // device) for the rows in batch.logits_indices.
   virtual Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) = 0;
+
+  // Forward's computation over a batch already on the device, without checks, uploads or host synchronization:
+  // what a captured graph records (engine/decode_graphs.h). Models that cannot run this way return false.
+  virtual bool SupportsForwardOnDevice() const { return false; }
+  virtual Status ForwardOnDevice(const BatchOnDevice& /*dev*/, KvCache& /*kv*/, Tensor* /*logits*/) {
+    return UnimplementedError("this model has no device-only forward");
+  }
 };
 
 // The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block
@@ -81,19 +90,30 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& cfg, std::unique
   return std::unique_ptr<Model>(std::move(m));
 }
 
-// Host views of the batch's index arrays, uploaded to the backend. Keeps the uploaded tensors alive.
+// The batch's index arrays on the device, packed into one i32 buffer (one upload per step):
+// positions, slot_mapping, query_start, seq_lens, block_table_start, block_tables, token_ids, logits_indices.
+//   FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, backend));   // owns its buffer
+//   BatchOnDevice fixed = BatchOnDevice::View(batch, buffer);   // views into a caller's buffer (graph inputs)
 class BatchOnDevice {
  public:
   static StatusOr<BatchOnDevice> Upload(const ForwardBatch& batch, Backend& backend);
+  // The packed host layout of `batch` (Pack) and its length (PackedSize).
+  static int64_t PackedSize(const ForwardBatch& batch);
+  static void Pack(const ForwardBatch& batch, std::vector<int32_t>* out);
+  // Views of `batch`'s shape into `packed` (i32 [PackedSize(batch)] on the device, filled by Pack's values).
+  static BatchOnDevice View(const ForwardBatch& batch, const TensorView& packed);
+
   const AttentionMetadata& meta() const { return meta_; }
-  const TensorView& token_ids() const { return token_ids_.view(); }
-  const TensorView& logits_indices() const { return logits_indices_.view(); }
+  AttentionMetadata& mutable_meta() { return meta_; }
+  const TensorView& token_ids() const { return token_ids_; }
+  const TensorView& logits_indices() const { return logits_indices_; }
 
  private:
   AttentionMetadata meta_;
-  std::vector<Tensor> keep_;
-  Tensor token_ids_;
-  Tensor logits_indices_;
+  TensorView token_ids_;
+  TensorView logits_indices_;
+  std::vector<int32_t> host_;  // the CPU backend's "device" copy is this host buffer
+  Tensor packed_;
 };
 
 }  // namespace fathom

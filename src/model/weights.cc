@@ -56,11 +56,35 @@ void WeightStore::Put(const std::string& name, Tensor owned) {
   owned_.push_back(std::move(owned));
 }
 
+namespace {
+
+// What a dummy weight holds: a constant, or the uniform pattern `key` in [-scale, scale] (FillDummy).
+struct DummyPattern {
+  std::optional<float> constant;
+  uint64_t key = 0;
+  float scale = 0.0f;
+};
+
+DummyPattern PatternOf(const WeightSpec& spec, uint64_t seed) {
+  DummyPattern p;
+  if (spec.init != WeightInit::kRandom) {
+    p.constant = spec.init == WeightInit::kOnes ? 1.0f : spec.init == WeightInit::kConstant ? spec.init_value : 0.0f;
+    return p;
+  }
+  // Uniform in [-a, a] with a standard deviation of 0.02, the usual initializer_range.
+  p.scale = 0.02f * 1.7320508f;
+  p.key = SplitMix64(HashName(spec.name) ^ SplitMix64(seed));
+  return p;
+}
+
+}  // namespace
+
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
-  if (spec.init != WeightInit::kRandom) {
-    const float v = spec.init == WeightInit::kOnes ? 1.0f : spec.init == WeightInit::kConstant ? spec.init_value : 0.0f;
+  const DummyPattern pattern = PatternOf(spec, seed);
+  if (pattern.constant) {
+    const float v = *pattern.constant;
     DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         switch (dt) {
@@ -83,9 +107,8 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
     });
     return;
   }
-  // Uniform in [-a, a] with a standard deviation of 0.02, the usual initializer_range.
-  const float a = 0.02f * 1.7320508f;
-  const uint64_t key = SplitMix64(HashName(spec.name) ^ SplitMix64(seed));
+  const float a = pattern.scale;
+  const uint64_t key = pattern.key;
   DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const uint64_t r = SplitMix64(key + static_cast<uint64_t>(i));
@@ -135,6 +158,23 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
       if (!s.fallback.empty() && store->Has(s.fallback) && s.shares_storage) {
         store->PutView(s.name, store->Get(s.fallback));
         continue;
+      }
+      if (backend.device() != Device::kCpu) {
+        // Made on the device: nothing crosses the bus (the same values as FillDummy's).
+        const DummyPattern pattern = PatternOf(s, options.seed);
+        const DeviceMemoryInfo mem = backend.MemoryInfo();
+        if (mem.total_bytes > 0 && mem.free_bytes < spec_bytes) {
+          return ResourceExhaustedError(fmt::format("dummy weight '{}' needs {} bytes; the device has {} free", s.name,
+                                                    spec_bytes, mem.free_bytes));
+        }
+        Tensor dev = backend.Alloc(s.dtype, s.shape);
+        const Status made = backend.FillDummy(dev, pattern.key, pattern.scale, pattern.constant);
+        if (made.ok()) {
+          store->Put(s.name, std::move(dev));
+          if (progress) progress->Advance(spec_bytes);
+          continue;
+        }
+        if (made.code() != StatusCode::kUnimplemented) return made;
       }
       Tensor host = Tensor::Empty(s.dtype, s.shape);
       FillDummy(s, options.seed, host);

@@ -72,6 +72,20 @@ Status CpuBackend::CopyToHost(const TensorView& src, void* dst) {
   return OkStatus();
 }
 
+Status CpuBackend::CopyFromHost(const void* src, const TensorView& dst) {
+  if (!dst.is_contiguous()) return InvalidArgumentError("CopyFromHost needs a contiguous tensor");
+  std::memcpy(dst.raw(), src, dst.nbytes());
+  return OkStatus();
+}
+
+Status CpuBackend::CopyOnDevice(const TensorView& src, const TensorView& dst) {
+  if (!src.is_contiguous() || !dst.is_contiguous() || src.dtype() != dst.dtype() || src.numel() != dst.numel()) {
+    return InvalidArgumentError("CopyOnDevice needs contiguous tensors of one dtype and size");
+  }
+  std::memmove(dst.raw(), src.raw(), src.nbytes());
+  return OkStatus();
+}
+
 void CpuBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
   const int64_t n = ids.dim(0), hidden = table.dim(1), vocab = table.dim(0);
   FATHOM_CHECK_EQ(out.dim(1), hidden);

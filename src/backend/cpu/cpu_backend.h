@@ -21,6 +21,8 @@ class CpuBackend final : public Backend {
   Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
   StatusOr<Tensor> Upload(const TensorView& host) override;
   Status CopyToHost(const TensorView& src, void* dst) override;
+  Status CopyFromHost(const void* src, const TensorView& dst) override;
+  Status CopyOnDevice(const TensorView& src, const TensorView& dst) override;
 
   void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;

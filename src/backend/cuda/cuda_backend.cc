@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdlib>
+#include <set>
 
 #include "backend/cuda/kernels.h"
 
@@ -51,10 +53,13 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
 struct CudaBackend::Pool {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free;  // size class -> blocks
+  std::set<void*> live;                       // blocks handed out
+  std::map<void*, void*> f32_copies;          // live block -> its float32 copy (CudaBackend::F32Bias)
   ~Pool() {
     for (auto& [bytes, blocks] : free) {
       for (void* p : blocks) cudaFree(p);
     }
+    for (auto& [block, copy] : f32_copies) cudaFree(copy);
   }
   // Size classes: powers of two from 4 KiB, with four steps per doubling above 1 MiB (at most 19% slack).
   static size_t Class(size_t bytes) {
@@ -72,10 +77,16 @@ struct CudaBackend::Pool {
     if (it == free.end() || it->second.empty()) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
+    live.insert(p);
     return p;
   }
   void Give(size_t cls, void* p) {
     std::lock_guard<std::mutex> lock(mu);
+    live.erase(p);
+    if (auto c = f32_copies.find(p); c != f32_copies.end()) {  // the block's derived copy dies with it
+      cudaFree(c->second);
+      f32_copies.erase(c);
+    }
     free[cls].push_back(p);
   }
   // Frees every cached block (when a cudaMalloc fails, to retry with what they held).
@@ -91,6 +102,11 @@ struct CudaBackend::Pool {
 StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64_t> shape) {
   TensorView probe(nullptr, dtype, shape);
   const size_t bytes = std::max<size_t>(probe.nbytes(), 16);
+  if (capturing_) {
+    void* p = ArenaTake(bytes);
+    if (p == nullptr) return ResourceExhaustedError(fmt::format("graph arena: cudaMalloc of {} bytes failed", bytes));
+    return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void*) {});
+  }
   const bool pooled = bytes <= kMaxPooledBytes;
   const size_t cls = pooled ? Pool::Class(bytes) : bytes;
   void* p = pooled ? pool_->Take(cls) : nullptr;
@@ -102,6 +118,10 @@ StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64
       e = cudaMalloc(&p, cls);
     }
     FATHOM_RETURN_IF_ERROR(CudaStatus(e, fmt::format("cudaMalloc of {} bytes", cls)));
+    if (pooled) {
+      std::lock_guard<std::mutex> lock(pool_->mu);
+      pool_->live.insert(p);
+    }
   }
   if (!pooled) return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
   std::shared_ptr<Pool> pool = pool_;
@@ -109,12 +129,15 @@ StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64
 }
 
 CudaBackend::~CudaBackend() {
+  for (void* g : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  for (const auto& [p, bytes] : arena_.chunks) cudaFree(p);
   gemm_.reset();
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 void* CudaBackend::Workspace(size_t bytes) {
+  if (capturing_) return ArenaTake(bytes);  // a captured kernel keeps its pointer: never the growable buffer
   if (bytes <= workspace_bytes_) return workspace_;
   // Grows (rarely): the stream must be done with the old buffer before it is freed.
   Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "workspace");
@@ -129,6 +152,110 @@ void* CudaBackend::Workspace(size_t bytes) {
   }
   workspace_bytes_ = bytes;
   return workspace_;
+}
+
+void* CudaBackend::ArenaTake(size_t bytes) {
+  bytes = (bytes + 255) / 256 * 256;
+  while (arena_.chunk < arena_.chunks.size()) {
+    if (arena_.offset + bytes <= arena_.chunks[arena_.chunk].second) {
+      void* p = static_cast<char*>(arena_.chunks[arena_.chunk].first) + arena_.offset;
+      arena_.offset += bytes;
+      return p;
+    }
+    ++arena_.chunk;
+    arena_.offset = 0;
+  }
+  // Relaxed capture mode allows cudaMalloc; the chunk outlives every graph that uses it.
+  const size_t size = std::max(bytes, kArenaChunkBytes);
+  void* p = nullptr;
+  if (cudaMalloc(&p, size) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  arena_.chunks.emplace_back(p, size);
+  arena_.chunk = arena_.chunks.size() - 1;
+  arena_.offset = bytes;
+  return p;
+}
+
+Status CudaBackend::BeginCapture() {
+  if (capturing_) return FailedPreconditionError("a graph capture is already in progress");
+  FATHOM_RETURN_IF_ERROR(Synchronize());
+  arena_.chunk = 0;
+  arena_.offset = 0;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream_), cudaStreamCaptureModeRelaxed), "begin capture"));
+  capturing_ = true;
+  return OkStatus();
+}
+
+StatusOr<int64_t> CudaBackend::EndCapture() {
+  if (!capturing_) return FailedPreconditionError("no graph capture is in progress");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &graph);
+  Status recorded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recorded = first_error_;
+    first_error_ = OkStatus();
+  }
+  if (e != cudaSuccess || !recorded.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return recorded.ok() ? CudaStatus(e, "end capture") : recorded;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  FATHOM_RETURN_IF_ERROR(CudaStatus(ie, "graph instantiate"));
+  graphs_.push_back(exec);
+  return static_cast<int64_t>(graphs_.size()) - 1;
+}
+
+Status CudaBackend::ReplayGraph(int64_t graph) {
+  if (capturing_ || graph < 0 || graph >= static_cast<int64_t>(graphs_.size())) {
+    return InvalidArgumentError(fmt::format("no graph {} to replay", graph));
+  }
+  Check(static_cast<int>(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]),
+                                         static_cast<cudaStream_t>(stream_))),
+        "cudaGraphLaunch");
+  return OkStatus();
+}
+
+Status CudaBackend::CopyFromHost(const void* src, const TensorView& dst) {
+  if (!dst.is_contiguous()) return InvalidArgumentError("CopyFromHost needs a contiguous tensor");
+  if (dst.nbytes() == 0) return OkStatus();
+  return CudaStatus(
+      cudaMemcpyAsync(dst.raw(), src, dst.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
+      "copy from host");
+}
+
+Status CudaBackend::FillDummy(const TensorView& out, uint64_t key, float scale, std::optional<float> constant) {
+  const DType dt = out.dtype();
+  if ((dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF8E4M3) || !out.is_contiguous()) {
+    return UnimplementedError(fmt::format("no device-side dummy weights of dtype {}", DTypeName(dt)));
+  }
+  uint32_t bits = 0;
+  if (constant) {
+    bits = dt == DType::kF32    ? std::bit_cast<uint32_t>(*constant)
+           : dt == DType::kBF16 ? F32ToBf16(*constant)
+                                : F32ToF8E4M3(*constant);
+  }
+  Launch("FillDummy", [&] {
+    return cuda::LaunchFillDummy(out.raw(), Dt(out), out.numel(), key, scale, constant.has_value(), bits, stream_);
+  });
+  return Synchronize();
+}
+
+Status CudaBackend::CopyOnDevice(const TensorView& src, const TensorView& dst) {
+  if (!src.is_contiguous() || !dst.is_contiguous() || src.dtype() != dst.dtype() || src.numel() != dst.numel()) {
+    return InvalidArgumentError("CopyOnDevice needs contiguous tensors of one dtype and size");
+  }
+  if (src.nbytes() == 0) return OkStatus();
+  return CudaStatus(
+      cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream_)),
+      "copy on device");
 }
 
 CudaBackend::Profile::~Profile() = default;
@@ -206,6 +333,10 @@ void CudaBackend::Check(int err, const char* op) {
 }
 
 Status CudaBackend::Synchronize() {
+  if (capturing_) {  // nothing has run yet: report what failed to be recorded
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_error_;
+  }
   Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "cudaStreamSynchronize");
   CollectProfile();
   std::lock_guard<std::mutex> lock(mu_);
@@ -244,6 +375,7 @@ StatusOr<Tensor> CudaBackend::Upload(const TensorView& host) {
   if (host.device() != Device::kCpu || !host.is_contiguous()) {
     return InvalidArgumentError("CudaBackend::Upload needs a contiguous host tensor");
   }
+  if (capturing_) return FailedPreconditionError("Upload synchronizes and cannot be captured in a graph");
   const std::vector<int64_t> shape = host.shape();
   FATHOM_ASSIGN_OR_RETURN(Tensor t, NewDeviceTensor(host.dtype(), shape));
   void* p = t.view().raw();
@@ -259,6 +391,7 @@ StatusOr<Tensor> CudaBackend::Upload(const TensorView& host) {
 
 Status CudaBackend::CopyToHost(const TensorView& src, void* dst) {
   if (!src.is_contiguous()) return InvalidArgumentError("CopyToHost needs a contiguous tensor");
+  if (capturing_) return FailedPreconditionError("CopyToHost synchronizes and cannot be captured in a graph");
   FATHOM_RETURN_IF_ERROR(Synchronize());
   return CudaStatus(cudaMemcpy(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost), "copy to host");
 }
@@ -302,18 +435,41 @@ void* CudaBackend::StageBf16(const TensorView& x) {
 void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out) {
   const int64_t m = w.out_features();
   const auto t0 = profile_ ? RecordStart() : nullptr;
-  Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0));
+  bool bias_added = false;
+  const float* bias = w.bias.empty() ? nullptr : F32Bias(w.bias);
+  Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0), bias,
+                         bias != nullptr ? static_cast<int>(DType::kF32) : -1, &bias_added);
   if (profile_) RecordEnd("GemmBf16", t0);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (first_error_.ok()) first_error_ = st;
     return;
   }
-  if (!w.bias.empty()) {
+  if (!w.bias.empty() && !bias_added) {  // no epilogue for this shape and bias type
     Launch("AddBias", [&] {
       return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
     });
   }
+}
+
+const float* CudaBackend::F32Bias(const TensorView& bias) {
+  if (bias.dtype() == DType::kF32 && bias.is_contiguous()) return bias.data<float>();
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  if (auto it = pool_->f32_copies.find(bias.raw()); it != pool_->f32_copies.end()) {
+    return static_cast<const float*>(it->second);
+  }
+  if (capturing_ || bias.ndim() != 1 || !pool_->live.contains(bias.raw())) return nullptr;
+  const int64_t m = bias.dim(0);
+  void* p = nullptr;
+  if (cudaMalloc(&p, static_cast<size_t>(m) * sizeof(float)) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  Check(static_cast<int>(cudaMemsetAsync(p, 0, static_cast<size_t>(m) * sizeof(float), s)), "bias copy");
+  Check(cuda::LaunchAddBias(static_cast<float*>(p), m, bias.raw(), Dt(bias), 1, m, stream_), "bias copy");
+  pool_->f32_copies[bias.raw()] = p;
+  return static_cast<const float*>(p);
 }
 
 void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {

@@ -29,6 +29,8 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return DType::kF32; }
+  // Half the bytes of f32 per cached token, and the tensor-core decode attention reads 16-bit caches.
+  DType kv_cache_dtype() const override { return DType::kBF16; }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;
@@ -60,6 +62,17 @@ class CudaBackend final : public Backend {
   void ArgMax(const TensorView& logits, const TensorView& ids) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
+  Status CopyFromHost(const void* src, const TensorView& dst) override;
+  Status CopyOnDevice(const TensorView& src, const TensorView& dst) override;
+  // f32, bf16 and f8 e4m3 (f16 and others: Unimplemented, filled on the host).
+  Status FillDummy(const TensorView& out, uint64_t key, float scale, std::optional<float> constant) override;
+
+  // CUDA graphs: captured in relaxed mode on the backend's stream; not with FATHOM_CUDA_PROFILE (its events would
+  // be captured too).
+  bool SupportsGraphs() const override { return profile_ == nullptr; }
+  Status BeginCapture() override;
+  StatusOr<int64_t> EndCapture() override;
+  Status ReplayGraph(int64_t graph) override;
 
   // With FATHOM_CUDA_PROFILE set, every launch is timed with CUDA events; this returns the per-op table (total
   // time, calls, time per call, share) since the backend was created. Empty when profiling is off.
@@ -86,16 +99,32 @@ class CudaBackend final : public Backend {
   struct Pool;
   static constexpr size_t kMaxPooledBytes = 256ull << 20;
 
+  // Device memory for the tensors and workspaces of captured graphs: chunks that are never freed while the backend
+  // lives, handed out in order from the start again at each capture (graphs replay one at a time on one stream, so
+  // they may share it).
+  struct Arena {
+    std::vector<std::pair<void*, size_t>> chunks;
+    size_t chunk = 0;
+    size_t offset = 0;
+  };
+  static constexpr size_t kArenaChunkBytes = 64ull << 20;
+  void* ArenaTake(size_t bytes);
+
   CudaBackend() = default;
   StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
   std::shared_ptr<Pool> pool_;
   // Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x rounded to bf16 once into the
-  // workspace (StageBf16), float32 accumulation and output, then the bias. Decode-shaped ones stay on the
+  // workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's epilogue (a kernel where it has
+  // none for the shape). Decode-shaped ones stay on the
   // float32-input GEMV, which is memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs
   // (the exact reference path).
   bool UseCublasLt(int64_t n, const LinearWeight& w) const;
   void* StageBf16(const TensorView& x);  // null (error recorded) when the workspace cannot grow
   void GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out);
+  // A float32 copy of a 16-bit bias, made once (cuBLASLt's bias epilogue with float32 output takes float32 biases)
+  // and freed with the bias's memory block (Pool); null for a bias that is not a pooled block of its own, or while
+  // capturing a graph before the copy exists: the caller then adds the bias with a kernel.
+  const float* F32Bias(const TensorView& bias);
   void Check(int err, const char* op);
   void Launch(const char* op, const std::function<int()>& launch);
   void CollectProfile();
@@ -108,6 +137,9 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMaxAttentionWorkspace = 256ll << 20;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  Arena arena_;
+  bool capturing_ = false;
+  std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::mutex mu_;

@@ -81,14 +81,34 @@ StatusOr<int> CublasLtGemm::PickFastest(const Plan& p, const void* results_v, in
 }
 
 Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
-                         int64_t out_stride) {
+                         int64_t out_stride, const void* bias, int bias_dtype, bool* bias_added) {
   // Column-major view: W row-major [m, k] is Wc (k x m, ld w_stride); x row-major [n, k] is Xc (k x n, ld k);
-  // out row-major [n, m] is Oc (m x n, ld out_stride). Oc = Wc^T Xc.
-  const auto key = std::make_tuple(n, k, m, w_stride, out_stride);
+  // out row-major [n, m] is Oc (m x n, ld out_stride). Oc = Wc^T Xc (+ bias per row of Oc, i.e. per output feature).
+  if (bias_added != nullptr) *bias_added = false;
+  // fathom's DType codes 0 (f32), 1 (f16), 2 (bf16) -> the epilogue's bias type.
+  const cudaDataType_t bias_type = bias_dtype == 0 ? CUDA_R_32F : bias_dtype == 1 ? CUDA_R_16F : CUDA_R_16BF;
+  if (bias != nullptr && bias_dtype >= 0 && bias_dtype <= 2) {
+    const PlanKey with_bias{n, k, m, w_stride, out_stride, bias_dtype};
+    auto it = plans_.find(with_bias);
+    if (it == plans_.end() || it->second != nullptr) {  // not known to lack an algorithm
+      FATHOM_RETURN_IF_ERROR(RunPlan(with_bias, x, w, out, bias, bias_type));
+      if (plans_.at(with_bias) != nullptr) {
+        if (bias_added != nullptr) *bias_added = true;
+        return OkStatus();
+      }
+    }
+  }
+  return RunPlan(std::make_tuple(n, k, m, w_stride, out_stride, -1), x, w, out, nullptr, CUDA_R_32F);
+}
+
+Status CublasLtGemm::RunPlan(const PlanKey& key, const void* x, const void* w, float* out, const void* bias,
+                             int bias_type) {
+  const auto [n, k, m, w_stride, out_stride, bias_dtype] = key;
   Plan* plan = nullptr;
   auto it = plans_.find(key);
   if (it != plans_.end()) {
     plan = it->second;
+    if (plan == nullptr) return OkStatus();  // a bias epilogue known to be unavailable: the caller falls back
   } else {
     auto p = std::make_unique<Plan>();
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
@@ -97,6 +117,16 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
         LtStatus(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa"));
     FATHOM_RETURN_IF_ERROR(
         LtStatus(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb"));
+    if (bias_dtype >= 0) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bt = static_cast<cudaDataType_t>(bias_type);
+      FATHOM_RETURN_IF_ERROR(LtStatus(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue"));
+      FATHOM_RETURN_IF_ERROR(LtStatus(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type"));
+      FATHOM_RETURN_IF_ERROR(LtStatus(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias"));
+    }
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, m, w_stride), "layout A"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, n, k), "layout B"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, out_stride), "layout D"));
@@ -110,6 +140,10 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
                                                              p->b, p->d, p->d, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (bias_dtype >= 0 && (hs != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      plans_[key] = nullptr;  // no bias epilogue here: the caller adds the bias
+      return OkStatus();
+    }
     FATHOM_RETURN_IF_ERROR(LtStatus(hs, "heuristic"));
     if (found == 0) {
       return InternalError(fmt::format("cuBLASLt has no bf16 algorithm for n={} k={} m={}", n, k, m));
@@ -129,6 +163,10 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
     }
     plan = p.release();
     plans_[key] = plan;
+  }
+  if (bias_dtype >= 0) {  // the pointer changes from layer to layer
+    FATHOM_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias"));
   }
   const float alpha = 1.0f, beta = 0.0f;
   return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b,

@@ -1,10 +1,13 @@
-// bf16 GEMMs through cuBLASLt: out[n, m] (float32) = x[n, k] (bf16) W[m, k]^T (bf16), float32 accumulation, with the
-// algorithm chosen once per shape and cached: cuBLASLt's first heuristic, or with FATHOM_CUDA_GEMM_TUNE=1 for
-// prefill-sized GEMMs (n >= 64) the fastest of its top 8 candidates, timed on the first call.
+// bf16 GEMMs through cuBLASLt: out[n, m] (float32) = x[n, k] (bf16) W[m, k]^T (bf16) (+ bias[m]), float32
+// accumulation, with the algorithm chosen once per shape and cached: cuBLASLt's first heuristic, or with
+// FATHOM_CUDA_GEMM_TUNE=1 for prefill-sized GEMMs (n >= 64) the fastest of its top 8 candidates, timed on the first
+// call. A bias is added in cuBLASLt's epilogue where it has an algorithm for it.
 //
 //   CublasLtGemm gemm;
 //   FATHOM_RETURN_IF_ERROR(gemm.Init(stream));
-//   FATHOM_RETURN_IF_ERROR(gemm.Run(x_bf16, n, k, w_bf16, w_stride, m, out, out_stride));
+//   bool bias_added = false;
+//   FATHOM_RETURN_IF_ERROR(gemm.Run(x_bf16, n, k, w_bf16, w_stride, m, out, out_stride, bias, bias_dtype,
+//   &bias_added)); if (!bias_added) ...add it yourself...
 #pragma once
 
 #include <cstdint>
@@ -24,11 +27,17 @@ class CublasLtGemm {
 
   Status Init(void* stream);
   // x: contiguous bf16 [n, k]; w: bf16 [m, k] with row stride w_stride; out: float32 [n, m] with row stride out_stride.
+  // bias: [m] of dtype bias_dtype (fathom's DType code: f32, f16 or bf16), or null. *bias_added says whether the
+  // epilogue added it.
   Status Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
-             int64_t out_stride);
+             int64_t out_stride, const void* bias = nullptr, int bias_dtype = -1, bool* bias_added = nullptr);
 
  private:
   struct Plan;
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+  // Runs (creating on first use) the plan of `key`; with a bias dtype in the key and no algorithm for it, records a
+  // null plan and returns OK without running.
+  Status RunPlan(const PlanKey& key, const void* x, const void* w, float* out, const void* bias, int bias_type);
   static constexpr int64_t kTuneMinRows = 64;
   // Index of the fastest of `found` heuristic results (cublasLtMatmulHeuristicResult_t[]) on these operands.
   StatusOr<int> PickFastest(const Plan& p, const void* results, int found, const void* x, const void* w, float* out);
@@ -36,7 +45,8 @@ class CublasLtGemm {
   void* stream_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan*> plans_;
+  // (n, k, m, w_stride, out_stride, bias dtype or -1) -> plan; a null plan: no bias epilogue for that shape.
+  std::map<PlanKey, Plan*> plans_;
 };
 
 }  // namespace fathom

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 
@@ -291,9 +292,11 @@ __global__ void RopeWriteCacheKernel(RopeWriteArgs a) {
   const float* sn = a.sin + t * a.half;
   const bool is_q = h < a.heads;
   const int64_t g = is_q ? 0 : h - a.heads;
+  // Slot -1: a padding row of a captured graph's batch; it writes no cache.
+  const bool write = !is_q && a.slot_mapping[t] >= 0;
   float* x = is_q ? a.q + t * a.q_s0 + h * a.q_s1 : a.k + t * a.k_s0 + g * a.k_s1;
   int64_t kbase = 0;
-  if (!is_q) {
+  if (write) {
     const int64_t slot = a.slot_mapping[t];
     kbase = (slot / a.block_size) * a.k_cache.s0 + (slot % a.block_size) * a.k_cache.s1 + g * a.k_cache.s2;
   }
@@ -303,12 +306,12 @@ __global__ void RopeWriteCacheKernel(RopeWriteArgs a) {
     const float y1 = x1 * cc - x2 * ss, y2 = x2 * cc + x1 * ss;
     x[ia] = y1;
     x[ib] = y2;
-    if (!is_q) {
+    if (write) {
       Store(a.k_cache.data, a.k_cache.dtype, kbase + ia, y1);
       Store(a.k_cache.data, a.k_cache.dtype, kbase + ib, y2);
     }
   }
-  if (is_q) return;
+  if (!write) return;
   for (int64_t i = 2 * a.half + threadIdx.x; i < a.k_dim; i += blockDim.x) {
     Store(a.k_cache.data, a.k_cache.dtype, kbase + i, x[i]);
   }
@@ -364,6 +367,7 @@ __global__ void WriteCacheKernel(const float* src, int64_t heads, int64_t dim, i
                                  const int32_t* slots, int64_t bs, CacheView c) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
+  if (slot < 0) return;  // a padding row: no cache write
   const int64_t base = (slot / bs) * c.s0 + (slot % bs) * c.s1;
   for (int64_t k = threadIdx.x; k < heads * dim; k += blockDim.x) {
     const int64_t h = k / dim, i = k % dim;
@@ -512,6 +516,7 @@ __global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const floa
 // slower at batch 1 and 64 (its per-thread K rows make uncoalesced loads); prefetching the next step's K/V into
 // registers, 1.25x slower at batch 64 and 256 (fewer blocks fit an SM).
 constexpr int kAttnWarps = 4, kKeysPerStep = 4, kMaxGroup = 8, kAttnBlocksWanted = 1024;
+static_assert(kMaxGroup == 8, "FinishGroupChunk takes [warps][8] states");
 
 __device__ __forceinline__ float ToF(float v) {
   return v;
@@ -545,25 +550,11 @@ __device__ __forceinline__ void LoadVec(const T* p, float* out) {
   }
 }
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(kAttnWarps * 32)
-    GqaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
-  constexpr int kPer = kD / 32;
-  __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
-  __shared__ float sm_acc[kAttnWarps][kMaxGroup][kD];
-  const int64_t t = blockIdx.x / a.kv_heads, kvh = blockIdx.x % a.kv_heads, c = blockIdx.y;
-  const int group = static_cast<int>(a.heads / a.kv_heads);
-  const int64_t ctx = a.positions[t] + 1, j0 = c * chunk;
-  if (j0 >= ctx) {  // past this token's causal context: an empty partial state
-    if (threadIdx.x < group) {
-      const int64_t idx = (t * a.heads + kvh * group + threadIdx.x) * chunks + c;
-      part_m[idx] = -INFINITY;
-      part_l[idx] = 0.0f;
-    }
-    return;
-  }
-  const int64_t j1 = min(ctx, j0 + chunk);
-  int64_t lo = 0, hi = a.num_seqs - 1;  // the sequence of token t: the last one starting at or before t
+// Helpers of the group kernels (GqaAttentionKernel, MmaAttentionKernel): one block per (token, KV head, chunk).
+
+// The sequence of token t: the last one starting at or before t.
+__device__ __forceinline__ int64_t SeqOfToken(const AttentionArgs& a, int64_t t) {
+  int64_t lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (a.query_start[mid] <= t) {
@@ -572,7 +563,91 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       hi = mid - 1;
     }
   }
-  const int32_t* table = a.block_tables + a.block_table_start[lo];
+  return lo;
+}
+
+// A chunk past the token's causal context: an empty partial state for each head of the group.
+__device__ __forceinline__ void WriteEmptyGroupChunk(const AttentionArgs& a, int64_t t, int64_t kvh, int group,
+                                                     int64_t c, int64_t chunks, float* part_m, float* part_l) {
+  if (threadIdx.x < group) {
+    const int64_t idx = (t * a.heads + kvh * group + threadIdx.x) * chunks + c;
+    part_m[idx] = -INFINITY;
+    part_l[idx] = 0.0f;
+  }
+}
+
+// Where a group kernel's block works: token t, KV head kvh, chunk c of keys [j0, j1) of the token's sequence.
+struct GroupBlock {
+  int64_t t, kvh, c, j0, j1;
+  int group;
+  const int32_t* table;
+};
+
+// Fills `b` from the block index; false (with the empty partial state written) for a chunk past the context.
+__device__ __forceinline__ bool StartGroupBlock(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* part_m,
+                                                float* part_l, GroupBlock* b) {
+  b->t = blockIdx.x / a.kv_heads;
+  b->kvh = blockIdx.x % a.kv_heads;
+  b->c = blockIdx.y;
+  b->group = static_cast<int>(a.heads / a.kv_heads);
+  const int64_t ctx = a.positions[b->t] + 1;
+  b->j0 = b->c * chunk;
+  if (b->j0 >= ctx) {
+    WriteEmptyGroupChunk(a, b->t, b->kvh, b->group, b->c, chunks, part_m, part_l);
+    return false;
+  }
+  b->j1 = min(ctx, b->j0 + chunk);
+  b->table = a.block_tables + a.block_table_start[SeqOfToken(a, b->t)];
+  return true;
+}
+
+// Combines the kWarps warps' softmax states of each head of the group (sm_m, sm_l [kWarps][8]; sm_acc
+// [kWarps][8][kD] flat) and writes the normalized output (one chunk) or the chunk's partial state for
+// MergeAttentionKernel. kBase2: the states' maxima are in log2 units (scores pre-scaled by log2 e).
+template <int kWarps, bool kBase2>
+__device__ void FinishGroupChunk(const AttentionArgs& a, int64_t t, int64_t kvh, int group, int64_t c, int64_t chunks,
+                                 int kD, const float (*sm_m)[8], const float (*sm_l)[8], const float* sm_acc,
+                                 float* part_m, float* part_l, float* part_acc) {
+  for (int e = threadIdx.x; e < group * kD; e += blockDim.x) {
+    const int g = e / kD, d = e % kD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w][g]);
+    float sum = 0.0f, val = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm_m[w][g];
+      if (mw != -INFINITY) {
+        const float f = kBase2 ? exp2f(mw - mx) : expf(mw - mx);
+        sum += sm_l[w][g] * f;
+        val += sm_acc[(w * 8 + g) * kD + d] * f;
+      }
+    }
+    const int64_t h = kvh * group + g;
+    if (chunks == 1) {
+      a.out[t * a.o_s0 + h * a.o_s1 + d] = val / sum;
+    } else {
+      const int64_t idx = (t * a.heads + h) * chunks + c;
+      part_acc[idx * a.v_dim + d] = val;
+      if (d == 0) {
+        part_m[idx] = kBase2 ? mx * 0.6931471805599453f : mx;  // the merge kernel works in natural-log units
+        part_l[idx] = sum;
+      }
+    }
+  }
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    GqaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  constexpr int kPer = kD / 32;
+  __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
+  __shared__ float sm_acc[kAttnWarps][kMaxGroup][kD];
+  GroupBlock b;
+  if (!StartGroupBlock(a, chunk, chunks, part_m, part_l, &b)) return;
+  const int64_t t = b.t, kvh = b.kvh, c = b.c, j0 = b.j0, j1 = b.j1;
+  const int group = b.group;
+  const int32_t* table = b.table;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float q[kMaxGroup][kPer], m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kPer];
 #pragma unroll
@@ -653,33 +728,198 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < group * kD; e += blockDim.x) {
-    const int g = e / kD, d = e % kD;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm_m[w][g]);
-    float sum = 0.0f, val = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) {
-      const float mw = sm_m[w][g];
-      if (mw != -INFINITY) {
-        const float f = expf(mw - mx);
-        sum += sm_l[w][g] * f;
-        val += sm_acc[w][g][d] * f;
-      }
-    }
-    const int64_t h = kvh * group + g;
-    if (chunks == 1) {
-      a.out[t * a.o_s0 + h * a.o_s1 + d] = val / sum;
-    } else {
-      const int64_t idx = (t * a.heads + h) * chunks + c;
-      part_acc[idx * a.v_dim + d] = val;
-      if (d == 0) {
-        part_m[idx] = mx;
-        part_l[idx] = sum;
-      }
-    }
+  FinishGroupChunk<kAttnWarps, false>(a, t, kvh, group, c, chunks, kD, sm_m, sm_l, &sm_acc[0][0][0], part_m, part_l,
+                                      part_acc);
+}
+
+// Tensor-core flash-decoding for bf16/f16 caches, with the same grid, chunks and partial states as
+// GqaAttentionKernel. Each warp takes tiles of 16 keys (its K and V rows staged in shared memory with 16-byte
+// loads) and runs mma.m16n8k16 twice: S^T = K Q^T (16 keys x 8 query heads, the group padded to 8) and
+// O^T += V^T P^T (head dims x 8 heads, V^T through ldmatrix.trans), with an online softmax in base 2 per head.
+// Q (pre-scaled by scale * log2 e) and P are rounded to the cache dtype, as FlashAttention does; accumulation is
+// float32. The fragment layouts are PTX's for m16n8k16: g = lane / 4, t = lane % 4.
+constexpr int kMmaWarps = 4, kMmaTile = 16;
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem, bool trans) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T FromF(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16(v);
+  } else {
+    return __float2half(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(T lo, T hi) {
+  return static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(lo)) |
+         (static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(hi)) << 16);
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    MmaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  constexpr int kRow = kD + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
+  constexpr int kDT = kD / 16;
+  constexpr int kTileBytes = kMmaTile * kRow * static_cast<int>(sizeof(T));
+  constexpr int kLoopBytes = kMmaWarps * (2 * kTileBytes + kMmaTile * 8 * static_cast<int>(sizeof(T)));
+  constexpr int kMergeBytes = kMmaWarps * 8 * kD * static_cast<int>(sizeof(float));
+  // The tiles of the key loop and the warps' output states of the merge share one buffer.
+  __shared__ __align__(16) unsigned char raw[kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes];
+  __shared__ __align__(16) T sq[8][kD];
+  __shared__ float sm_m[kMmaWarps][8], sm_l[kMmaWarps][8];
+  GroupBlock b;
+  if (!StartGroupBlock(a, chunk, chunks, part_m, part_l, &b)) return;
+  const int64_t t = b.t, kvh = b.kvh, c = b.c, j0 = b.j0, j1 = b.j1;
+  const int group = b.group;
+  const int32_t* table = b.table;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int e = threadIdx.x; e < 8 * kD; e += blockDim.x) {
+    const int h = e / kD, d = e % kD;
+    const float v = h < group ? a.q[t * a.q_s0 + (kvh * group + h) * a.q_s1 + d] * (a.scale * kLog2e) : 0.0f;
+    sq[h][d] = FromF<T>(v);
+  }
+  __syncthreads();
+  uint32_t qb[kDT][2];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    qb[dt][0] = *reinterpret_cast<const uint32_t*>(&sq[g][dt * 16 + 2 * tq]);
+    qb[dt][1] = *reinterpret_cast<const uint32_t*>(&sq[g][dt * 16 + 8 + 2 * tq]);
+  }
+  T* sk = reinterpret_cast<T*>(raw) + warp * 2 * kMmaTile * kRow;                        // [16][kRow]
+  T* sv = sk + kMmaTile * kRow;                                                          // [16][kRow]
+  T* sp = reinterpret_cast<T*>(raw + kMmaWarps * 2 * kTileBytes) + warp * kMmaTile * 8;  // P^T [16 keys][8 heads]
+  const T* kc = static_cast<const T*>(a.k.data) + kvh * a.k.s2;
+  const T* vc = static_cast<const T*>(a.v.data) + kvh * a.v.s2;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2tq and 2tq + 1
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  constexpr int kChunksPerRow = kD / 8;  // 16-byte pieces of a row
+  for (int64_t jb = j0 + warp * kMmaTile; jb < j1; jb += kMmaWarps * kMmaTile) {
+#pragma unroll
+    for (int i = lane; i < kMmaTile * kChunksPerRow; i += 32) {
+      const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
+      const int64_t j = jb + r;
+      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+      if (j < j1) {
+        const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+        kv4 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+        vv4 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
+      }
+      *reinterpret_cast<uint4*>(sk + r * kRow + col) = kv4;
+      *reinterpret_cast<uint4*>(sv + r * kRow + col) = vv4;
+    }
+    __syncwarp();
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: (key g, heads 2tq, 2tq+1), (key g + 8, same heads)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      uint32_t af[4];
+      LdMatrixX4(af, sk + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
+      Mma16816<T>(s, af, qb[dt][0], qb[dt][1]);
+    }
+    if (jb + g >= j1) s[0] = s[1] = -INFINITY;
+    if (jb + g + 8 >= j1) s[2] = s[3] = -INFINITY;
+    float x0 = fmaxf(s[0], s[2]), x1 = fmaxf(s[1], s[3]);
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) {
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, off));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, off));
+    }
+    const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);  // finite: key jb is in range
+    const float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    const float p0 = exp2f(s[0] - n0), p1 = exp2f(s[1] - n1), p2 = exp2f(s[2] - n0), p3 = exp2f(s[3] - n1);
+    l0 = l0 * c0 + p0 + p2;
+    l1 = l1 * c1 + p1 + p3;
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      o[dt][0] *= c0;
+      o[dt][1] *= c1;
+      o[dt][2] *= c0;
+      o[dt][3] *= c1;
+    }
+    sp[g * 8 + 2 * tq] = FromF<T>(p0);
+    sp[g * 8 + 2 * tq + 1] = FromF<T>(p1);
+    sp[(g + 8) * 8 + 2 * tq] = FromF<T>(p2);
+    sp[(g + 8) * 8 + 2 * tq + 1] = FromF<T>(p3);
+    __syncwarp();
+    const uint32_t pb0 = Pack2<T>(sp[(2 * tq) * 8 + g], sp[(2 * tq + 1) * 8 + g]);
+    const uint32_t pb1 = Pack2<T>(sp[(2 * tq + 8) * 8 + g], sp[(2 * tq + 9) * 8 + g]);
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      uint32_t af[4];
+      LdMatrixX4(af, sv + ((lane & 7) + ((lane >> 4) & 1) * 8) * kRow + dt * 16 + ((lane >> 3) & 1) * 8, true);
+      Mma16816<T>(o[dt], af, pb0, pb1);
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  __syncthreads();  // every warp is done with its tiles: the buffer now holds the warps' states
+  float* sm_acc = reinterpret_cast<float*>(raw);  // [kMmaWarps][8][kD]
+  if (g == 0) {
+    sm_m[warp][2 * tq] = m0;
+    sm_m[warp][2 * tq + 1] = m1;
+    sm_l[warp][2 * tq] = l0;
+    sm_l[warp][2 * tq + 1] = l1;
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    float* w = sm_acc + warp * 8 * kD;
+    w[(2 * tq) * kD + dt * 16 + g] = o[dt][0];
+    w[(2 * tq + 1) * kD + dt * 16 + g] = o[dt][1];
+    w[(2 * tq) * kD + dt * 16 + g + 8] = o[dt][2];
+    w[(2 * tq + 1) * kD + dt * 16 + g + 8] = o[dt][3];
+  }
+  __syncthreads();
+  FinishGroupChunk<kMmaWarps, true>(a, t, kvh, group, c, chunks, kD, sm_m, sm_l, sm_acc, part_m, part_l, part_acc);
+}
+
+// The tensor-core kernel's conditions: 16-bit caches, head dim 64 or 128, groups of up to 8, rows 16-byte aligned.
+bool MmaFits(const AttentionArgs& a) {
+  if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
+  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.heads / a.kv_heads > 8) return false;
+  if (a.k.dtype != a.v.dtype || (a.k.dtype != kF16 && a.k.dtype != kBF16)) return false;
+  for (const CacheView* c : {&a.k, &a.v}) {
+    if (c->s0 % 8 != 0 || c->s1 % 8 != 0 || c->s2 % 8 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(c->data) % 16 != 0) return false;
+  }
+  return true;
 }
 
 bool GqaFits(const AttentionArgs& a) {
@@ -696,24 +936,27 @@ bool GqaFits(const AttentionArgs& a) {
   return true;
 }
 
-// Keys per block: enough blocks (n * kv_heads * chunks) to fill the GPU, multiples of the keys a block walks per step.
-int64_t GqaChunk(const AttentionArgs& a) {
+// Keys per block of a group kernel: enough blocks (n * kv_heads * chunks) to fill the GPU, in multiples of `step`,
+// the keys its warps walk per pass.
+int64_t GroupChunk(const AttentionArgs& a, int64_t step) {
   const int64_t base = std::max<int64_t>(a.n * a.kv_heads, 1);
   const int64_t want = std::max<int64_t>(kAttnBlocksWanted / base, 1);
-  constexpr int64_t kStep = 2 * kAttnWarps * kKeysPerStep;
-  int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
-  chunk = (chunk + kStep - 1) / kStep * kStep;
-  return chunk;
+  const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
+  return (chunk + step - 1) / step * step;
+}
+
+using GroupKernel = void (*)(AttentionArgs, int64_t, int64_t, float*, float*, float*);
+
+// Launches a group kernel (its head-dim-64 or -128 instance) on the (token x KV head, chunk) grid.
+void LaunchGroup(GroupKernel k64, GroupKernel k128, int warps, const AttentionArgs& a, int64_t chunk, int64_t chunks,
+                 float* pm, float* pl, float* pa, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.n * a.kv_heads), static_cast<unsigned>(chunks));
+  (a.k_dim == 64 ? k64 : k128)<<<grid, warps * 32, 0, s>>>(a, chunk, chunks, pm, pl, pa);
 }
 
 template <typename T>
 void LaunchGqa(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(a.n * a.kv_heads), static_cast<unsigned>(chunks));
-  if (a.k_dim == 64) {
-    GqaAttentionKernel<T, 64><<<grid, kAttnWarps * 32, 0, s>>>(a, chunk, chunks, pm, pl, pa);
-  } else {
-    GqaAttentionKernel<T, 128><<<grid, kAttnWarps * 32, 0, s>>>(a, chunk, chunks, pm, pl, pa);
-  }
+  LaunchGroup(GqaAttentionKernel<T, 64>, GqaAttentionKernel<T, 128>, kAttnWarps, a, chunk, chunks, pm, pl, pa, s);
 }
 
 __global__ void ToBf16Kernel(const float* x, int64_t xs, int64_t cols, __nv_bfloat16* out) {
@@ -932,24 +1175,50 @@ int64_t Chunks(const AttentionArgs& a, int64_t chunk) {
 }
 }  // namespace
 
+// Which split kernel runs: the tensor-core one for 16-bit caches, the GQA-packed one, or one block per head.
+enum class SplitKind { kMma, kGqa, kPerHead };
+SplitKind ChooseSplit(const AttentionArgs& a) {
+  // Read per call: the tests switch them.
+  if (MmaFits(a) && std::getenv("FATHOM_CUDA_NO_MMA_ATTENTION") == nullptr) return SplitKind::kMma;
+  if (GqaFits(a) && std::getenv("FATHOM_CUDA_NO_GQA_ATTENTION") == nullptr) return SplitKind::kGqa;
+  return SplitKind::kPerHead;
+}
+
+int64_t SplitChunk(const AttentionArgs& a, SplitKind kind) {
+  if (kind == SplitKind::kMma) return GroupChunk(a, kMmaWarps * kMmaTile);
+  return kind == SplitKind::kGqa ? GroupChunk(a, 2 * kAttnWarps * kKeysPerStep) : kChunk;
+}
+
+template <typename T>
+void LaunchMma(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa, cudaStream_t s) {
+  LaunchGroup(MmaAttentionKernel<T, 64>, MmaAttentionKernel<T, 128>, kMmaWarps, a, chunk, chunks, pm, pl, pa, s);
+}
+
 int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a) {
-  const int64_t chunks = GqaFits(a) ? Chunks(a, GqaChunk(a)) : Chunks(a, kChunk);
-  if (GqaFits(a) && chunks == 1) return 0;
+  const SplitKind kind = ChooseSplit(a);
+  const int64_t chunks = Chunks(a, SplitChunk(a, kind));
+  if (kind != SplitKind::kPerHead && chunks == 1) return 0;
   return a.n * a.heads * chunks * (2 + a.v_dim) * static_cast<int64_t>(sizeof(float));
 }
 
 int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
   if (a.n == 0) return 0;
-  static const bool no_gqa = std::getenv("FATHOM_CUDA_NO_GQA_ATTENTION") != nullptr;
-  const bool gqa = GqaFits(a) && !no_gqa;
-  const int64_t chunk = gqa ? GqaChunk(a) : kChunk;
+  const SplitKind kind = ChooseSplit(a);
+  const bool gqa = kind != SplitKind::kPerHead;
+  const int64_t chunk = SplitChunk(a, kind);
   const int64_t chunks = Chunks(a, chunk);
   float* part_m = static_cast<float*>(workspace);
   float* part_l = part_m + a.n * a.heads * chunks;
   float* part_acc = part_l + a.n * a.heads * chunks;
   if (gqa) {
     if (chunks > 1 && workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    if (a.k.dtype == kF32) {
+    if (kind == SplitKind::kMma) {
+      if (a.k.dtype == kF16) {
+        LaunchMma<__half>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
+      } else {
+        LaunchMma<__nv_bfloat16>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
+      }
+    } else if (a.k.dtype == kF32) {
       LaunchGqa<float>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
     } else if (a.k.dtype == kF16) {
       LaunchGqa<__half>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
@@ -1013,6 +1282,60 @@ int LaunchScatterAddRows(const float* x, int64_t xs, const int32_t* idx, const f
 int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s) {
   if (rows == 0) return 0;
   ArgMaxKernel<<<static_cast<unsigned>(rows), 1024, 0, S(s)>>>(x, xs, cols, ids);
+  return Done();
+}
+
+__device__ uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The same bits as core/dtype.h's F32ToBf16 (round to nearest even, NaN kept quiet).
+__device__ uint16_t Bf16Bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+template <int kDtype>
+__global__ void FillDummyKernel(void* out, int64_t n, uint64_t key, float scale, bool has_constant,
+                                uint32_t constant_bits) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t r = SplitMix64(key + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+    const float v = __fmul_rn(__fsub_rn(__fmul_rn(2.0f, u), 1.0f), scale);
+    if constexpr (kDtype == kF32) {
+      static_cast<uint32_t*>(out)[i] = has_constant ? constant_bits : __float_as_uint(v);
+    } else if constexpr (kDtype == kBF16) {
+      static_cast<uint16_t*>(out)[i] = has_constant ? static_cast<uint16_t>(constant_bits) : Bf16Bits(v);
+    } else {
+      static_cast<uint8_t*>(out)[i] =
+          has_constant ? static_cast<uint8_t>(constant_bits) : static_cast<uint8_t>(r & 0xbf);
+    }
+  }
+}
+
+int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, bool has_constant,
+                    uint32_t constant_bits, Stream s) {
+  if (n == 0) return 0;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 132 * 64));
+  switch (dtype) {
+    case kF32:
+      FillDummyKernel<kF32><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+      break;
+    case kBF16:
+      FillDummyKernel<kBF16><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+      break;
+    case kF8:
+      FillDummyKernel<kF8><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
   return Done();
 }
 

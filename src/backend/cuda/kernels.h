@@ -118,6 +118,11 @@ int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, c
                          float* out, int64_t out_stride, Stream s);
 // ids[r] = argmax of row r of x [rows, cols] (row stride xs), the lowest index among equal maxima.
 int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s);
+// Dummy weights (model/weights.cc, FillDummy): element i of `out` (dtype 0 f32, bf16 or f8 e4m3; n elements) is
+// `constant_bits` when has_constant, else from r = SplitMix64(key + i): (2u - 1) * scale with u = (r >> 40) / 2^24,
+// rounded to nearest even for bf16; for f8 the code r & 0xbf. Bit-identical to the host fill.
+int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, bool has_constant,
+                    uint32_t constant_bits, Stream s);
 // 3-d strided copy (a 2-d copy passes d1 = 1).
 int LaunchCopy(const float* src, int64_t s0, int64_t s1, float* dst, int64_t d0s, int64_t d1s, int64_t d0, int64_t d1,
                int64_t inner, Stream s);

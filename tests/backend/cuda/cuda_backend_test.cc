@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/decode_graphs.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
@@ -45,6 +47,14 @@ Tensor RandomHost(DType dtype, std::initializer_list<int64_t> shape, uint32_t se
     }
   }
   return t;
+}
+
+LoadOptions DummyWeights(uint64_t seed) {
+  LoadOptions opts;
+  opts.format = LoadFormat::kDummy;
+  opts.show_progress = false;
+  opts.seed = seed;
+  return opts;
 }
 
 std::vector<float> Host(Backend& be, const Tensor& t) {
@@ -333,7 +343,9 @@ TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
 }
 
 // Paged attention on the GPU (split-K for decode, one block per (token, head) otherwise) against the CPU backend,
-// with scattered blocks, GQA, contexts across many chunks, and a bf16 cache.
+// with scattered blocks, GQA, contexts across many chunks, and a bf16 cache. The tensor-core kernel (the default for
+// 16-bit caches where it fits) rounds Q and the softmax weights to bf16 (relative error 2^-9), so its outputs (means
+// of values in [-1, 1]) are held to 1.5e-2; every float32-math kernel to 1e-5.
 TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -343,8 +355,9 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   // (8, 2, 64): a small GQA group; (28, 4, 128): R1-Distill-Qwen-7B; (32, 32, 128): deepseek-coder (MHA);
   // (12, 2, 128): R1-Distill-Qwen-1.5B; (16, 2, 96): no packed kernel for this head size.
   for (const Shape& sh : std::vector<Shape>{{8, 2, 64}, {28, 4, 128}, {32, 32, 128}, {12, 2, 128}, {16, 2, 96}}) {
-    // mode 0: default (GQA-packed split-K where it fits), 1: split-K per (token, head), 2: one block per (token, head)
-    for (int mode = 0; mode < 6; ++mode) {
+    // kernel 0: default (tensor-core or GQA-packed split-K where they fit), 1: split-K per (token, head), 2: one block
+    // per (token, head), 3: GQA-packed split-K with the tensor-core kernel off; even modes f32 caches, odd bf16
+    for (int mode = 0; mode < 8; ++mode) {
       const DType cache_dtype = mode % 2 ? DType::kBF16 : DType::kF32;
       const int kernel = mode / 2;
       if (kernel == 2) {
@@ -357,6 +370,12 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
       } else {
         unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
       }
+      if (kernel == 1 || kernel == 3) {
+        setenv("FATHOM_CUDA_NO_MMA_ATTENTION", "1", 1);
+      } else {
+        unsetenv("FATHOM_CUDA_NO_MMA_ATTENTION");
+      }
+      const float tolerance = kernel == 0 && cache_dtype == DType::kBF16 ? 1.5e-2f : 1e-5f;
       const int64_t heads = sh.heads, kv_heads = sh.kv_heads, d = sh.d, bs = 16;
       const std::vector<int32_t> cached = {0, 300, 1000, 511};
       const std::vector<int32_t> fresh = {40, 1, 3, 1};
@@ -395,7 +414,7 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
         gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
         ASSERT_TRUE(gpu->Synchronize().ok());
         auto h = Host(*gpu, out_gpu);
-        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), 1e-5f)
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), tolerance)
             << "heads " << heads << "/" << kv_heads << " d " << d << " mode " << mode
             << (fb == &decode ? " decode" : " step");
       }
@@ -403,6 +422,7 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   }
   unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
   unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
+  unsetenv("FATHOM_CUDA_NO_MMA_ATTENTION");
 }
 
 // The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32
@@ -465,7 +485,9 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   constexpr int32_t kBs = 16;
   for (size_t c = 0; c < golden->cases.size(); ++c) {
     const auto& gc = golden->cases[c];
-    auto kv = KvCache::Allocate(*gpu, (*model)->kv_cache_spec(), DType::kF32, 16, kBs);
+    // The bf16 variant runs what serving runs: the backend's default (bf16) cache and its attention kernel.
+    const DType cache_dtype = p.f32_gemm ? DType::kF32 : gpu->kv_cache_dtype();
+    auto kv = KvCache::Allocate(*gpu, (*model)->kv_cache_spec(), cache_dtype, 16, kBs);
     ASSERT_TRUE(kv.ok());
     testing::ScatteredBlocks blocks(16, static_cast<uint32_t>(c));
     std::vector<int32_t> table = blocks.Take(7);
@@ -612,10 +634,7 @@ TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
     auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     cfg->num_layers = 2;
-    LoadOptions opts;
-    opts.format = LoadFormat::kDummy;
-    opts.show_progress = false;
-    opts.seed = 7;
+    const LoadOptions opts = DummyWeights(7);
     auto mc = LoadModel("", *cfg, opts, cpu);
     auto mg = LoadModel("", *cfg, opts, *gpu);
     ASSERT_TRUE(mc.ok() && mg.ok());
@@ -654,6 +673,133 @@ TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
     }
   }
   unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// Dummy weights made on the GPU hold the same bytes as the host fill (the CPU reference's weights).
+TEST(CudaBackendTest, DummyWeightsMatchTheHostFill) {
+  REQUIRE_GPU(gpu);
+  struct Case {
+    DType dtype;
+    std::vector<int64_t> shape;
+    WeightInit init;
+  };
+  const std::vector<Case> cases = {{DType::kBF16, {1001, 37}, WeightInit::kRandom},
+                                   {DType::kF32, {333}, WeightInit::kRandom},
+                                   {DType::kF8E4M3, {129, 7}, WeightInit::kRandom},
+                                   {DType::kBF16, {17}, WeightInit::kOnes},
+                                   {DType::kF32, {5}, WeightInit::kConstant}};
+  for (const Case& c : cases) {
+    WeightSpec spec;
+    spec.name = fmt::format("model.layers.3.{}", DTypeName(c.dtype));
+    spec.shape = c.shape;
+    spec.dtype = c.dtype;
+    spec.init = c.init;
+    spec.init_value = 0.375f;
+    Tensor host = Tensor::Empty(c.dtype, c.shape);
+    FillDummy(spec, /*seed=*/11, host);
+    auto store = LoadWeights("", {spec}, DummyWeights(11), *gpu);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    const TensorView& dev = (*store)->Get(spec.name);
+    std::vector<uint8_t> got(dev.nbytes());
+    ASSERT_TRUE(gpu->CopyToHost(dev, got.data()).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), host.view().raw(), got.size()))
+        << spec.name << " " << host.view().ShapeString();
+  }
+}
+
+// Decode steps replayed from captured graphs equal the same steps run op by op. Two caches: the eager one and the
+// graph one, fed the same tokens (the eager run's greedy choices). The batch shrinks midway (another batch bucket,
+// padded) and contexts grow across several context buckets (captured when first needed). Sequence 0 owns block 0,
+// which padding rows point at: a padding row that wrote the cache would change its logits.
+// `tolerance`: of the largest logit. With float32 GEMM inputs only the attention's split differs (the graph's grid is
+// sized for its context bucket); with bf16 GEMM inputs a row's bf16 rounding may flip under that difference, and a
+// padded batch takes another cuBLASLt kernel, so the bound is bf16's precision (2^-8).
+void ExpectGraphStepsMatchEager(Model& model, CudaBackend& gpu, int32_t num_seqs, int32_t prompt_len, int steps,
+                                float tolerance, const std::string& what) {
+  constexpr int32_t kBs = 16;
+  const int64_t vocab = model.config().vocab_size;
+  const int32_t blocks_per_seq = (prompt_len + num_seqs + steps + kBs - 1) / kBs;
+  const int64_t num_blocks = static_cast<int64_t>(num_seqs) * blocks_per_seq;
+  auto ke = KvCache::Allocate(gpu, model.kv_cache_spec(), DType::kF32, num_blocks, kBs);
+  auto kg = KvCache::Allocate(gpu, model.kv_cache_spec(), DType::kF32, num_blocks, kBs);
+  ASSERT_TRUE(ke.ok() && kg.ok());
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(num_seqs));
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    for (int32_t j = 0; j < blocks_per_seq; ++j) tables[static_cast<size_t>(s)].push_back(j * num_seqs + s);
+  }
+  ForwardBatch prefill(kBs);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(num_seqs));
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    for (int32_t i = 0; i < prompt_len + s; ++i) {
+      prompts[static_cast<size_t>(s)].push_back(static_cast<int32_t>((i * 7919 + s * 131 + 3) % vocab));
+    }
+    prefill.AddSequence(prompts[static_cast<size_t>(s)], 0, tables[static_cast<size_t>(s)], LogitsMode::kLast);
+  }
+  Tensor pe, pg;
+  ASSERT_TRUE(model.Forward(prefill, *ke, &pe).ok());
+  ASSERT_TRUE(model.Forward(prefill, *kg, &pg).ok());
+  std::vector<float> last = Host(gpu, pe);
+  DecodeGraphs graphs(model, gpu, *kg, {.max_batch = 64, .max_model_len = 1024, .min_context = 16});
+  ASSERT_TRUE(graphs.enabled());
+  ASSERT_TRUE(graphs.CaptureCommon(nullptr).ok());
+  const int64_t common = graphs.num_graphs();
+  std::vector<int32_t> cached(static_cast<size_t>(num_seqs));
+  for (int32_t s = 0; s < num_seqs; ++s) cached[static_cast<size_t>(s)] = prompt_len + s;
+  std::vector<int32_t> next(static_cast<size_t>(num_seqs));
+  for (int32_t s = 0; s < num_seqs; ++s) Margin(last.data() + s * vocab, vocab, &next[static_cast<size_t>(s)]);
+  for (int step = 0; step < steps; ++step) {
+    const int32_t live = step < steps / 2 ? num_seqs : std::max(num_seqs - 2, 1);
+    ForwardBatch b(kBs);
+    for (int32_t s = 0; s < live; ++s) {
+      const size_t i = static_cast<size_t>(s);
+      b.AddSequence(std::vector<int32_t>{next[i]}, cached[i], tables[i], LogitsMode::kLast);
+    }
+    ASSERT_TRUE(graphs.Accepts(b)) << what << " step " << step;
+    Tensor eager;
+    ASSERT_TRUE(model.Forward(b, *ke, &eager).ok());
+    TensorView replayed;
+    const Status st = graphs.Run(b, &replayed);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_EQ(replayed.dim(0), live);
+    std::vector<float> he = Host(gpu, eager), hg(he.size());
+    ASSERT_TRUE(gpu.CopyToHost(replayed, hg.data()).ok());
+    float scale = 0.0f;
+    for (float v : he) scale = std::max(scale, std::fabs(v));
+    const float diff = testing::MaxAbsDiff(hg.data(), he.data(), static_cast<int64_t>(he.size()));
+    EXPECT_LE(diff, tolerance * scale) << what << " step " << step << " (" << live << " sequences)";
+    for (int32_t s = 0; s < live; ++s) {
+      const size_t i = static_cast<size_t>(s);
+      Margin(he.data() + s * vocab, vocab, &next[i]);
+      ++cached[i];
+    }
+  }
+  EXPECT_EQ(graphs.num_replays(), steps);
+  EXPECT_GT(graphs.num_graphs(), common) << what << ": longer contexts should have captured more graphs";
+  ForwardBatch two_tokens(kBs);
+  two_tokens.AddSequence(std::vector<int32_t>{1, 2}, cached[0], tables[0], LogitsMode::kLast);
+  EXPECT_FALSE(graphs.Accepts(two_tokens)) << "a prefill chunk is not a decode step";
+}
+
+TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
+  REQUIRE_GPU(gpu);
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+  for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny"}) {
+    auto fx = LoadFixture(name, *gpu);
+    ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+    ExpectGraphStepsMatchEager(*fx->model, *gpu, /*num_seqs=*/3, /*prompt_len=*/9, /*steps=*/40, 1e-4f, name);
+  }
+  // Real-size layers (2 of them): 20 sequences (padded to 32) take the GEMM path of more than 8 rows inside the
+  // graph: float32 inputs, then cuBLASLt on bf16 inputs.
+  auto cfg = LoadModelConfig(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  cfg->num_layers = 2;
+  auto m = LoadModel("", *cfg, DummyWeights(7), *gpu);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  ExpectGraphStepsMatchEager(**m, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1e-4f, "qwen-7b f32 GEMM");
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+  ExpectGraphStepsMatchEager(**m, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1.0f / 256,
+                             "qwen-7b bf16 GEMM");
 }
 
 std::vector<GoldenParam> GoldenParams() {

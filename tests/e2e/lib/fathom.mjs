@@ -125,7 +125,9 @@ export function buildScriptedModel(dir, scripts) {
 
 // Starts `fathom serve --port 0 ...` and waits for /health 200. `log` collects stderr; `access` stdout lines.
 export async function startServer(args, {env = {}, timeoutMs = 120000} = {}) {
-  const child = spawn(fathomBin, ['serve', '--port', '0', ...args], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
+  // FATHOM_E2E_SERVE_ARGS adds flags to every server, e.g. "--device cuda" to run the suite on a GPU.
+  const extra = (process.env.FATHOM_E2E_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
+  const child = spawn(fathomBin, ['serve', '--port', '0', ...args, ...extra], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
   const srv = {child, stderr: '', access: [], url: null, exitCode: null, threads: () => countThreads(child.pid)};
   let stdoutBuf = '';
   child.stdout.on('data', (d) => {
