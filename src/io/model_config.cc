@@ -220,6 +220,13 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
           fmt::format("config.json: num_experts_per_tok ({}) must be between 1 and n_routed_experts ({})",
                       e.num_experts_per_tok, e.n_routed_experts));
     }
+    // The router's limits (model/moe_route.h): DeepSeek-V3 has 256 experts, top 8, 8 groups.
+    if (e.n_routed_experts > 512 || e.num_experts_per_tok > 32 || e.n_group > 64) {
+      return InvalidArgumentError(
+          fmt::format("config.json: n_routed_experts ({}), num_experts_per_tok ({}) or n_group ({}) exceeds what "
+                      "fathom routes (512, 32, 64)",
+                      e.n_routed_experts, e.num_experts_per_tok, e.n_group));
+    }
     if (e.n_group <= 0 || e.n_routed_experts % e.n_group != 0) {
       return InvalidArgumentError(fmt::format("config.json: n_routed_experts ({}) must be a multiple of n_group ({})",
                                               e.n_routed_experts, e.n_group));

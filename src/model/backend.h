@@ -13,12 +13,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/moe_route.h"
 
 namespace fathom {
 
@@ -33,6 +35,13 @@ struct LinearWeight {
 
   int64_t out_features() const { return weight.dim(0); }
   int64_t in_features() const { return weight.dim(1); }
+};
+
+// The routed experts of one MoE layer: expert e computes down[e](silu(gate[e](x)) * up[e](x)). `device_state` is the
+// backend's (PrepareExperts), e.g. the GPU's tables of the experts' weight pointers.
+struct ExpertSet {
+  std::vector<LinearWeight> gate, up, down;  // [n_experts] each
+  std::shared_ptr<void> device_state;
 };
 
 // Paged KV-cache layout of one layer: K [num_blocks, block_size, num_kv_heads, k_dim] and V likewise with
@@ -106,6 +115,17 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) Linear(x, ws[i], outs[i]);
   }
 
+  // out[:, h, :] = x[:, h, :] W[h]^T for every head h (MLA's absorbed W_UK and W_UV): one launch on the GPU.
+  // x [n, heads, in]; w [heads, out, in] (f32, f16 or bf16, contiguous); out [n, heads, out]; x and out may be strided
+  // views with unit inner stride. The default runs Linear once per head.
+  virtual void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
+    for (int64_t h = 0; h < w.dim(0); ++h) {
+      LinearWeight lw;
+      lw.weight = w.Select(0, h);
+      Linear(x.Select(1, h), lw, out.Select(1, h));
+    }
+  }
+
   // a += b.   a, b [n, d]
   virtual void AddInPlace(const TensorView& a, const TensorView& b) = 0;
 
@@ -145,6 +165,20 @@ class Backend {
   // out [n, d]. The MoE combine step.
   virtual void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                               const TensorView& out) = 0;
+
+  // Expert choice per token by DeepSeek's rule (model/moe_route.h): logits f32 [n, n_experts]; bias f32 [n_experts] or
+  // empty; ids i32 [n, top_k]; weights f32 [n, top_k]. The default routes in host memory (the CPU backend).
+  virtual void MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
+                        const TensorView& ids, const TensorView& weights);
+
+  // Prepares a MoE layer's experts for MoeExperts (called once, at model load).
+  virtual Status PrepareExperts(ExpertSet& /*experts*/) { return OkStatus(); }
+
+  // out[t] += sum_j weights[t, j] * expert_{ids[t, j]}(x[t]).   x, out [n, hidden]; ids i32 [n, top_k]; weights f32
+  // [n, top_k]. The default reads ids on the host, sorts the (token, expert) pairs by expert, then runs GatherRows,
+  // Linear, SiluMul and Linear per expert and one ScatterAddRows (the pairs in expert order).
+  virtual Status MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
+                            const TensorView& weights, const TensorView& out);
 
   // ids[r] = the index of the largest value of row r, the lowest index among equal maxima (std::max_element's
   // choice). Greedy decoding reads ids instead of copying whole logits rows to the host.

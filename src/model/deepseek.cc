@@ -126,14 +126,11 @@ class DeepseekModel final : public Model {
       : cfg_(cfg), weights_(std::move(weights)), backend_(backend), router_(RouterConfigFrom(cfg.moe)) {}
 
   Status Init() {
-    if (backend_.device() != Device::kCpu) {
-      return UnimplementedError(fmt::format("DeepSeek models do not run on the {} backend yet", backend_.name()));
-    }
     const MlaConfig& m = cfg_.mla;
+    if (cfg_.is_moe()) route_params_ = RouteParams(router_);
     const RopeFrequencies f = ComputeRopeFrequencies(cfg_.rope, m.qk_rope_head_dim, cfg_.max_position_embeddings);
     rope_scale_ = f.attention_scale;
-    inv_freq_ = Tensor::Empty(DType::kF32, {static_cast<int64_t>(f.inv_freq.size())});
-    std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv_freq_.data<float>());
+    FATHOM_ASSIGN_OR_RETURN(inv_freq_, OnDevice(f.inv_freq, DType::kF32, {static_cast<int64_t>(f.inv_freq.size())}));
     softmax_scale_ = 1.0f / std::sqrt(static_cast<float>(m.qk_nope_head_dim + m.qk_rope_head_dim));
     if (cfg_.rope.type == RopeType::kYarn && cfg_.rope.mscale_all_dim && *cfg_.rope.mscale_all_dim != 0.0) {
       const float ms = static_cast<float>(YarnMscale(cfg_.rope.factor, *cfg_.rope.mscale_all_dim));
@@ -158,12 +155,18 @@ class DeepseekModel final : public Model {
       if (l.moe) {
         l.router.weight = weights_->Get(LayerName(i, "mlp.gate.weight"));
         if (const TensorView* b = weights_->Find(LayerName(i, "mlp.gate.e_score_correction_bias"))) {
-          l.router_bias.resize(static_cast<size_t>(b->numel()));
-          ConvertToF32(b->raw(), b->dtype(), 0, b->numel(), l.router_bias.data());
+          FATHOM_ASSIGN_OR_RETURN(Tensor host, ToHost(*b));
+          std::vector<float> bias(static_cast<size_t>(b->numel()));
+          ConvertToF32(host.view().raw(), b->dtype(), 0, b->numel(), bias.data());
+          FATHOM_ASSIGN_OR_RETURN(l.router_bias, OnDevice(bias, DType::kF32, {b->numel()}));
         }
         for (int64_t x = 0; x < cfg_.moe.n_routed_experts; ++x) {
-          l.experts.push_back(MlpAt(LayerName(i, fmt::format("mlp.experts.{}.", x))));
+          const Mlp e = MlpAt(LayerName(i, fmt::format("mlp.experts.{}.", x)));
+          l.experts.gate.push_back(e.gate);
+          l.experts.up.push_back(e.up);
+          l.experts.down.push_back(e.down);
         }
+        FATHOM_RETURN_IF_ERROR(backend_.PrepareExperts(l.experts));
         if (cfg_.moe.n_shared_experts > 0) {
           l.shared = MlpAt(LayerName(i, "mlp.shared_experts."));
           l.has_shared = true;
@@ -186,11 +189,26 @@ class DeepseekModel final : public Model {
     FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, DeepseekKvSpec(cfg_), cfg_.vocab_size));
     const int64_t n = batch.num_tokens(), n_out = batch.num_logits();
     Backend& be = backend_;
+    if (n == 0) {
+      *logits = be.Alloc(DType::kF32, {n_out, cfg_.vocab_size});
+      return OkStatus();
+    }
+    FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, be));
+    FATHOM_RETURN_IF_ERROR(ForwardOnDevice(dev, kv, logits));
+    return be.Synchronize();
+  }
+
+  bool SupportsForwardOnDevice() const override { return true; }
+
+  // No host synchronization where the backend routes and runs the experts on the device (CUDA, decode-sized
+  // batches); otherwise MoeExperts reads the routing on the host, and a graph capture of it fails (and the step runs
+  // eagerly).
+  Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override {
+    Backend& be = backend_;
+    const AttentionMetadata& meta = dev.meta();
+    const int64_t n = meta.num_tokens, n_out = dev.logits_indices().dim(0);
     const DType act = be.activation_dtype();
     *logits = be.Alloc(DType::kF32, {n_out, cfg_.vocab_size});
-    if (n == 0) return OkStatus();
-    FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, be));
-    const AttentionMetadata& meta = dev.meta();
     const MlaConfig& m = cfg_.mla;
     const int64_t h = cfg_.hidden_size, nh = cfg_.num_heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
     const int64_t qd = nope + rope, lora = m.kv_lora_rank, vd = m.v_head_dim;
@@ -240,15 +258,11 @@ class DeepseekModel final : public Model {
       be.ApplyRope(q_pe, cos, sin, cfg_.rope.interleaved);
       const KvLayerView cache = kv.layer(i);
       be.WriteKv(latent, TensorView(), meta, cache);
-      for (int64_t hh = 0; hh < nh; ++hh) {  // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
-        be.Linear(q.view().Select(1, hh).Slice(1, 0, nope), l.w_uk_t[static_cast<size_t>(hh)],
-                  q_abs.view().Select(1, hh).Slice(1, 0, lora));
-      }
+      // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
+      be.HeadLinear(q.view().Slice(2, 0, nope), l.w_uk_t, q_abs.view().Slice(2, 0, lora));
       be.Copy(q_pe, q_abs.view().Slice(2, lora, lora + rope));
       be.PagedAttention(q_abs, cache, meta, softmax_scale_, attn_lat);
-      for (int64_t hh = 0; hh < nh; ++hh) {  // attn[:, h] = W_UV[h] attn_lat[:, h]
-        be.Linear(attn_lat.view().Select(1, hh), l.w_uv[static_cast<size_t>(hh)], attn.view().Select(1, hh));
-      }
+      be.HeadLinear(attn_lat, l.w_uv, attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
       be.Linear(attn.view().Reshape({n, nh * vd}), l.o, proj);
       be.AddRmsNorm(residual, proj, l.post_norm, eps, normed);
       if (l.moe) {
@@ -259,20 +273,20 @@ class DeepseekModel final : public Model {
     }
     be.AddInPlace(residual, proj);
     ComputeLogits(be, residual, dev.logits_indices(), final_norm_, eps, lm_head_, *logits);
-    return be.Synchronize();
+    return OkStatus();
   }
 
  private:
   struct Layer {
     TensorView input_norm, post_norm, q_a_norm, kv_a_norm;
     LinearWeight q_a, q_b, kv_a, o;
-    std::vector<LinearWeight> w_uk_t;  // per head: [kv_lora, nope] (W_UK transposed)
-    std::vector<LinearWeight> w_uv;    // per head: [v_head_dim, kv_lora]
+    TensorView w_uk_t;  // [n_heads, kv_lora, nope]: W_UK transposed, per head
+    TensorView w_uv;    // [n_heads, v_head_dim, kv_lora]
     bool moe = false;
     Mlp dense;
     LinearWeight router;
-    std::vector<float> router_bias;  // [n_experts] or empty
-    std::vector<Mlp> experts;
+    TensorView router_bias;  // f32 [n_experts] on the device, or empty
+    ExpertSet experts;
     Mlp shared;
     bool has_shared = false;
   };
@@ -292,40 +306,61 @@ class DeepseekModel final : public Model {
     return Mlp{Linear(prefix + "gate_proj"), Linear(prefix + "up_proj"), Linear(prefix + "down_proj")};
   }
 
-  // Dequantizes kv_b_proj into per-head float32 W_UK^T and W_UV for the absorbed attention.
+  // Splits kv_b_proj into per-head W_UK^T and W_UV for the absorbed attention, on the backend's device. They keep
+  // kv_b_proj's dtype (exact); FP8 blocks are dequantized to float32 (a product of an e4m3 value and a float32
+  // scale needs more bits than bf16 has).
   Status SplitKvB(const LinearWeight& kv_b, Layer* l) {
     const MlaConfig& m = cfg_.mla;
     const int64_t lora = m.kv_lora_rank, nope = m.qk_nope_head_dim, vd = m.v_head_dim, nh = cfg_.num_heads;
+    const DType dt = kv_b.weight.dtype() == DType::kF8E4M3 ? DType::kF32 : kv_b.weight.dtype();
+    FATHOM_ASSIGN_OR_RETURN(Tensor weight, ToHost(kv_b.weight));  // [n_heads * (nope + v_head_dim), kv_lora]
+    Tensor scale_inv;
+    if (kv_b.weight.dtype() == DType::kF8E4M3) {
+      FATHOM_ASSIGN_OR_RETURN(scale_inv, ToHost(kv_b.scale_inv));
+    }
     std::vector<float> row(static_cast<size_t>(lora));
-    Tensor uk_t = Tensor::Empty(DType::kF32, {nh, lora, nope});  // [n_heads, kv_lora, nope]
-    Tensor uv = Tensor::Empty(DType::kF32, {nh, vd, lora});      // [n_heads, v_head_dim, kv_lora]
+    std::vector<float> uk_t(static_cast<size_t>(nh * lora * nope));  // [n_heads, kv_lora, nope]
+    std::vector<float> uv(static_cast<size_t>(nh * vd * lora));      // [n_heads, v_head_dim, kv_lora]
     for (int64_t hh = 0; hh < nh; ++hh) {
       for (int64_t r = 0; r < nope + vd; ++r) {
         const int64_t src_row = hh * (nope + vd) + r;
-        ConvertToF32(kv_b.weight.raw(), kv_b.weight.dtype(), src_row * kv_b.weight.stride(0), lora, row.data());
+        ConvertToF32(weight.view().raw(), kv_b.weight.dtype(), src_row * lora, lora, row.data());
         if (kv_b.weight.dtype() == DType::kF8E4M3) {
-          const float* sc = kv_b.scale_inv.data<float>() + (src_row / kv_b.block_n) * kv_b.scale_inv.stride(0);
+          const float* sc = scale_inv.data<float>() + (src_row / kv_b.block_n) * scale_inv.view().stride(0);
           for (int64_t c = 0; c < lora; ++c) row[c] *= sc[c / kv_b.block_k];
         }
         for (int64_t c = 0; c < lora; ++c) {
           if (r < nope) {
-            uk_t.data<float>()[(hh * lora + c) * nope + r] = row[c];
+            uk_t[(hh * lora + c) * nope + r] = row[c];
           } else {
-            uv.data<float>()[(hh * vd + (r - nope)) * lora + c] = row[c];
+            uv[(hh * vd + (r - nope)) * lora + c] = row[c];
           }
         }
       }
     }
-    for (int64_t hh = 0; hh < nh; ++hh) {
-      LinearWeight a, b;
-      a.weight = uk_t.view().Select(0, hh);
-      b.weight = uv.view().Select(0, hh);
-      l->w_uk_t.push_back(a);
-      l->w_uv.push_back(b);
-    }
-    owned_.push_back(std::move(uk_t));
-    owned_.push_back(std::move(uv));
+    FATHOM_ASSIGN_OR_RETURN(l->w_uk_t, OnDevice(uk_t, dt, {nh, lora, nope}));
+    FATHOM_ASSIGN_OR_RETURN(l->w_uv, OnDevice(uv, dt, {nh, vd, lora}));
     return OkStatus();
+  }
+
+  // A host copy of a (contiguous) weight, wherever the backend keeps it.
+  StatusOr<Tensor> ToHost(const TensorView& w) {
+    if (!w.is_contiguous()) return InternalError("a DeepSeek weight read on the host is not contiguous");
+    Tensor host = Tensor::Empty(w.dtype(), w.shape());
+    FATHOM_RETURN_IF_ERROR(backend_.CopyToHost(w, host.view().raw()));
+    return host;
+  }
+
+  // A float32 host array as a `dtype` tensor of `shape` on the backend's device, owned by the model.
+  StatusOr<TensorView> OnDevice(const std::vector<float>& values, DType dtype, std::initializer_list<int64_t> shape) {
+    FATHOM_CHECK_EQ(static_cast<int64_t>(values.size()), TensorView(nullptr, dtype, shape).numel());
+    Tensor host = Tensor::Empty(dtype, shape);
+    ConvertFromF32(values.data(), static_cast<int64_t>(values.size()), dtype, host.view().raw(), 0);
+    FATHOM_ASSIGN_OR_RETURN(Tensor dev, backend_.Upload(host));
+    const TensorView v = dev.view();
+    owned_.push_back(std::move(host));  // the CPU backend's upload is a view of it
+    owned_.push_back(std::move(dev));
+    return v;
   }
 
   // out = down(silu(gate(x)) * up(x)).   x [m, hidden]; out [m, hidden]
@@ -340,67 +375,34 @@ class DeepseekModel final : public Model {
     be.Linear(g, mlp.down, out);
   }
 
-  // Routed experts grouped by expert (gather -> MLP -> weighted scatter-add), plus the shared experts.
+  // The shared experts' output, plus the routed experts weighted by the router (MoeRoute, then MoeExperts).
   Status MoeForward(const Layer& l, const TensorView& x, const TensorView& out) {
     Backend& be = backend_;
-    const int64_t n = x.dim(0), h = x.dim(1), e = router_.n_experts, k = router_.top_k;
+    const int64_t n = x.dim(0), e = router_.n_experts, k = router_.top_k;
     Tensor logits = be.Alloc(DType::kF32, {n, e});  // [n_tokens, n_experts], float32 as DeepSeek routes
+    Tensor ids = be.Alloc(DType::kI32, {n, k});     // [n_tokens, top_k]
+    Tensor w = be.Alloc(DType::kF32, {n, k});       // [n_tokens, top_k]
     be.Linear(x, l.router, logits);
-    std::vector<float> host(static_cast<size_t>(n * e));
-    FATHOM_RETURN_IF_ERROR(be.Synchronize());
-    FATHOM_RETURN_IF_ERROR(be.CopyToHost(logits, host.data()));
-    std::vector<int32_t> ids(static_cast<size_t>(n * k));
-    std::vector<float> w(static_cast<size_t>(n * k));
-    RouteExperts(router_, host.data(), n, l.router_bias.empty() ? nullptr : l.router_bias.data(), ids.data(), w.data());
-    // Counting sort of the (token, expert) pairs by expert.
-    std::vector<int32_t> offsets(static_cast<size_t>(e + 1), 0);
-    for (int32_t id : ids) ++offsets[static_cast<size_t>(id) + 1];
-    for (int64_t x2 = 0; x2 < e; ++x2) offsets[x2 + 1] += offsets[x2];
-    std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
-    std::vector<int32_t> tokens(static_cast<size_t>(n * k));
-    std::vector<float> weights(static_cast<size_t>(n * k));
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t slot = fill[ids[t * k + j]]++;
-        tokens[slot] = static_cast<int32_t>(t);
-        weights[slot] = w[t * k + j];
-      }
-    }
-    const int64_t total = n * k;
-    Tensor tokens_host = Tensor::Empty(DType::kI32, {total});
-    Tensor weights_host = Tensor::Empty(DType::kF32, {total});
-    std::copy(tokens.begin(), tokens.end(), tokens_host.data<int32_t>());
-    std::copy(weights.begin(), weights.end(), weights_host.data<float>());
-    FATHOM_ASSIGN_OR_RETURN(Tensor tokens_dev, be.Upload(tokens_host));
-    FATHOM_ASSIGN_OR_RETURN(Tensor weights_dev, be.Upload(weights_host));
-    Tensor gathered = be.Alloc(be.activation_dtype(), {total, h});  // [n_tokens * top_k, hidden], by expert
-    Tensor expert_out = be.Alloc(be.activation_dtype(), {total, h});
-    be.GatherRows(x, tokens_dev, gathered);
-    for (int64_t x2 = 0; x2 < e; ++x2) {
-      const int64_t b = offsets[x2], end = offsets[x2 + 1];
-      if (b == end) continue;
-      MlpForward(l.experts[static_cast<size_t>(x2)], gathered.view().Slice(0, b, end),
-                 expert_out.view().Slice(0, b, end));
-    }
+    be.MoeRoute(logits, l.router_bias, route_params_, ids, w);
     if (l.has_shared) {
       MlpForward(l.shared, x, out);
     } else {
-      Tensor zero = be.Alloc(be.activation_dtype(), {n, h});
+      Tensor zero = be.Alloc(be.activation_dtype(), {n, x.dim(1)});
       be.Copy(zero, out);
     }
-    be.ScatterAddRows(expert_out, tokens_dev, weights_dev, out);
-    return OkStatus();
+    return be.MoeExperts(x, l.experts, ids, w, out);
   }
 
   ModelConfig cfg_;
   std::unique_ptr<WeightStore> weights_;
   Backend& backend_;
   RouterConfig router_;
+  moe_route::Params route_params_;
   std::vector<Layer> layers_;
   std::vector<Tensor> owned_;
   TensorView embed_, final_norm_;
   LinearWeight lm_head_;
-  Tensor inv_freq_;
+  TensorView inv_freq_;  // [qk_rope_head_dim / 2] f32, on the device
   float rope_scale_ = 1.0f;
   float softmax_scale_ = 1.0f;
 };

@@ -1,9 +1,5 @@
 #include "model/moe.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <numeric>
 #include <vector>
 
 #include "core/check.h"
@@ -25,69 +21,33 @@ RouterConfig RouterConfigFrom(const MoeConfig& moe) {
   return rc;
 }
 
-namespace {
-
-// Indices of the k largest values, highest first, lower index first among equals.
-void TopK(const std::vector<float>& v, int64_t k, std::vector<int32_t>& out) {
-  out.resize(v.size());
-  std::iota(out.begin(), out.end(), 0);
-  std::partial_sort(out.begin(), out.begin() + k, out.end(),
-                    [&](int32_t a, int32_t b) { return v[a] != v[b] ? v[a] > v[b] : a < b; });
-  out.resize(static_cast<size_t>(k));
+moe_route::Params RouteParams(const RouterConfig& rc) {
+  FATHOM_CHECK(rc.top_k >= 1 && rc.top_k <= rc.n_experts && rc.top_k <= moe_route::kMaxTopK, "top_k {} with {} experts",
+               rc.top_k, rc.n_experts);
+  FATHOM_CHECK(rc.n_experts <= moe_route::kMaxExperts, "{} experts", rc.n_experts);
+  FATHOM_CHECK(rc.n_group >= 1 && rc.n_group <= moe_route::kMaxGroups && rc.n_experts % rc.n_group == 0 &&
+               rc.topk_group >= 1 && rc.topk_group <= rc.n_group);
+  moe_route::Params p;
+  p.n_experts = static_cast<int32_t>(rc.n_experts);
+  p.top_k = static_cast<int32_t>(rc.top_k);
+  p.n_group = static_cast<int32_t>(rc.n_group);
+  p.topk_group = static_cast<int32_t>(rc.topk_group);
+  p.sigmoid = rc.scoring == RouterConfig::Scoring::kSigmoid;
+  p.method = rc.method == RouterConfig::Method::kNoauxTc              ? moe_route::kNoauxTc
+             : rc.method == RouterConfig::Method::kGroupLimitedGreedy ? moe_route::kGroupLimitedGreedy
+                                                                      : moe_route::kGreedy;
+  p.norm_topk_prob = rc.norm_topk_prob;
+  p.routed_scaling_factor = rc.routed_scaling_factor;
+  return p;
 }
-
-}  // namespace
 
 void RouteExperts(const RouterConfig& rc, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
                   float* weights) {
-  const int64_t e = rc.n_experts, k = rc.top_k;
-  FATHOM_CHECK(k >= 1 && k <= e, "top_k {} with {} experts", k, e);
-  FATHOM_CHECK(rc.n_group >= 1 && e % rc.n_group == 0 && rc.topk_group <= rc.n_group);
-  const int64_t per_group = e / rc.n_group;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> scores(static_cast<size_t>(e)), choice(static_cast<size_t>(e));
-  std::vector<float> group_score(static_cast<size_t>(rc.n_group)), tmp;
-  std::vector<int32_t> top, groups;
+  const moe_route::Params p = RouteParams(rc);
+  std::vector<float> scores(static_cast<size_t>(rc.n_experts)), choice(static_cast<size_t>(rc.n_experts));
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const float* l = logits + t * e;
-    if (rc.scoring == RouterConfig::Scoring::kSoftmax) {
-      const float mx = *std::max_element(l, l + e);
-      float sum = 0.0f;
-      for (int64_t i = 0; i < e; ++i) sum += (scores[i] = std::exp(l[i] - mx));
-      for (int64_t i = 0; i < e; ++i) scores[i] /= sum;
-    } else {
-      for (int64_t i = 0; i < e; ++i) scores[i] = 1.0f / (1.0f + std::exp(-l[i]));
-    }
-    for (int64_t i = 0; i < e; ++i) choice[i] = scores[i] + (bias != nullptr ? bias[i] : 0.0f);
-    if (rc.method != RouterConfig::Method::kGreedy && rc.n_group > 1) {
-      for (int64_t g = 0; g < rc.n_group; ++g) {
-        const float* c = choice.data() + g * per_group;
-        if (rc.method == RouterConfig::Method::kNoauxTc) {
-          tmp.assign(c, c + per_group);
-          std::sort(tmp.begin(), tmp.end(), std::greater<float>());
-          group_score[g] = tmp[0] + (per_group > 1 ? tmp[1] : 0.0f);
-        } else {
-          group_score[g] = *std::max_element(c, c + per_group);
-        }
-      }
-      TopK(group_score, rc.topk_group, groups);
-      std::vector<bool> keep(static_cast<size_t>(rc.n_group), false);
-      for (int32_t g : groups) keep[g] = true;
-      for (int64_t i = 0; i < e; ++i) {
-        if (!keep[i / per_group]) choice[i] = neg_inf;
-      }
-    }
-    TopK(choice, k, top);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      ids[t * k + j] = top[j];
-      weights[t * k + j] = scores[top[j]];
-      sum += scores[top[j]];
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      if (rc.norm_topk_prob) weights[t * k + j] /= (sum + 1e-20f);
-      weights[t * k + j] *= rc.routed_scaling_factor;
-    }
+    moe_route::RouteToken(p, logits + t * rc.n_experts, bias, scores.data(), choice.data(), ids + t * rc.top_k,
+                          weights + t * rc.top_k);
   }
 }
 

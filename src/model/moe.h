@@ -8,12 +8,13 @@
 //                weights.data());
 //
 // Tie rule: between equal scores the lower expert (or group) index wins; selected experts are listed from the
-// highest selection score down.
+// highest selection score down. The rule itself is model/moe_route.h, shared with the GPU.
 #pragma once
 
 #include <cstdint>
 
 #include "io/model_config.h"
+#include "model/moe_route.h"
 
 namespace fathom {
 
@@ -31,6 +32,9 @@ struct RouterConfig {
 };
 
 RouterConfig RouterConfigFrom(const MoeConfig& moe);
+
+// The rule's parameters for moe_route::RouteToken (checks top_k, the expert count and the groups).
+moe_route::Params RouteParams(const RouterConfig& rc);
 
 // V2: softmax scores; greedy top-k, or top-k within the topk_group groups with the highest max score.
 // V3 (noaux_tc): sigmoid scores; selection on score + bias; groups ranked by the sum of their top-2 selection

@@ -161,6 +161,12 @@ TEST(ModelConfigTest, MalformedMoeConfigs) {
       {[](json& j) { j["topk_method"] = "random"; }, "topk_method 'random'"},
       {[](json& j) { j["scoring_func"] = "relu"; }, "scoring_func 'relu'"},
       {[](json& j) { j["qk_rope_head_dim"] = 7; }, "MLA dims"},
+      {[](json& j) { j["n_routed_experts"] = 1024; }, "exceeds what fathom routes"},
+      {[](json& j) {
+         j["n_routed_experts"] = 64;
+         j["num_experts_per_tok"] = 33;
+       },
+       "exceeds what fathom routes"},
   };
   for (const auto& [edit, expect] : cases) {
     json j = orig;

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_kernels.h"
 
 namespace fathom {
 
@@ -534,6 +535,18 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   });
 }
 
+void CudaBackend::HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  FATHOM_CHECK(x.ndim() == 3 && w.ndim() == 3 && out.ndim() == 3 && w.is_contiguous());
+  FATHOM_CHECK_EQ(x.dim(1), w.dim(0));
+  FATHOM_CHECK_EQ(x.dim(2), w.dim(2));
+  FATHOM_CHECK_EQ(out.dim(2), w.dim(1));
+  FATHOM_CHECK(x.stride(2) == 1 && out.stride(2) == 1);
+  Launch("HeadLinear", [&] {
+    return cuda::LaunchHeadLinear(x.data<float>(), x.stride(0), x.stride(1), x.dim(0), x.dim(1), x.dim(2), w.raw(),
+                                  Dt(w), w.dim(1), out.data<float>(), out.stride(0), out.stride(1), stream_);
+  });
+}
+
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
   Launch("AddInPlace", [&] {
     return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
@@ -659,8 +672,77 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
                                  const TensorView& out) {
   Launch("ScatterAddRows", [&] {
     return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
-                                      indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), stream_);
+                                      indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), out.dim(0), stream_);
   });
+}
+
+void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
+                           const TensorView& ids, const TensorView& weights) {
+  FATHOM_CHECK(logits.stride(1) == 1 && ids.is_contiguous() && weights.is_contiguous());
+  FATHOM_CHECK(logits.dim(1) == p.n_experts && ids.dim(1) == p.top_k && weights.dim(1) == p.top_k);
+  Launch("MoeRoute", [&] {
+    return cuda::LaunchMoeRoute(logits.data<float>(), logits.stride(0), logits.dim(0),
+                                bias.empty() ? nullptr : bias.data<float>(), p, ids.data<int32_t>(),
+                                weights.data<float>(), stream_);
+  });
+}
+
+// The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned bf16 matrices
+// of one shape; their pointers go into one device table. Other experts (FP8 ones, for now) take the host-sorted path.
+Status CudaBackend::PrepareExperts(ExpertSet& experts) {
+  const size_t e = experts.gate.size();
+  if (e == 0 || experts.up.size() != e || experts.down.size() != e ||
+      static_cast<int64_t>(e) > moe_route::kMaxExperts) {
+    return OkStatus();
+  }
+  const auto fits = [](const LinearWeight& w, int64_t out, int64_t in) {
+    return w.weight.dtype() == DType::kBF16 && w.weight.is_contiguous() && w.bias.empty() && w.weight.dim(0) == out &&
+           w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
+  };
+  const int64_t inter = experts.gate[0].out_features(), hidden = experts.gate[0].in_features();
+  if (inter % 8 != 0 || hidden % 8 != 0) return OkStatus();
+  std::vector<const void*> table(3 * e);
+  for (size_t i = 0; i < e; ++i) {
+    if (!fits(experts.gate[i], inter, hidden) || !fits(experts.up[i], inter, hidden) ||
+        !fits(experts.down[i], hidden, inter)) {
+      return OkStatus();
+    }
+    table[i] = experts.gate[i].weight.raw();
+    table[e + i] = experts.up[i].weight.raw();
+    table[2 * e + i] = experts.down[i].weight.raw();
+  }
+  void* p = nullptr;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, table.size() * sizeof(void*)), "expert table"));
+  experts.device_state = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return CudaStatus(cudaMemcpy(p, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+}
+
+Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
+                               const TensorView& weights, const TensorView& out) {
+  const int64_t n = x.dim(0), k = ids.dim(1);
+  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (read per call: tests compare the two).
+  const bool device_path = experts.device_state != nullptr && n * k <= cuda::kMaxMoePairs &&
+                           std::getenv("FATHOM_CUDA_HOST_MOE") == nullptr && ids.is_contiguous() &&
+                           weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
+  if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
+  cuda::MoeExpertsArgs a{};
+  a.x = x.data<float>();
+  a.xs = x.stride(0);
+  a.n = n;
+  a.hidden = x.dim(1);
+  a.inter = experts.gate[0].out_features();
+  a.top_k = k;
+  a.n_experts = static_cast<int64_t>(experts.gate.size());
+  a.ids = ids.data<int32_t>();
+  a.weights = weights.data<float>();
+  a.table = static_cast<const void* const*>(experts.device_state.get());
+  a.out = out.data<float>();
+  a.os = out.stride(0);
+  void* ws = Workspace(static_cast<size_t>(cuda::MoeExpertsWorkspaceBytes(a)));
+  if (ws == nullptr) return ResourceExhaustedError("MoeExperts: no device memory for the workspace");
+  Launch("MoeExperts", [&] { return cuda::LaunchMoeExperts(a, ws, stream_); });
+  return OkStatus();
 }
 
 void CudaBackend::ArgMax(const TensorView& logits, const TensorView& ids) {

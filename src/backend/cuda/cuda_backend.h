@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
                   const TensorView& out) override;
   void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
   void LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs) override;
+  void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void AddInPlace(const TensorView& a, const TensorView& b) override;
   void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
   void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
@@ -59,6 +60,11 @@ class CudaBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
+  void MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p, const TensorView& ids,
+                const TensorView& weights) override;
+  Status PrepareExperts(ExpertSet& experts) override;
+  Status MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids, const TensorView& weights,
+                    const TensorView& out) override;
   void ArgMax(const TensorView& logits, const TensorView& ids) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;

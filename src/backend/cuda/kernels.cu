@@ -50,6 +50,10 @@ __device__ __forceinline__ void Store(void* p, int dtype, int64_t i, float v) {
   }
 }
 
+__host__ __device__ constexpr int DTypeBytes(int dtype) {
+  return dtype == kF32 ? 4 : dtype == kF8 ? 1 : 2;
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -130,12 +134,16 @@ __global__ void RmsNormKernel(float* x, int64_t xs, const float* add, int64_t as
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[r * os + i] = Load(w, wd, i) * (xr[i] * inv);
 }
 
-// One warp per output row r and a tile of up to kTok tokens: the weight row is read once per tile.
+// One warp per output row r and a tile of up to kTok tokens: the weight row is read once per tile. blockIdx.z picks
+// a head of HeadLinear: x, w and out move by their head strides (0 for a plain Linear).
 constexpr int kTok = 8;
 __global__ void LinearKernel(const float* x, int64_t xs, int64_t n, int64_t in, const void* w, int wd, int64_t ws,
                              int64_t m, const float* scale, int64_t ss, int64_t bn, int64_t bk, const void* bias,
-                             int bd, float* out, int64_t os) {
+                             int bd, float* out, int64_t os, int64_t x_hs, int64_t w_hs, int64_t o_hs) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  x += blockIdx.z * x_hs;
+  out += blockIdx.z * o_hs;
+  w = static_cast<const char*>(w) + blockIdx.z * w_hs * DTypeBytes(wd);
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
   if (r >= m) return;
@@ -976,12 +984,43 @@ __global__ void GatherKernel(const float* x, int64_t xs, const int32_t* idx, int
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[r * os + i] = x[idx[r] * xs + i];
 }
 
-// Serial over rows, parallel over columns: a fixed accumulation order, as on the CPU.
-__global__ void ScatterAddKernel(const float* x, int64_t xs, const int32_t* idx, const float* w, int64_t m, int64_t d,
-                                 float* out, int64_t os) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= d) return;
-  for (int64_t i = 0; i < m; ++i) out[idx[i] * os + c] += w[i] * x[i * xs + c];
+// One warp per output row r: the warp finds the rows i with idx[i] == r in increasing order (32 at a time, by ballot),
+// lists them in shared memory, then adds w[i] * x[i] to out[r] in that order: the CPU's accumulation order, with
+// rows in parallel.
+constexpr int kScatterWarps = 8, kScatterList = 64;
+__global__ void __launch_bounds__(kScatterWarps * 32)
+    ScatterAddKernel(const float* x, int64_t xs, const int32_t* idx, const float* w, int64_t m, int64_t d, float* out,
+                     int64_t os, int64_t rows) {
+  __shared__ int32_t list[kScatterWarps][kScatterList];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kScatterWarps + warp;
+  if (r >= rows) return;
+  int32_t* mine = list[warp];
+  int cnt = 0;
+  const auto apply = [&] {
+    __syncwarp();
+    for (int64_t c = lane; c < d; c += 32) {
+      float acc = out[r * os + c];
+      for (int q = 0; q < cnt; ++q) {
+        const int64_t i = mine[q];
+        acc += w[i] * x[i * xs + c];
+      }
+      out[r * os + c] = acc;
+    }
+    __syncwarp();
+    cnt = 0;
+  };
+  for (int64_t base = 0; base < m; base += 32) {
+    const int64_t i = base + lane;
+    unsigned hits = __ballot_sync(0xffffffffu, i < m && idx[i] == r);
+    while (hits != 0) {
+      const int b = __ffs(hits) - 1;
+      hits &= hits - 1;
+      if (lane == 0) mine[cnt] = static_cast<int32_t>(base + b);
+      if (++cnt == kScatterList) apply();
+    }
+  }
+  if (cnt > 0) apply();
 }
 
 // One block per row: each thread scans a strided slice (float4 loads when aligned), then (value, index) pairs are
@@ -1091,8 +1130,20 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
     const GemvPart part{w, ws, m, bias, bd, out, os};
     return LaunchLinearBf16FanOut(x, xs, n, in, &part, 1, s);
   } else {
-    LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os);
+    LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os, 0, 0,
+                                                 0);
   }
+  return Done();
+}
+
+int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_t heads, int64_t in, const void* w,
+                     int wd, int64_t m, float* out, int64_t os0, int64_t os1, Stream s) {
+  if (n == 0 || m == 0 || heads == 0) return 0;
+  if (heads > 65535 || wd == kF8) return static_cast<int>(cudaErrorInvalidValue);
+  constexpr int kWarps = 8;
+  dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok), static_cast<unsigned>(heads));
+  LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs0, n, in, w, wd, in, m, nullptr, 0, 1, 1, nullptr, 0, out, os0, xs1,
+                                               m * in, os1);
   return Done();
 }
 
@@ -1273,9 +1324,9 @@ int LaunchGatherRows(const float* x, int64_t xs, const int32_t* idx, int64_t m, 
 }
 
 int LaunchScatterAddRows(const float* x, int64_t xs, const int32_t* idx, const float* w, int64_t m, int64_t d,
-                         float* out, int64_t os, Stream s) {
-  if (m == 0 || d == 0) return 0;
-  ScatterAddKernel<<<Blocks(d, 256), 256, 0, S(s)>>>(x, xs, idx, w, m, d, out, os);
+                         float* out, int64_t os, int64_t rows, Stream s) {
+  if (m == 0 || d == 0 || rows == 0) return 0;
+  ScatterAddKernel<<<Blocks(rows, kScatterWarps), kScatterWarps * 32, 0, S(s)>>>(x, xs, idx, w, m, d, out, os, rows);
   return Done();
 }
 

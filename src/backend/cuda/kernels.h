@@ -23,6 +23,10 @@ int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const 
                  int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk, const void* bias,
                  int bias_dtype, float* out, int64_t out_stride, Stream s);
 
+// out[t, h, r] = sum_c x[t, h, c] * W[h, r, c] for every head h: x [n, heads, in] strides (xs0, xs1, 1); W f32, f16
+// or bf16 [heads, m, in] contiguous; out [n, heads, m] strides (os0, os1, 1).
+int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_t heads, int64_t in, const void* w,
+                     int wd, int64_t m, float* out, int64_t os0, int64_t os1, Stream s);
 // Several bf16 weights that share the input x [n <= 8, in] (q/k/v, gate/up): one launch, one warp per output row.
 // Needs LinearBf16FanOutFits for every part.
 struct GemvPart {
@@ -114,8 +118,9 @@ int LaunchAddBias(float* out, int64_t os, const void* bias, int bias_dtype, int6
 
 int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64_t m, int64_t d, float* out,
                      int64_t out_stride, Stream s);
+// out[idx[i]] += w[i] * x[i] for i in order (per output row); out has `rows` rows.
 int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, const float* w, int64_t m, int64_t d,
-                         float* out, int64_t out_stride, Stream s);
+                         float* out, int64_t out_stride, int64_t rows, Stream s);
 // ids[r] = argmax of row r of x [rows, cols] (row stride xs), the lowest index among equal maxima.
 int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s);
 // Dummy weights (model/weights.cc, FillDummy): element i of `out` (dtype 0 f32, bf16 or f8 e4m3; n elements) is

@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/moe_kernels.h"
 #include "engine/decode_graphs.h"
 #include "io/model_config.h"
 #include "model/registry.h"
@@ -113,6 +115,167 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     ASSERT_TRUE(gpu->Synchronize().ok());
     auto h = Host(*gpu, y);
     EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 1e-4f) << DTypeName(wd) << " n=" << n;
+  }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// MLA's per-head absorbed projections at V2-Lite sizes (16 heads; W_UK^T [512, 128], W_UV [128, 512]), over strided
+// views of q and of the attention output, for decode and prefill token counts.
+TEST(CudaBackendTest, HeadLinearMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  const int64_t heads = 16;
+  for (DType wd : {DType::kBF16, DType::kF32}) {
+    for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {512, 128}}) {
+      for (int64_t n : {1, 3, 40}) {
+        // x lives in [n, heads, in + 64] (as q_nope inside q), out in [n, heads, out + 64] (as q_abs).
+        Tensor xb = RandomHost(DType::kF32, {n, heads, in + 64}, 21);
+        Tensor w = RandomHost(wd, {heads, out, in}, 22);
+        Tensor y_cpu = cpu.Alloc(DType::kF32, {n, heads, out + 64});
+        cpu.HeadLinear(xb.view().Slice(2, 0, in), w, y_cpu.view().Slice(2, 0, out));
+        Tensor xd = *gpu->Upload(xb), wdv = *gpu->Upload(w);
+        Tensor y = gpu->Alloc(DType::kF32, {n, heads, out + 64});
+        gpu->HeadLinear(xd.view().Slice(2, 0, in), wdv, y.view().Slice(2, 0, out));
+        ASSERT_TRUE(gpu->Synchronize().ok());
+        auto h = Host(*gpu, y);
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * heads * (out + 64)), 1e-4f)
+            << DTypeName(wd) << " " << in << "->" << out << " n=" << n;
+      }
+    }
+  }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// The GPU router chooses exactly the CPU's experts with exactly its weights, on random logits full of ties (values on
+// a grid of 1/8) and near-ties, for DeepSeek-V2-Lite (softmax greedy), V2 (group_limited_greedy) and V3 (sigmoid
+// noaux_tc with a correction bias, grouped top-k).
+TEST(CudaBackendTest, MoeRouteMatchesCpuWithTies) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  struct Case {
+    const char* name;
+    moe_route::Params p;
+    bool with_bias;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"v2-lite", {64, 6, 1, 1, false, moe_route::kGreedy, false, 1.0f}, false});
+  cases.push_back({"v2", {160, 6, 8, 3, false, moe_route::kGroupLimitedGreedy, false, 16.0f}, false});
+  cases.push_back({"v3", {256, 8, 8, 4, true, moe_route::kNoauxTc, true, 2.5f}, true});
+  const int64_t n = 700;
+  for (const Case& c : cases) {
+    for (int grid = 0; grid < 2; ++grid) {
+      std::mt19937 rng(17 + grid);
+      std::normal_distribution<float> d(0.0f, 2.0f);
+      const int64_t e = c.p.n_experts, k = c.p.top_k;
+      Tensor logits = Tensor::Empty(DType::kF32, {n, e});
+      Tensor bias = Tensor::Empty(DType::kF32, {e});
+      // grid 1: values on a 1/8 grid (many exact ties); grid 0: continuous values (near-ties only).
+      auto draw = [&] { return grid ? std::round(d(rng) * 8.0f) / 8.0f : d(rng); };
+      for (int64_t i = 0; i < n * e; ++i) logits.data<float>()[i] = draw();
+      for (int64_t i = 0; i < e; ++i) bias.data<float>()[i] = draw() * 0.05f;
+      const TensorView no_bias;
+      Tensor ids_cpu = Tensor::Empty(DType::kI32, {n, k}), w_cpu = Tensor::Empty(DType::kF32, {n, k});
+      cpu.MoeRoute(logits, c.with_bias ? bias.view() : no_bias, c.p, ids_cpu, w_cpu);
+      Tensor ld = *gpu->Upload(logits), bd = *gpu->Upload(bias);
+      Tensor ids = gpu->Alloc(DType::kI32, {n, k}), w = gpu->Alloc(DType::kF32, {n, k});
+      gpu->MoeRoute(ld, c.with_bias ? bd.view() : no_bias, c.p, ids, w);
+      ASSERT_TRUE(gpu->Synchronize().ok());
+      std::vector<int32_t> hi(static_cast<size_t>(n * k));
+      std::vector<float> hw(static_cast<size_t>(n * k));
+      ASSERT_TRUE(gpu->CopyToHost(ids, hi.data()).ok());
+      ASSERT_TRUE(gpu->CopyToHost(w, hw.data()).ok());
+      int64_t id_diffs = 0, w_diffs = 0;
+      for (int64_t i = 0; i < n * k; ++i) {
+        id_diffs += hi[i] != ids_cpu.data<int32_t>()[i];
+        w_diffs += std::memcmp(&hw[i], w_cpu.data<float>() + i, sizeof(float)) != 0;
+      }
+      EXPECT_EQ(id_diffs, 0) << c.name << (grid ? " (ties)" : "");
+      EXPECT_EQ(w_diffs, 0) << c.name << (grid ? " (ties)" : "");
+    }
+  }
+}
+
+// ScatterAddRows in the CPU's order (per output row, the rows i in order), with up to 150 contributions to one row
+// (past the kernel's 64-row list) and rows that receive none.
+TEST(CudaBackendTest, ScatterAddRowsMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const int64_t m = 3000, d = 300, rows = 500;
+  Tensor x = RandomHost(DType::kF32, {m, d}, 31), base = RandomHost(DType::kF32, {rows, d}, 32);
+  Tensor idx = Tensor::Empty(DType::kI32, {m}), w = RandomHost(DType::kF32, {m}, 33);
+  std::mt19937 rng(34);
+  for (int64_t i = 0; i < m; ++i) idx.data<int32_t>()[i] = i < 150 ? 7 : static_cast<int32_t>(rng() % (rows / 2));
+  Tensor out_cpu = cpu.Alloc(DType::kF32, {rows, d});
+  std::memcpy(out_cpu.view().raw(), base.view().raw(), base.view().nbytes());
+  cpu.ScatterAddRows(x, idx, w, out_cpu);
+  Tensor xd = *gpu->Upload(x), idd = *gpu->Upload(idx), wdv = *gpu->Upload(w), out = *gpu->Upload(base);
+  gpu->ScatterAddRows(xd, idd, wdv, out);
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  auto h = Host(*gpu, out);
+  EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), rows * d), 1e-5f);
+}
+
+// Routed experts on the GPU (sorted on the device, grouped GEMVs, weighted combine) against the CPU's host-sorted
+// reference, for decode and prefill sizes, with uniform and skewed routing (every token sent to the same few experts:
+// many pairs per expert), and past the device path's pair limit (the host-sorted path on the GPU).
+TEST(CudaBackendTest, MoeExpertsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  struct Shape {
+    int64_t experts, k, hidden, inter;
+  };
+  for (const Shape& sh : std::vector<Shape>{{64, 6, 512, 176}, {256, 8, 256, 128}}) {
+    ExpertSet cs, gs;
+    std::vector<Tensor> keep;
+    for (int64_t e = 0; e < sh.experts; ++e) {
+      const uint32_t seed = static_cast<uint32_t>(100 + 3 * e);
+      Tensor g = RandomHost(DType::kBF16, {sh.inter, sh.hidden}, seed, 0.1f);
+      Tensor u = RandomHost(DType::kBF16, {sh.inter, sh.hidden}, seed + 1, 0.1f);
+      Tensor dn = RandomHost(DType::kBF16, {sh.hidden, sh.inter}, seed + 2, 0.1f);
+      Tensor gd = *gpu->Upload(g), ud = *gpu->Upload(u), dd = *gpu->Upload(dn);
+      const auto add = [](ExpertSet& set, const Tensor& gate, const Tensor& up, const Tensor& down) {
+        for (auto [list, t] : {std::pair{&set.gate, &gate}, std::pair{&set.up, &up}, std::pair{&set.down, &down}}) {
+          LinearWeight lw;
+          lw.weight = *t;
+          list->push_back(lw);
+        }
+      };
+      add(cs, g, u, dn);
+      add(gs, gd, ud, dd);
+      for (Tensor* t : {&g, &u, &dn, &gd, &ud, &dd}) keep.push_back(std::move(*t));
+    }
+    ASSERT_TRUE(gpu->PrepareExperts(gs).ok());
+    ASSERT_NE(gs.device_state, nullptr) << "bf16 experts take the device path";
+    const int64_t over = cuda::kMaxMoePairs / sh.k + 3;  // past the device path's limit
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{300}, over}) {
+      for (int skew = 0; skew < 2; ++skew) {
+        std::mt19937 rng(static_cast<uint32_t>(n * 2 + skew));
+        Tensor x = RandomHost(DType::kF32, {n, sh.hidden}, static_cast<uint32_t>(n), 1.0f);
+        Tensor base = RandomHost(DType::kF32, {n, sh.hidden}, static_cast<uint32_t>(n + 1), 1.0f);
+        Tensor ids = Tensor::Empty(DType::kI32, {n, sh.k}), w = Tensor::Empty(DType::kF32, {n, sh.k});
+        std::uniform_real_distribution<float> wd(0.0f, 1.0f);
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<int32_t> perm(static_cast<size_t>(sh.experts));
+          std::iota(perm.begin(), perm.end(), 0);
+          if (!skew) std::shuffle(perm.begin(), perm.end(), rng);  // skewed: experts 0..k-1 for every token
+          for (int64_t j = 0; j < sh.k; ++j) {
+            ids.data<int32_t>()[t * sh.k + j] = perm[static_cast<size_t>(j)];
+            w.data<float>()[t * sh.k + j] = wd(rng);
+          }
+        }
+        Tensor out_cpu = cpu.Alloc(DType::kF32, {n, sh.hidden});
+        std::memcpy(out_cpu.view().raw(), base.view().raw(), base.view().nbytes());
+        ASSERT_TRUE(cpu.MoeExperts(x, cs, ids, w, out_cpu).ok());
+        Tensor xd = *gpu->Upload(x), out = *gpu->Upload(base), idd = *gpu->Upload(ids), wdv = *gpu->Upload(w);
+        ASSERT_TRUE(gpu->MoeExperts(xd, gs, idd, wdv, out).ok());
+        ASSERT_TRUE(gpu->Synchronize().ok());
+        auto h = Host(*gpu, out);
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * sh.hidden), 1e-4f)
+            << sh.experts << " experts, n=" << n << (skew ? " skewed" : "");
+      }
+    }
   }
   unsetenv("FATHOM_CUDA_F32_GEMM");
 }
@@ -451,7 +614,7 @@ StatusOr<GpuFixture> LoadFixture(const std::string& name, CudaBackend& gpu) {
   LoadOptions opts;
   opts.show_progress = false;
   FATHOM_ASSIGN_OR_RETURN(f.model, LoadModel(dir, f.cfg, opts, gpu));
-  FATHOM_ASSIGN_OR_RETURN(f.golden, testing::LoadGolden(dir));
+  FATHOM_ASSIGN_OR_RETURN(f.golden, testing::LoadGoldenWithReruns(dir));  // deepseek-v3-tiny: the oracle's re-run
   return f;
 }
 
@@ -612,28 +775,32 @@ TEST_P(CudaBatchInvarianceTest, GreedyAloneEqualsGreedyInABatch) {
   EXPECT_GT(compared, 0u) << "every first step had a low margin: nothing was compared";
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaBatchInvarianceTest,
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvarianceTest,
                          ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
-                                           "qwen2-tied-tiny"),
+                                           "qwen2-tied-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny",
+                                           "deepseek-v3-fp8-tiny"),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            std::string s = param_info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });
 
-// Real-size dense configs truncated to two layers, dummy weights: the GPU and the CPU reference agree on every logit
-// of a 40-token prompt and of the decode step after it. Float32-input GEMMs on both sides
+// Real-size configs truncated to two layers, dummy weights: the GPU and the CPU reference agree on every logit of a
+// 40-token prompt and of the decode step after it. The DeepSeek configs keep one dense layer and one MoE layer:
+// V2-Lite (64 experts, MLA without a q LoRA) and V3 (256 experts in 8 groups, noaux_tc routing, FP8 weights in
+// 128x128 blocks). Float32-input GEMMs on both sides
 // (FATHOM_CUDA_F32_GEMM=1), so the difference is summation order: at most 1e-4 of the largest logit, and the same
 // top-1 wherever its margin is above 1e-3 of it.
 TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
   setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
-  for (const char* name :
-       {"deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-llama-8b", "deepseek-coder-6.7b-instruct"}) {
+  for (const char* name : {"deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-llama-8b",
+                           "deepseek-coder-6.7b-instruct", "deepseek-v2-lite", "deepseek-v3"}) {
     auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     cfg->num_layers = 2;
+    if (cfg->is_moe()) cfg->moe.first_k_dense_replace = 1;
     const LoadOptions opts = DummyWeights(7);
     auto mc = LoadModel("", *cfg, opts, cpu);
     auto mg = LoadModel("", *cfg, opts, *gpu);
@@ -671,6 +838,48 @@ TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
       }
       RecordProperty(std::string(name) + (pass ? "_decode" : "_prefill") + "_max_abs_diff", std::to_string(diff));
     }
+  }
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+// A diagnostic (run by hand): a reference fixture truncated to 1, 2, ... layers on the CPU and the GPU (float32 GEMMs,
+// float32 cache), printing the positions of its longest case whose logits differ by more than 1e-4.
+TEST(CudaDiagnostics, DISABLED_LayerByLayerAgainstCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  const char* env = std::getenv("FATHOM_DIAG_FIXTURE");
+  const std::string name = env != nullptr ? env : "deepseek-v3-tiny";
+  const std::string dir = testing::ModelDir(name);
+  auto full = LoadModelConfig(dir);
+  ASSERT_TRUE(full.ok());
+  auto golden = testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok());
+  const auto& gc = golden->cases.back();
+  for (int64_t layers = 1; layers <= full->num_layers; ++layers) {
+    ModelConfig cfg = *full;
+    cfg.num_layers = layers;
+    LoadOptions opts;
+    opts.show_progress = false;
+    auto mc = LoadModel(dir, cfg, opts, cpu);
+    auto mg = LoadModel(dir, cfg, opts, *gpu);
+    ASSERT_TRUE(mc.ok() && mg.ok()) << (mc.ok() ? mg.status().ToString() : mc.status().ToString());
+    auto kc = KvCache::Allocate(cpu, (*mc)->kv_cache_spec(), DType::kF32, 16, 16);
+    auto kg = KvCache::Allocate(*gpu, (*mg)->kv_cache_spec(), DType::kF32, 16, 16);
+    ForwardBatch b(16);
+    b.AddSequence(gc.input_ids, 0, std::vector<int32_t>{3, 9, 1, 12, 5, 7, 0}, LogitsMode::kAll);
+    Tensor lc, lg;
+    ASSERT_TRUE((*mc)->Forward(b, *kc, &lc).ok());
+    ASSERT_TRUE((*mg)->Forward(b, *kg, &lg).ok());
+    auto h = Host(*gpu, lg);
+    const int64_t vocab = cfg.vocab_size;
+    float worst = 0.0f;
+    for (size_t t = 0; t < gc.input_ids.size(); ++t) {
+      const float d = testing::MaxAbsDiff(h.data() + t * vocab, lc.data<float>() + t * vocab, vocab);
+      worst = std::max(worst, d);
+      if (d > 1e-4f) std::printf("%s layers %ld position %zu: max |dlogit| %g\n", name.c_str(), long(layers), t, d);
+    }
+    std::printf("%s layers %ld: worst %g\n", name.c_str(), long(layers), worst);
   }
   unsetenv("FATHOM_CUDA_F32_GEMM");
 }
@@ -783,7 +992,7 @@ void ExpectGraphStepsMatchEager(Model& model, CudaBackend& gpu, int32_t num_seqs
 TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
   REQUIRE_GPU(gpu);
   unsetenv("FATHOM_CUDA_F32_GEMM");
-  for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny"}) {
+  for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny"}) {
     auto fx = LoadFixture(name, *gpu);
     ASSERT_TRUE(fx.ok()) << fx.status().ToString();
     ExpectGraphStepsMatchEager(*fx->model, *gpu, /*num_seqs=*/3, /*prompt_len=*/9, /*steps=*/40, 1e-4f, name);
@@ -804,14 +1013,15 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
 
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
-  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny"}) {
+  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny",
+                        "deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"}) {
     v.push_back({f, true});
     v.push_back({f, false});
   }
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaGoldenTest, ::testing::ValuesIn(GoldenParams()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenTest, ::testing::ValuesIn(GoldenParams()),
                          [](const ::testing::TestParamInfo<GoldenParam>& param_info) {
                            std::string s = param_info.param.fixture + (param_info.param.f32_gemm ? "_f32" : "_bf16");
                            std::replace(s.begin(), s.end(), '-', '_');

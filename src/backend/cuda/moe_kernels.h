@@ -1,0 +1,40 @@
+// CUDA kernels of the MoE ops: the router (model/moe_route.h's rule, one thread per token) and the routed experts of
+// decode-sized batches without a host round trip (sort the (token, expert) pairs by expert on the device, then
+// grouped GEMVs over the active experts and a weighted combine). Launchers follow kernels.h: pointers, strides and a
+// stream in, a cudaError_t (as int) out, no allocation.
+//
+//   cuda::LaunchMoeRoute(logits, n_experts, n, bias, params, ids, weights, stream);
+//   cuda::MoeExpertsArgs a{...};
+//   void* ws = ...;   // cuda::MoeExpertsWorkspaceBytes(a) bytes
+//   cuda::LaunchMoeExperts(a, ws, stream);
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+#include "model/moe_route.h"
+
+namespace fathom::cuda {
+
+// logits f32 [n, p.n_experts] (row stride ls); bias f32 [n_experts] or null; ids i32 / weights f32 [n, p.top_k].
+int LaunchMoeRoute(const float* logits, int64_t ls, int64_t n, const float* bias, const moe_route::Params& p,
+                   int32_t* ids, float* weights, Stream s);
+
+// The pairs the device path takes at most (n_tokens * top_k): decode batches up to 512 sequences of V3's top 8.
+constexpr int64_t kMaxMoePairs = 4096;
+
+struct MoeExpertsArgs {
+  const float* x;  // [n, hidden], rows xs apart (16-byte aligned, xs % 4 == 0)
+  int64_t xs;
+  int64_t n, hidden, inter, top_k, n_experts;  // hidden and inter multiples of 8
+  const int32_t* ids;                          // [n, top_k] contiguous
+  const float* weights;                        // [n, top_k] contiguous
+  const void* const* table;  // device [3 * n_experts]: the bf16 gate [inter, hidden], up, and down [hidden, inter]
+  float* out;                // [n, hidden], rows os apart: out += the weighted expert outputs
+  int64_t os;
+};
+int64_t MoeExpertsWorkspaceBytes(const MoeExpertsArgs& a);
+// Needs n * top_k <= kMaxMoePairs and n_experts <= moe_route::kMaxExperts.
+int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s);
+
+}  // namespace fathom::cuda

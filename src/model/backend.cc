@@ -1,0 +1,72 @@
+// The default implementations of Backend's MoE ops, written with the other ops (see backend.h).
+#include "model/backend.h"
+
+#include <vector>
+
+#include "core/check.h"
+
+namespace fathom {
+
+void Backend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
+                       const TensorView& ids, const TensorView& weights) {
+  FATHOM_CHECK(device() == Device::kCpu, "{} must implement MoeRoute", name());
+  const int64_t n = logits.dim(0);
+  FATHOM_CHECK(logits.dim(1) == p.n_experts && ids.dim(0) == n && ids.dim(1) == p.top_k && weights.dim(0) == n);
+  std::vector<float> scores(static_cast<size_t>(p.n_experts)), choice(static_cast<size_t>(p.n_experts));
+  for (int64_t t = 0; t < n; ++t) {
+    moe_route::RouteToken(p, logits.data<float>() + t * logits.stride(0), bias.empty() ? nullptr : bias.data<float>(),
+                          scores.data(), choice.data(), ids.data<int32_t>() + t * ids.stride(0),
+                          weights.data<float>() + t * weights.stride(0));
+  }
+}
+
+Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
+                           const TensorView& weights, const TensorView& out) {
+  const int64_t n = x.dim(0), h = x.dim(1), k = ids.dim(1), e = static_cast<int64_t>(experts.gate.size());
+  std::vector<int32_t> id(static_cast<size_t>(n * k));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  FATHOM_RETURN_IF_ERROR(Synchronize());
+  FATHOM_RETURN_IF_ERROR(CopyToHost(ids, id.data()));
+  FATHOM_RETURN_IF_ERROR(CopyToHost(weights, w.data()));
+  // Counting sort of the (token, expert) pairs by expert.
+  std::vector<int32_t> offsets(static_cast<size_t>(e + 1), 0);
+  for (int32_t i : id) {
+    if (i < 0 || i >= e) return InternalError("MoeExperts: an expert id is out of range");
+    ++offsets[static_cast<size_t>(i) + 1];
+  }
+  for (int64_t i = 0; i < e; ++i) offsets[i + 1] += offsets[i];
+  std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
+  const int64_t total = n * k;
+  Tensor tokens_host = Tensor::Empty(DType::kI32, {total});
+  Tensor weights_host = Tensor::Empty(DType::kF32, {total});
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t slot = fill[id[t * k + j]]++;
+      tokens_host.data<int32_t>()[slot] = static_cast<int32_t>(t);
+      weights_host.data<float>()[slot] = w[t * k + j];
+    }
+  }
+  FATHOM_ASSIGN_OR_RETURN(Tensor tokens_dev, Upload(tokens_host));
+  FATHOM_ASSIGN_OR_RETURN(Tensor weights_dev, Upload(weights_host));
+  const DType act = activation_dtype();
+  Tensor gathered = Alloc(act, {total, h});    // [n_tokens * top_k, hidden], by expert
+  Tensor expert_out = Alloc(act, {total, h});  // [n_tokens * top_k, hidden]
+  GatherRows(x, tokens_dev, gathered);
+  for (int64_t i = 0; i < e; ++i) {
+    const int64_t b = offsets[i], end = offsets[i + 1];
+    if (b == end) continue;
+    const int64_t inter = experts.gate[i].out_features();
+    Tensor g = Alloc(act, {end - b, inter});  // [expert's tokens, moe_intermediate]
+    Tensor u = Alloc(act, {end - b, inter});
+    const TensorView rows = gathered.view().Slice(0, b, end);
+    Linear(rows, experts.gate[i], g);
+    Linear(rows, experts.up[i], u);
+    SiluMul(g, u, g);
+    Linear(g, experts.down[i], expert_out.view().Slice(0, b, end));
+  }
+  ScatterAddRows(expert_out, tokens_dev, weights_dev, out);
+  // Freed device tensors are reused in stream order, after the kernels queued here; the CPU backend has run them.
+  return OkStatus();
+}
+
+}  // namespace fathom
