@@ -918,6 +918,210 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   FinishGroupChunk<kMmaWarps, true>(a, t, kvh, group, c, chunks, kD, sm_m, sm_l, sm_acc, part_m, part_l, part_acc);
 }
 
+// MLA attention over the latent cache (the absorbed form: K is a token's 576-value latent row, V its first 512
+// values, one KV head for every query head). A block takes one token, kMlaHeads query heads and a chunk of keys, in
+// tiles of kMlaTile keys staged in shared memory once for all its heads (the generic kernel reads them once per
+// head). Per tile, each warp computes S^T = K Q^T for its 16 keys x 16 heads (mma.m16n8k16; Q pre-scaled by
+// scale * log2 e and rounded to the cache dtype), the warps share each head's tile maximum through shared memory so
+// that they keep one running maximum, each writes P^T (rounded) for its keys, and then each warp accumulates
+// O^T += V^T P^T over the whole tile for its 128 of the 512 value dims. Chunks and partial states are those of the
+// other split kernels (MergeAttentionKernel combines them).
+// Opt-in (FATHOM_CUDA_MLA_ATTENTION=1) until its op test has run on a GPU.
+constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4;
+constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
+constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
+                              2 * kMlaWarps * kMlaHeads * static_cast<int>(sizeof(float));
+static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp per 16 keys and per 128 value dims");
+
+template <typename T>
+__global__ void __launch_bounds__(kMlaWarps * 32)
+    MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  extern __shared__ __align__(16) unsigned char mla_smem[];
+  T* sk = reinterpret_cast<T*>(mla_smem);                               // [kMlaTile][kMlaRow]: the tile's latent rows
+  T* sq = sk + kMlaTile * kMlaRow;                                      // [kMlaHeads][kMlaRow]
+  T* sp = sq + kMlaHeads * kMlaRow;                                     // P^T [kMlaTile][kMlaHeads]
+  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kMlaHeads);  // [kMlaWarps][kMlaHeads]
+  float* sm_l = sm_max + kMlaWarps * kMlaHeads;                         // [kMlaWarps][kMlaHeads]
+  const int64_t groups = a.heads / kMlaHeads;
+  const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kMlaHeads, c = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t j0 = c * chunk, j1 = min(static_cast<int64_t>(a.positions[t]) + 1, j0 + chunk);
+  if (j0 >= j1) {  // past this token's context: weight 0 in the merge
+    for (int h = threadIdx.x; h < kMlaHeads; h += blockDim.x) {
+      const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
+      part_m[idx] = -INFINITY;
+      part_l[idx] = 0.0f;
+    }
+    return;
+  }
+  const int32_t* table = a.block_tables + a.block_table_start[SeqOfToken(a, t)];
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int e = threadIdx.x; e < kMlaHeads * kMlaK; e += blockDim.x) {
+    const int h = e / kMlaK, d = e % kMlaK;
+    sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * (a.scale * kLog2e));
+  }
+  const T* kc = static_cast<const T*>(a.k.data);
+  float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
+  float o[8][2][4];        // O^T: dims warp * 128 + dt * 16 + (g, g + 8) x heads nt * 8 + 2 tq (+ 1)
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    m[nt][0] = m[nt][1] = -INFINITY;
+    l[nt][0] = l[nt][1] = 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt) o[dt][nt][0] = o[dt][nt][1] = o[dt][nt][2] = o[dt][nt][3] = 0.0f;
+  }
+  constexpr int kPieces = kMlaK / 8;  // 16-byte pieces of a latent row
+  for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
+    __syncthreads();  // the previous tile is consumed (and, on the first pass, Q is in place)
+    for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
+      const int r = i / kPieces, col = (i % kPieces) * 8;
+      const int64_t j = jb + r;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (j < j1) {
+        const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+        v = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+      }
+      *reinterpret_cast<uint4*>(sk + r * kMlaRow + col) = v;
+    }
+    __syncthreads();
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
+    const T* kw = sk + warp * 16 * kMlaRow;
+#pragma unroll 4
+    for (int dt = 0; dt < kMlaK / 16; ++dt) {
+      uint32_t af[4];
+      LdMatrixX4(af, kw + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const T* qr = sq + (nt * 8 + g) * kMlaRow + dt * 16 + 2 * tq;
+        Mma16816<T>(s[nt], af, *reinterpret_cast<const uint32_t*>(qr), *reinterpret_cast<const uint32_t*>(qr + 8));
+      }
+    }
+    const int64_t key0 = jb + warp * 16;
+    float x[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      if (key0 + g >= j1) s[nt][0] = s[nt][1] = -INFINITY;
+      if (key0 + g + 8 >= j1) s[nt][2] = s[nt][3] = -INFINITY;
+      x[nt][0] = fmaxf(s[nt][0], s[nt][2]);
+      x[nt][1] = fmaxf(s[nt][1], s[nt][3]);
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        x[nt][0] = fmaxf(x[nt][0], __shfl_xor_sync(0xffffffffu, x[nt][0], off));
+        x[nt][1] = fmaxf(x[nt][1], __shfl_xor_sync(0xffffffffu, x[nt][1], off));
+      }
+      if (g == 0) {
+        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq] = x[nt][0];
+        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq + 1] = x[nt][1];
+      }
+    }
+    __syncthreads();
+    float cf[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int h = nt * 8 + 2 * tq + i;
+        float tile_max = sm_max[h];
+#pragma unroll
+        for (int w = 1; w < kMlaWarps; ++w) tile_max = fmaxf(tile_max, sm_max[w * kMlaHeads + h]);
+        const float nm = fmaxf(m[nt][i], tile_max);  // finite: key jb is in range
+        cf[nt][i] = exp2f(m[nt][i] - nm);
+        m[nt][i] = nm;
+      }
+      const float p0 = exp2f(s[nt][0] - m[nt][0]), p1 = exp2f(s[nt][1] - m[nt][1]);
+      const float p2 = exp2f(s[nt][2] - m[nt][0]), p3 = exp2f(s[nt][3] - m[nt][1]);
+      l[nt][0] = l[nt][0] * cf[nt][0] + p0 + p2;
+      l[nt][1] = l[nt][1] * cf[nt][1] + p1 + p3;
+      T* pr = sp + (warp * 16 + g) * kMlaHeads + nt * 8 + 2 * tq;
+      pr[0] = FromF<T>(p0);
+      pr[1] = FromF<T>(p1);
+      pr[8 * kMlaHeads] = FromF<T>(p2);
+      pr[8 * kMlaHeads + 1] = FromF<T>(p3);
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) {
+        o[dt][nt][0] *= cf[nt][0];
+        o[dt][nt][1] *= cf[nt][1];
+        o[dt][nt][2] *= cf[nt][0];
+        o[dt][nt][3] *= cf[nt][1];
+      }
+    }
+    __syncthreads();  // every warp's P^T is in place
+#pragma unroll
+    for (int kt = 0; kt < kMlaTile / 16; ++kt) {
+      uint32_t pb[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const T* pc = sp + (kt * 16 + 2 * tq) * kMlaHeads + nt * 8 + g;  // keys 2tq, 2tq + 1 (+ 8, + 9), head g
+        pb[nt][0] = Pack2<T>(pc[0], pc[kMlaHeads]);
+        pb[nt][1] = Pack2<T>(pc[8 * kMlaHeads], pc[9 * kMlaHeads]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) {
+        uint32_t af[4];
+        LdMatrixX4(af,
+                   sk + (kt * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kMlaRow + warp * 128 + dt * 16 +
+                       ((lane >> 3) & 1) * 8,
+                   true);
+        Mma16816<T>(o[dt][0], af, pb[0][0], pb[0][1]);
+        Mma16816<T>(o[dt][1], af, pb[1][0], pb[1][1]);
+      }
+    }
+  }
+  // Each head's sum over the block's keys: over the lanes that share tq, then over the warps.
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) l[nt][i] += __shfl_xor_sync(0xffffffffu, l[nt][i], off);
+      if (g == 0) sm_l[warp * kMlaHeads + nt * 8 + 2 * tq + i] = l[nt][i];
+    }
+  }
+  __syncthreads();
+  float total[2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int h = nt * 8 + 2 * tq + i;
+      total[nt][i] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kMlaWarps; ++w) total[nt][i] += sm_l[w * kMlaHeads + h];
+      if (chunks > 1 && warp == 0 && g == 0) {
+        const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
+        part_m[idx] = m[nt][i] * 0.6931471805599453f;  // the merge kernel works in natural-log units
+        part_l[idx] = total[nt][i];
+      }
+    }
+  }
+#pragma unroll
+  for (int dt = 0; dt < 8; ++dt) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = warp * 128 + dt * 16 + g + (e >= 2 ? 8 : 0);
+        const int i = e & 1;
+        const int64_t h = h0 + nt * 8 + 2 * tq + i;
+        if (chunks == 1) {
+          a.out[t * a.o_s0 + h * a.o_s1 + d] = o[dt][nt][e] / total[nt][i];
+        } else {
+          part_acc[((t * a.heads + h) * chunks + c) * kMlaV + d] = o[dt][nt][e];
+        }
+      }
+    }
+  }
+}
+
+// The MLA kernel's conditions: 576/512 dims with V the first 512 values of K's rows, one KV head, a multiple of 16
+// query heads, a 16-bit cache with 16-byte aligned rows.
+bool MlaFits(const AttentionArgs& a) {
+  if (a.k_dim != kMlaK || a.v_dim != kMlaV || a.kv_heads != 1 || a.heads % kMlaHeads != 0) return false;
+  if (a.k.data != a.v.data || a.k.s0 != a.v.s0 || a.k.s1 != a.v.s1) return false;
+  if (a.k.dtype != kF16 && a.k.dtype != kBF16) return false;
+  return a.k.s0 % 8 == 0 && a.k.s1 % 8 == 0 && reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
+}
+
 // The tensor-core kernel's conditions: 16-bit caches, head dim 64 or 128, groups of up to 8, rows 16-byte aligned.
 bool MmaFits(const AttentionArgs& a) {
   if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
@@ -1227,15 +1431,22 @@ int64_t Chunks(const AttentionArgs& a, int64_t chunk) {
 }  // namespace
 
 // Which split kernel runs: the tensor-core one for 16-bit caches, the GQA-packed one, or one block per head.
-enum class SplitKind { kMma, kGqa, kPerHead };
+enum class SplitKind { kMla, kMma, kGqa, kPerHead };
 SplitKind ChooseSplit(const AttentionArgs& a) {
   // Read per call: the tests switch them.
+  if (MlaFits(a) && std::getenv("FATHOM_CUDA_MLA_ATTENTION") != nullptr) return SplitKind::kMla;
   if (MmaFits(a) && std::getenv("FATHOM_CUDA_NO_MMA_ATTENTION") == nullptr) return SplitKind::kMma;
   if (GqaFits(a) && std::getenv("FATHOM_CUDA_NO_GQA_ATTENTION") == nullptr) return SplitKind::kGqa;
   return SplitKind::kPerHead;
 }
 
 int64_t SplitChunk(const AttentionArgs& a, SplitKind kind) {
+  if (kind == SplitKind::kMla) {  // about two waves of blocks (two fit an SM), in whole tiles
+    const int64_t base = std::max<int64_t>(a.n * (a.heads / kMlaHeads), 1);
+    const int64_t want = std::max<int64_t>(528 / base, 1);
+    const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
+    return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
+  }
   if (kind == SplitKind::kMma) return GroupChunk(a, kMmaWarps * kMmaTile);
   return kind == SplitKind::kGqa ? GroupChunk(a, 2 * kAttnWarps * kKeysPerStep) : kChunk;
 }
@@ -1263,7 +1474,14 @@ int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
   float* part_acc = part_l + a.n * a.heads * chunks;
   if (gqa) {
     if (chunks > 1 && workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    if (kind == SplitKind::kMma) {
+    if (kind == SplitKind::kMla) {
+      const bool f16 = a.k.dtype == kF16;
+      const auto kernel = f16 ? MlaAttentionKernel<__half> : MlaAttentionKernel<__nv_bfloat16>;
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+      if (e != cudaSuccess) return static_cast<int>(e);
+      kernel<<<dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)), kMlaWarps * 32,
+               kMlaSmemBytes, S(s)>>>(a, chunk, chunks, part_m, part_l, part_acc);
+    } else if (kind == SplitKind::kMma) {
       if (a.k.dtype == kF16) {
         LaunchMma<__half>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
       } else {

@@ -509,6 +509,24 @@ TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
 // with scattered blocks, GQA, contexts across many chunks, and a bf16 cache. The tensor-core kernel (the default for
 // 16-bit caches where it fits) rounds Q and the softmax weights to bf16 (relative error 2^-9), so its outputs (means
 // of values in [-1, 1]) are held to 1.5e-2; every float32-math kernel to 1e-5.
+// Attention batches over sequences that hold `cached` tokens and get `fresh` ones: `fill` writes the cached tokens,
+// `step` appends the fresh ones, and `decode` is a batch-1 step alone over the last sequence (the shape where the
+// split is widest).
+struct AttentionSteps {
+  ForwardBatch fill, step, decode;
+  AttentionSteps(int64_t bs, testing::ScatteredBlocks& blocks, const std::vector<int32_t>& cached,
+                 const std::vector<int32_t>& fresh)
+      : fill(bs), step(bs), decode(bs) {
+    std::vector<int32_t> table;
+    for (size_t i = 0; i < cached.size(); ++i) {
+      table = blocks.Take(static_cast<int32_t>((cached[i] + fresh[i] + bs - 1) / bs));
+      fill.AddSequence(std::vector<int32_t>(static_cast<size_t>(cached[i]), 0), 0, table, LogitsMode::kNone);
+      step.AddSequence(std::vector<int32_t>(static_cast<size_t>(fresh[i]), 0), cached[i], table, LogitsMode::kNone);
+    }
+    decode.AddSequence(std::vector<int32_t>{0}, cached.back(), table, LogitsMode::kNone);
+  }
+};
+
 TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -547,16 +565,8 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
       auto kv_gpu = KvCache::Allocate(*gpu, spec, cache_dtype, 128, bs);
       ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
       testing::ScatteredBlocks blocks(128, 5);
-      std::vector<std::vector<int32_t>> tables;
-      ForwardBatch fill(bs), step(bs), decode(bs);
-      for (size_t s = 0; s < cached.size(); ++s) {
-        tables.push_back(blocks.Take((cached[s] + fresh[s] + bs - 1) / bs));
-        std::vector<int32_t> a(static_cast<size_t>(cached[s]), 0), b(static_cast<size_t>(fresh[s]), 0);
-        fill.AddSequence(a, 0, tables.back(), LogitsMode::kNone);
-        step.AddSequence(b, cached[s], tables.back(), LogitsMode::kNone);
-      }
-      // A batch-1 decode step alone (the shape where the split is widest) over the last sequence.
-      decode.AddSequence(std::vector<int32_t>{0}, cached.back(), tables.back(), LogitsMode::kNone);
+      AttentionSteps steps(bs, blocks, cached, fresh);
+      ForwardBatch &fill = steps.fill, &step = steps.step, &decode = steps.decode;
       for (ForwardBatch* fb : {&fill, &step, &decode}) {
         const int64_t n = fb->num_tokens();
         Tensor k = RandomHost(DType::kF32, {n, kv_heads, d}, 11), v = RandomHost(DType::kF32, {n, kv_heads, d}, 12);
@@ -586,6 +596,57 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
   unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
   unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
   unsetenv("FATHOM_CUDA_NO_MMA_ATTENTION");
+}
+
+// MLA attention at the real dims (the latent cache: 576 values per token, V its first 512) against the CPU, for
+// V2-Lite's 16 heads and V3's 128: the generic split kernel (tight) and the MLA kernel (FATHOM_CUDA_MLA_ATTENTION=1;
+// Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1 decode.
+TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const int64_t bs = 16, k_dim = 576, v_dim = 512;
+  const float scale = 0.0721f;  // 1 / sqrt(192)
+  for (int64_t heads : {16, 128}) {
+    for (bool mla_kernel : {false, true}) {
+      if (mla_kernel) {
+        setenv("FATHOM_CUDA_MLA_ATTENTION", "1", 1);
+      } else {
+        unsetenv("FATHOM_CUDA_MLA_ATTENTION");
+      }
+      const KvCacheSpec spec{1, 1, k_dim, v_dim, true};
+      auto kv_cpu = KvCache::Allocate(cpu, spec, DType::kBF16, 160, bs);
+      auto kv_gpu = KvCache::Allocate(*gpu, spec, DType::kBF16, 160, bs);
+      ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
+      testing::ScatteredBlocks blocks(160, 6);
+      AttentionSteps steps(bs, blocks, {0, 300, 1000, 511, 2000}, {40, 1, 3, 1, 1});
+      ForwardBatch &fill = steps.fill, &step = steps.step, &decode = steps.decode;
+      for (ForwardBatch* fb : {&fill, &step, &decode}) {
+        const int64_t n = fb->num_tokens();
+        Tensor latent = RandomHost(DType::kF32, {n, 1, k_dim}, 41);
+        Tensor q = RandomHost(DType::kF32, {n, heads, k_dim}, 42);
+        auto mc = BatchOnDevice::Upload(*fb, cpu);
+        auto mg = BatchOnDevice::Upload(*fb, *gpu);
+        ASSERT_TRUE(mc.ok() && mg.ok());
+        if (fb != &decode) {
+          cpu.WriteKv(latent, TensorView(), mc->meta(), kv_cpu->layer(0));
+          Tensor ld = *gpu->Upload(latent);
+          gpu->WriteKv(ld, TensorView(), mg->meta(), kv_gpu->layer(0));
+        }
+        if (fb == &fill) continue;
+        Tensor qd = *gpu->Upload(q);
+        Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, v_dim});
+        Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, v_dim});
+        cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), scale, out_cpu);
+        gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), scale, out_gpu);
+        ASSERT_TRUE(gpu->Synchronize().ok());
+        auto h = Host(*gpu, out_gpu);
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * v_dim), mla_kernel ? 1.5e-2f : 1e-5f)
+            << heads << " heads" << (mla_kernel ? ", MLA kernel" : ", generic kernel")
+            << (fb == &decode ? ", decode" : ", step");
+      }
+    }
+  }
+  unsetenv("FATHOM_CUDA_MLA_ATTENTION");
 }
 
 // The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32
@@ -1011,6 +1072,11 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
                              "qwen-7b bf16 GEMM");
 }
 
+// deepseek-v3-tiny in bf16 misses the bf16 rule (first run: case3 position 17, top-1 400 against the oracle's 179,
+// |dlogit| 1.93): its 16-expert routers have near-ties (layer 2 at that position: experts 11 and 5 within 0.0068 of
+// selection value), and bf16 rounding swaps such experts. The CPU reference does the same when its GEMM inputs are
+// rounded to bf16 (positions 3 and 6 of case3 then change experts, |dlogit| 1.7 and 1.4; with the router kept in
+// float32, positions 24 and 30). The failure is kept visible rather than the tolerance widened.
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
   for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny",
