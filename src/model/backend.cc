@@ -4,20 +4,17 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/moe.h"
 
 namespace fathom {
 
 void Backend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
                        const TensorView& ids, const TensorView& weights) {
   FATHOM_CHECK(device() == Device::kCpu, "{} must implement MoeRoute", name());
-  const int64_t n = logits.dim(0);
-  FATHOM_CHECK(logits.dim(1) == p.n_experts && ids.dim(0) == n && ids.dim(1) == p.top_k && weights.dim(0) == n);
-  std::vector<float> scores(static_cast<size_t>(p.n_experts)), choice(static_cast<size_t>(p.n_experts));
-  for (int64_t t = 0; t < n; ++t) {
-    moe_route::RouteToken(p, logits.data<float>() + t * logits.stride(0), bias.empty() ? nullptr : bias.data<float>(),
-                          scores.data(), choice.data(), ids.data<int32_t>() + t * ids.stride(0),
-                          weights.data<float>() + t * weights.stride(0));
-  }
+  FATHOM_CHECK(logits.dim(1) == p.n_experts && ids.dim(1) == p.top_k && weights.dim(1) == p.top_k);
+  FATHOM_CHECK(logits.is_contiguous() && ids.is_contiguous() && weights.is_contiguous());
+  RouteExperts(p, logits.data<float>(), logits.dim(0), bias.empty() ? nullptr : bias.data<float>(), ids.data<int32_t>(),
+               weights.data<float>());
 }
 
 Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,

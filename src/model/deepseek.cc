@@ -130,7 +130,8 @@ class DeepseekModel final : public Model {
     if (cfg_.is_moe()) route_params_ = RouteParams(router_);
     const RopeFrequencies f = ComputeRopeFrequencies(cfg_.rope, m.qk_rope_head_dim, cfg_.max_position_embeddings);
     rope_scale_ = f.attention_scale;
-    FATHOM_ASSIGN_OR_RETURN(inv_freq_, OnDevice(f.inv_freq, DType::kF32, {static_cast<int64_t>(f.inv_freq.size())}));
+    FATHOM_ASSIGN_OR_RETURN(inv_freq_, UploadConstant(backend_, f.inv_freq, DType::kF32,
+                                                      {static_cast<int64_t>(f.inv_freq.size())}, &owned_));
     softmax_scale_ = 1.0f / std::sqrt(static_cast<float>(m.qk_nope_head_dim + m.qk_rope_head_dim));
     if (cfg_.rope.type == RopeType::kYarn && cfg_.rope.mscale_all_dim && *cfg_.rope.mscale_all_dim != 0.0) {
       const float ms = static_cast<float>(YarnMscale(cfg_.rope.factor, *cfg_.rope.mscale_all_dim));
@@ -158,7 +159,7 @@ class DeepseekModel final : public Model {
           FATHOM_ASSIGN_OR_RETURN(Tensor host, ToHost(*b));
           std::vector<float> bias(static_cast<size_t>(b->numel()));
           ConvertToF32(host.view().raw(), b->dtype(), 0, b->numel(), bias.data());
-          FATHOM_ASSIGN_OR_RETURN(l.router_bias, OnDevice(bias, DType::kF32, {b->numel()}));
+          FATHOM_ASSIGN_OR_RETURN(l.router_bias, UploadConstant(backend_, bias, DType::kF32, {b->numel()}, &owned_));
         }
         for (int64_t x = 0; x < cfg_.moe.n_routed_experts; ++x) {
           const Mlp e = MlpAt(LayerName(i, fmt::format("mlp.experts.{}.", x)));
@@ -338,8 +339,8 @@ class DeepseekModel final : public Model {
         }
       }
     }
-    FATHOM_ASSIGN_OR_RETURN(l->w_uk_t, OnDevice(uk_t, dt, {nh, lora, nope}));
-    FATHOM_ASSIGN_OR_RETURN(l->w_uv, OnDevice(uv, dt, {nh, vd, lora}));
+    FATHOM_ASSIGN_OR_RETURN(l->w_uk_t, UploadConstant(backend_, uk_t, dt, {nh, lora, nope}, &owned_));
+    FATHOM_ASSIGN_OR_RETURN(l->w_uv, UploadConstant(backend_, uv, dt, {nh, vd, lora}, &owned_));
     return OkStatus();
   }
 
@@ -349,18 +350,6 @@ class DeepseekModel final : public Model {
     Tensor host = Tensor::Empty(w.dtype(), w.shape());
     FATHOM_RETURN_IF_ERROR(backend_.CopyToHost(w, host.view().raw()));
     return host;
-  }
-
-  // A float32 host array as a `dtype` tensor of `shape` on the backend's device, owned by the model.
-  StatusOr<TensorView> OnDevice(const std::vector<float>& values, DType dtype, std::initializer_list<int64_t> shape) {
-    FATHOM_CHECK_EQ(static_cast<int64_t>(values.size()), TensorView(nullptr, dtype, shape).numel());
-    Tensor host = Tensor::Empty(dtype, shape);
-    ConvertFromF32(values.data(), static_cast<int64_t>(values.size()), dtype, host.view().raw(), 0);
-    FATHOM_ASSIGN_OR_RETURN(Tensor dev, backend_.Upload(host));
-    const TensorView v = dev.view();
-    owned_.push_back(std::move(host));  // the CPU backend's upload is a view of it
-    owned_.push_back(std::move(dev));
-    return v;
   }
 
   // out = down(silu(gate(x)) * up(x)).   x [m, hidden]; out [m, hidden]

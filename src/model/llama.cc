@@ -80,11 +80,8 @@ class LlamaModel final : public Model {
   Status Init() {
     const RopeFrequencies f = ComputeRopeFrequencies(cfg_.rope, cfg_.head_dim, cfg_.max_position_embeddings);
     rope_scale_ = f.attention_scale;
-    const int64_t half = static_cast<int64_t>(f.inv_freq.size());
-    Tensor staged = Tensor::Empty(DType::kF32, {half});
-    std::copy(f.inv_freq.begin(), f.inv_freq.end(), staged.data<float>());
-    FATHOM_ASSIGN_OR_RETURN(inv_freq_, backend_.Upload(staged));
-    inv_freq_host_ = std::move(staged);
+    FATHOM_ASSIGN_OR_RETURN(inv_freq_, UploadConstant(backend_, f.inv_freq, DType::kF32,
+                                                      {static_cast<int64_t>(f.inv_freq.size())}, &constants_));
     for (int64_t i = 0; i < cfg_.num_layers; ++i) {
       Layer l;
       l.input_norm = weights_->Get(LayerName(i, "input_layernorm.weight"));
@@ -194,8 +191,8 @@ class LlamaModel final : public Model {
   std::vector<Layer> layers_;
   TensorView embed_, final_norm_;
   LinearWeight lm_head_;
-  Tensor inv_freq_;
-  Tensor inv_freq_host_;
+  TensorView inv_freq_;  // [head_dim / 2] f32, on the device
+  std::vector<Tensor> constants_;
   float rope_scale_ = 1.0f;
 };
 

@@ -48,6 +48,18 @@ Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const Kv
   return OkStatus();
 }
 
+StatusOr<TensorView> UploadConstant(Backend& be, std::span<const float> values, DType dtype,
+                                    std::initializer_list<int64_t> shape, std::vector<Tensor>* keep) {
+  Tensor host = Tensor::Empty(dtype, shape);
+  FATHOM_CHECK_EQ(static_cast<int64_t>(values.size()), host.numel());
+  ConvertFromF32(values.data(), static_cast<int64_t>(values.size()), dtype, host.view().raw(), 0);
+  FATHOM_ASSIGN_OR_RETURN(Tensor dev, be.Upload(host));
+  const TensorView v = dev.view();
+  keep->push_back(std::move(host));
+  keep->push_back(std::move(dev));
+  return v;
+}
+
 void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
                    float eps, const LinearWeight& lm_head, const TensorView& logits) {
   const int64_t n_out = indices.dim(0), h = hidden.dim(1);

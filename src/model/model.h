@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -80,6 +81,12 @@ Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const Kv
 // rows asked for.   hidden [n_tokens, hidden_size]; indices i32 [n_logits]
 void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
                    float eps, const LinearWeight& lm_head, const TensorView& logits);
+
+// A constant a model computes on the host at load time (rope frequencies, MLA's per-head projections): `values`
+// converted to `dtype`, shaped `shape`, placed on the backend's device. `keep` owns the tensors (the CPU backend's
+// upload is a view of the host copy, so that stays too).
+StatusOr<TensorView> UploadConstant(Backend& be, std::span<const float> values, DType dtype,
+                                    std::initializer_list<int64_t> shape, std::vector<Tensor>* keep);
 
 // Builds a model of type M (constructor (cfg, weights, backend), then Status Init()) for the registry.
 template <typename M>

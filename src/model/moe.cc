@@ -41,14 +41,18 @@ moe_route::Params RouteParams(const RouterConfig& rc) {
   return p;
 }
 
+void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
+                  float* weights) {
+  std::vector<float> scores(static_cast<size_t>(p.n_experts)), choice(static_cast<size_t>(p.n_experts));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    moe_route::RouteToken(p, logits + t * p.n_experts, bias, scores.data(), choice.data(), ids + t * p.top_k,
+                          weights + t * p.top_k);
+  }
+}
+
 void RouteExperts(const RouterConfig& rc, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
                   float* weights) {
-  const moe_route::Params p = RouteParams(rc);
-  std::vector<float> scores(static_cast<size_t>(rc.n_experts)), choice(static_cast<size_t>(rc.n_experts));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    moe_route::RouteToken(p, logits + t * rc.n_experts, bias, scores.data(), choice.data(), ids + t * rc.top_k,
-                          weights + t * rc.top_k);
-  }
+  RouteExperts(RouteParams(rc), logits, n_tokens, bias, ids, weights);
 }
 
 }  // namespace fathom

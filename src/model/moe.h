@@ -42,5 +42,8 @@ moe_route::Params RouteParams(const RouterConfig& rc);
 // normalized to sum 1 when norm_topk_prob, then times routed_scaling_factor.
 void RouteExperts(const RouterConfig& rc, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
                   float* weights);
+// The same with the rule's parameters (RouteParams), as the backends' MoeRoute takes them.
+void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
+                  float* weights);
 
 }  // namespace fathom

@@ -720,10 +720,10 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
 Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                                const TensorView& weights, const TensorView& out) {
   const int64_t n = x.dim(0), k = ids.dim(1);
-  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (read per call: tests compare the two).
-  const bool device_path = experts.device_state != nullptr && n * k <= cuda::kMaxMoePairs &&
-                           std::getenv("FATHOM_CUDA_HOST_MOE") == nullptr && ids.is_contiguous() &&
-                           weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
+  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (for measurements).
+  static const bool host_moe = std::getenv("FATHOM_CUDA_HOST_MOE") != nullptr;
+  const bool device_path = experts.device_state != nullptr && n * k <= cuda::kMaxMoePairs && !host_moe &&
+                           ids.is_contiguous() && weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
   if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
   cuda::MoeExpertsArgs a{};
