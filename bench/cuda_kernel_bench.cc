@@ -3,15 +3,23 @@
 //   - decode GEMV (bf16 weights, one token): fathom's fan-out GEMV against cuBLASLt (bf16 in, f32 out), in TB/s;
 //   - prefill GEMM (bf16 tensor cores) at 512 and 8192 tokens: cuBLASLt's first heuristic against the fastest of its
 //     top candidates, f32 and bf16 output, in TFLOP/s;
-//   - paged decode attention (the default kernel choice), in GB/s of KV read.
+//   - paged decode attention (the default kernel choice), in GB/s of KV read;
+//   - with --mla 1 instead: MLA decode attention over a bf16 latent cache (576 values a token, V its first 512), the
+//     MLA kernel against the generic split kernel, in GB/s of latent cache read, at V2-Lite's 16 and V3's 128 heads;
+//   - with --moe 1 instead: the router and the routed experts (device sort, grouped GEMVs or grouped tensor-core
+//     GEMMs, combine) at V2-Lite's shape (64 experts of 2048 x 1408, top 6) for decode and prefill batches, with
+//     uniform and skewed routing, in TB/s of expert weights read and TFLOP/s.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
 //   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
+//   cuda_kernel_bench --mla 1 [--block-size 64]
+//   cuda_kernel_bench --moe 1
 // Prints one JSON object per line.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -20,6 +28,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_kernels.h"
 
 namespace {
 
@@ -44,6 +53,7 @@ constexpr int kBf16 = 2, kF32 = 0;  // fathom::DType values
 
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
+  int64_t mla = 0, block_size = 64, moe = 0;
 };
 
 // Device buffer filled with small random bf16 (as uint16) or f32 values.
@@ -217,6 +227,42 @@ void Gemm(Lt& lt, int64_t n, int64_t k, int64_t m) {
   cudaFree(out);
 }
 
+int32_t* Upload(const std::vector<int32_t>& v) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, v.size() * 4));
+  CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return static_cast<int32_t*>(p);
+}
+
+// A decode batch's tables in `a`: `batch` sequences of `ctx` tokens, one query each, their blocks of `bs` tokens
+// shuffled over the cache. FreeDecodeTables releases them.
+void DecodeTables(int64_t batch, int64_t ctx, int64_t bs, fathom::cuda::AttentionArgs* a) {
+  const int64_t blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
+  std::vector<int32_t> pos(static_cast<size_t>(batch), static_cast<int32_t>(ctx - 1)), qs, bts;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  for (int64_t i = 0; i < num_blocks; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
+  for (int64_t b = 0; b <= batch; ++b) {
+    qs.push_back(static_cast<int32_t>(b));
+    bts.push_back(static_cast<int32_t>(b * blocks_per));
+  }
+  a->n = batch;
+  a->positions = Upload(pos);
+  a->query_start = Upload(qs);
+  a->block_table_start = Upload(bts);
+  a->block_tables = Upload(perm);
+  a->num_seqs = batch;
+  a->block_size = bs;
+  a->max_seq_len = ctx;
+}
+
+void FreeDecodeTables(const fathom::cuda::AttentionArgs& a) {
+  for (const void* p : {static_cast<const void*>(a.positions), static_cast<const void*>(a.query_start),
+                        static_cast<const void*>(a.block_table_start), static_cast<const void*>(a.block_tables)}) {
+    cudaFree(const_cast<void*>(p));
+  }
+}
+
 void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cache) {
   const int64_t bs = 16, blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
   const int64_t row = s.kv_heads * s.head_dim;
@@ -225,41 +271,20 @@ void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cac
   void* vc = RandomDevice(cache_elems, bf16_cache, 8);
   float* q = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * s.heads * s.head_dim), false, 9));
   float* out = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * s.heads * s.head_dim), false, 10));
-  std::vector<int32_t> pos(static_cast<size_t>(batch), static_cast<int32_t>(ctx - 1)), qs, bts, tables;
-  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-  for (int64_t i = 0; i < num_blocks; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
-  for (int64_t b = 0; b <= batch; ++b) {
-    qs.push_back(static_cast<int32_t>(b));
-    bts.push_back(static_cast<int32_t>(b * blocks_per));
-  }
-  auto up = [](const std::vector<int32_t>& v) {
-    void* p = nullptr;
-    CK(cudaMalloc(&p, v.size() * 4));
-    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return static_cast<int32_t*>(p);
-  };
   fathom::cuda::AttentionArgs a{};
+  DecodeTables(batch, ctx, bs, &a);
   a.q = q;
   a.q_s0 = s.heads * s.head_dim;
   a.q_s1 = s.head_dim;
   a.out = out;
   a.o_s0 = a.q_s0;
   a.o_s1 = a.q_s1;
-  a.n = batch;
   a.heads = s.heads;
   a.kv_heads = s.kv_heads;
   a.k_dim = a.v_dim = s.head_dim;
   const int dt = bf16_cache ? kBf16 : kF32;
   a.k = {kc, dt, bs * row, row, s.head_dim};
   a.v = {vc, dt, bs * row, row, s.head_dim};
-  a.positions = up(pos);
-  a.query_start = up(qs);
-  a.block_table_start = up(bts);
-  a.block_tables = up(perm);
-  a.num_seqs = batch;
-  a.block_size = bs;
-  a.max_seq_len = ctx;
   a.scale = 0.088f;
   const double kv_bytes = 2.0 * static_cast<double>(batch * ctx * row) * (bf16_cache ? 2 : 4);
   const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a);
@@ -274,10 +299,178 @@ void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cac
       "\"head_dim\": {}, \"cache\": \"{}\", \"kv_mb\": {:.1f}, \"us\": {:.1f}, \"gb_s\": {:.0f}}}\n",
       batch, ctx, s.heads, s.kv_heads, s.head_dim, bf16_cache ? "bf16" : "f32", kv_bytes / 1e6, us,
       kv_bytes / us / 1e3);
+  FreeDecodeTables(a);
   cudaFree(kc);
   cudaFree(vc);
   cudaFree(q);
   cudaFree(out);
+}
+
+// Decode attention of `batch` sequences of `ctx` tokens over one bf16 latent cache (blocks shuffled), each kernel the
+// split path chooses: the MLA kernel by default, the generic one with FATHOM_CUDA_NO_MLA_ATTENTION.
+void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs) {
+  constexpr int64_t kK = 576, kV = 512;
+  const int64_t blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
+  void* cache = RandomDevice(static_cast<size_t>(num_blocks * bs * kK), true, 7);
+  float* q = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * heads * kK), false, 9));
+  float* out = static_cast<float*>(RandomDevice(static_cast<size_t>(batch * heads * kV), false, 10));
+  fathom::cuda::AttentionArgs a{};
+  DecodeTables(batch, ctx, bs, &a);
+  a.q = q;
+  a.q_s0 = heads * kK;
+  a.q_s1 = kK;
+  a.out = out;
+  a.o_s0 = heads * kV;
+  a.o_s1 = kV;
+  a.heads = heads;
+  a.kv_heads = 1;
+  a.k_dim = kK;
+  a.v_dim = kV;
+  a.k = {cache, kBf16, bs * kK, kK, kK};
+  a.v = a.k;
+  a.scale = 0.0625f;
+  const double bytes = static_cast<double>(batch * ctx * kK) * 2;
+  for (bool mla : {false, true}) {
+    if (mla) {
+      unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
+    } else {
+      setenv("FATHOM_CUDA_NO_MLA_ATTENTION", "1", 1);
+    }
+    const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a);
+    void* w = nullptr;
+    if (ws > 0) CK(cudaMalloc(&w, static_cast<size_t>(ws)));
+    const double us = TimeUs(lt.s, mla ? 50 : 5, [&](int) {
+      if (fathom::cuda::LaunchSplitAttention(a, w, lt.s) != 0) std::exit(3);
+    });
+    cudaFree(w);
+    fmt::print(
+        "{{\"kernel\": \"mla_decode_attention\", \"impl\": \"{}\", \"batch\": {}, \"context\": {}, \"heads\": {}, "
+        "\"block_size\": {}, \"cache_mb\": {:.1f}, \"us\": {:.1f}, \"gb_s\": {:.0f}}}\n",
+        mla ? "mla" : "generic", batch, ctx, heads, bs, bytes / 1e6, us, bytes / us / 1e3);
+  }
+  unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
+  FreeDecodeTables(a);
+  cudaFree(cache);
+  cudaFree(q);
+  cudaFree(out);
+}
+
+// Routed experts at V2-Lite's shape. Every iteration routes a different batch (8 id sets rotate) so that the expert
+// weights (1.1 GB in all) come from HBM, not L2. Skewed: three of every four pairs go to experts 0..7.
+void MoeBench(Lt& lt) {
+  constexpr int64_t kExperts = 64, kTopK = 6, kHidden = 2048, kInter = 1408;
+  std::vector<const void*> table(3 * kExperts);
+  for (int64_t i = 0; i < 3 * kExperts; ++i) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, static_cast<size_t>(kHidden * kInter) * 2));
+    if (fathom::cuda::LaunchFillDummy(p, kBf16, kHidden * kInter, 1000 + static_cast<uint64_t>(i), 0.02f, false, 0,
+                                      lt.s) != 0) {
+      std::exit(4);
+    }
+    table[static_cast<size_t>(i)] = p;
+  }
+  void* dtable = nullptr;
+  CK(cudaMalloc(&dtable, table.size() * sizeof(void*)));
+  CK(cudaMemcpy(dtable, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  constexpr int64_t kMaxN = fathom::cuda::kMaxMoePairs / kTopK, kSets = 8;
+  float* x = static_cast<float*>(RandomDevice(static_cast<size_t>(kMaxN * kHidden), false, 11));
+  float* out = static_cast<float*>(RandomDevice(static_cast<size_t>(kMaxN * kHidden), false, 12));
+  float* wts = static_cast<float*>(RandomDevice(static_cast<size_t>(kMaxN * kTopK), false, 13));
+  float* logits = static_cast<float*>(RandomDevice(static_cast<size_t>(kMaxN * kExperts), false, 14));
+  int32_t* ids_out = nullptr;
+  float* w_out = nullptr;
+  CK(cudaMalloc(&ids_out, static_cast<size_t>(kMaxN * kTopK) * 4));
+  CK(cudaMalloc(&w_out, static_cast<size_t>(kMaxN * kTopK) * 4));
+  fathom::moe_route::Params rp;
+  rp.n_experts = kExperts;
+  rp.top_k = kTopK;
+  for (int64_t n : {1, 64, 512}) {
+    const double us = TimeUs(lt.s, 50, [&](int) {
+      if (fathom::cuda::LaunchMoeRoute(logits, kExperts, n, nullptr, rp, ids_out, w_out, lt.s) != 0) std::exit(5);
+    });
+    fmt::print("{{\"kernel\": \"moe_route\", \"experts\": {}, \"top_k\": {}, \"tokens\": {}, \"us\": {:.1f}}}\n",
+               kExperts, kTopK, n, us);
+  }
+  const double expert_bytes = 3.0 * kHidden * kInter * 2;
+  for (int skew = 0; skew < 2; ++skew) {
+    const std::vector<int64_t> sizes =
+        skew ? std::vector<int64_t>{64, kMaxN} : std::vector<int64_t>{1, 8, 32, 64, 256, kMaxN};
+    for (int64_t n : sizes) {
+      std::mt19937 rng(static_cast<uint32_t>(n + 7 * skew));
+      std::vector<int32_t*> sets;
+      std::vector<int64_t> distinct;
+      for (int64_t s = 0; s < kSets; ++s) {
+        std::vector<int32_t> ids;
+        std::vector<bool> used(kExperts, false);
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<int32_t> perm(kExperts);
+          for (int64_t e = 0; e < kExperts; ++e) perm[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          if (skew) {  // move up to 3/4 of the picks into experts 0..7
+            std::vector<int32_t> hot(8);
+            for (int e = 0; e < 8; ++e) hot[static_cast<size_t>(e)] = e;
+            std::shuffle(hot.begin(), hot.end(), rng);
+            for (int j = 0; j < kTopK * 3 / 4; ++j) {
+              auto it = std::find(perm.begin(), perm.end(), hot[static_cast<size_t>(j)]);
+              std::iter_swap(perm.begin() + j, it);
+            }
+          }
+          for (int64_t j = 0; j < kTopK; ++j) {
+            ids.push_back(perm[static_cast<size_t>(j)]);
+            used[static_cast<size_t>(perm[static_cast<size_t>(j)])] = true;
+          }
+        }
+        sets.push_back(Upload(ids));
+        distinct.push_back(std::count(used.begin(), used.end(), true));
+      }
+      double mean_distinct = 0;
+      for (int64_t d : distinct) mean_distinct += static_cast<double>(d) / kSets;
+      // GEMV; tensor cores with tiles of 16 or 64 rows, K steps of 32 or 64, 3 stages (or 4 with K steps of 64)
+      for (int path = 0; path < 7; ++path) {
+        const bool tc = path > 0;
+        const int rows = path == 1 || path == 2 || path == 5 ? 16 : 64, kstep = path == 1 || path == 3 ? 32 : 64;
+        const int stages = path >= 5 ? 4 : 3;
+        fathom::cuda::MoeExpertsArgs a{};
+        a.x = x;
+        a.xs = kHidden;
+        a.n = n;
+        a.hidden = kHidden;
+        a.inter = kInter;
+        a.top_k = kTopK;
+        a.n_experts = kExperts;
+        a.weights = wts;
+        a.table = static_cast<const void* const*>(dtable);
+        a.out = out;
+        a.os = kHidden;
+        a.tensor_cores = tc;
+        a.mma_rows = rows;
+        a.mma_k = kstep;
+        a.mma_stages = stages;
+        void* ws = nullptr;
+        CK(cudaMalloc(&ws, static_cast<size_t>(fathom::cuda::MoeExpertsWorkspaceBytes(a))));
+        const double us = TimeUs(lt.s, 40, [&](int it) {
+          a.ids = sets[static_cast<size_t>(it) % kSets];
+          if (fathom::cuda::LaunchMoeExperts(a, ws, lt.s) != 0) std::exit(6);
+        });
+        cudaFree(ws);
+        const double bytes = mean_distinct * expert_bytes,
+                     flop = 2.0 * static_cast<double>(n * kTopK) * expert_bytes / 2;
+        fmt::print(
+            "{{\"kernel\": \"moe_experts\", \"path\": \"{}\", \"tile_rows\": {}, \"k_step\": {}, \"stages\": {}, "
+            "\"routing\": \"{}\", "
+            "\"tokens\": {}, "
+            "\"active_experts\": {:.1f}, \"us\": {:.1f}, \"weight_tb_s\": {:.2f}, \"tflop_s\": {:.1f}}}\n",
+            tc ? "tensor_cores" : "gemv", tc ? rows : 0, tc ? kstep : 0, tc ? stages : 0, skew ? "skewed" : "uniform",
+            n, mean_distinct, us, bytes / us / 1e6, flop / us / 1e6);
+      }
+      for (int32_t* p : sets) cudaFree(p);
+    }
+  }
+  for (const void* p : table) cudaFree(const_cast<void*>(p));
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(out), static_cast<void*>(wts), static_cast<void*>(logits),
+                  static_cast<void*>(ids_out), static_cast<void*>(w_out), dtable}) {
+    cudaFree(p);
+  }
 }
 
 }  // namespace
@@ -299,6 +492,12 @@ int main(int argc, char** argv) {
       s.head_dim = v;
     else if (f == "--vocab")
       s.vocab = v;
+    else if (f == "--mla")
+      s.mla = v;
+    else if (f == "--block-size")
+      s.block_size = v;
+    else if (f == "--moe")
+      s.moe = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;
@@ -308,6 +507,19 @@ int main(int argc, char** argv) {
   LK(cublasLtCreate(&lt.h));
   CK(cudaMalloc(&lt.ws, lt.ws_bytes));
   CK(cudaStreamCreate(&lt.s));
+  if (s.moe != 0) {
+    fmt::print(stderr, "MoE router and experts ...\n");
+    MoeBench(lt);
+    return 0;
+  }
+  if (s.mla != 0) {
+    fmt::print(stderr, "MLA decode attention ...\n");
+    for (int64_t heads : {16, 128}) {
+      for (int64_t batch : {1, 64}) MlaAttention(lt, heads, batch, 4096, s.block_size);
+    }
+    MlaAttention(lt, 16, 256, 1024, s.block_size);
+    return 0;
+  }
   const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   fmt::print(stderr, "decode GEMV ...\n");
   Gemv(lt, "qkv", s.hidden, {q, kv, kv});

@@ -63,6 +63,12 @@ std::string CudaProfileReport([[maybe_unused]] Backend& backend) {
   return "";
 }
 
+void CudaResetProfile([[maybe_unused]] Backend& backend) {
+#ifdef FATHOM_HAVE_CUDA
+  if (auto* gpu = dynamic_cast<CudaBackend*>(&backend)) gpu->ResetProfile();
+#endif
+}
+
 void ExitOnError(const Status& status) {
   if (status.ok()) return;
   std::fprintf(stderr, "error: %s\n", status.ToString().c_str());

@@ -22,6 +22,8 @@ StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device);
 
 // The per-op kernel times of a CUDA backend run with FATHOM_CUDA_PROFILE set; empty otherwise.
 std::string CudaProfileReport(Backend& backend);
+// Forgets the kernel times so far (FATHOM_CUDA_PROFILE), e.g. those of loading and warm-up.
+void CudaResetProfile(Backend& backend);
 
 // On error: prints "error: <message>" to stderr and throws CLI::RuntimeError(1), which main() turns into exit 1.
 void ExitOnError(const Status& status);

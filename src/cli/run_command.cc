@@ -114,6 +114,7 @@ Status RunEngine(const RunOptions& o) {
   TextStreamFactory text = tokenizer ? TokenizerTextStreams(*tokenizer) : nullptr;
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(*m.model, backend, ec, text));
   Engine engine(std::move(core));
+  CudaResetProfile(backend);  // the kernel-time table covers this request, not loading and warm-up
   FATHOM_ASSIGN_OR_RETURN(std::shared_ptr<RequestStream> stream,
                           engine.Submit({.id = "run", .prompt = prompt, .sampling = sp}));
 

@@ -32,6 +32,9 @@ struct LinearWeight {
   TensorView scale_inv;  // [ceil(out / block_n), ceil(in / block_k)] f32, only for f8 weights
   int64_t block_n = 128;
   int64_t block_k = 128;
+  // The activations keep float32 precision (a backend may otherwise round them to bf16 for tensor cores): DeepSeek's
+  // router, whose near-tied expert choices would move.
+  bool float32_inputs = false;
 
   int64_t out_features() const { return weight.dim(0); }
   int64_t in_features() const { return weight.dim(1); }

@@ -8,6 +8,7 @@
 // where kv_b_proj = [W_UK[0]; W_UV[0]; W_UK[1]; W_UV[1]; ...] row blocks of qk_nope_head_dim and v_head_dim.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 
 #include "model/moe.h"
@@ -149,12 +150,16 @@ class DeepseekModel final : public Model {
         l.q_b = Linear(LayerName(i, "self_attn.q_proj"));
       }
       l.kv_a = Linear(LayerName(i, "self_attn.kv_a_proj_with_mqa"));
+      l.attn_in = {m.q_lora_rank > 0 ? l.q_a : l.q_b, l.kv_a};
       l.kv_a_norm = weights_->Get(LayerName(i, "self_attn.kv_a_layernorm.weight"));
       l.o = Linear(LayerName(i, "self_attn.o_proj"));
       FATHOM_RETURN_IF_ERROR(SplitKvB(Linear(LayerName(i, "self_attn.kv_b_proj")), &l));
       l.moe = cfg_.IsMoeLayer(i);
       if (l.moe) {
+        // The router runs on float32 activations, as DeepSeek's reference gate does (F.linear on float32 copies):
+        // rounding them to bf16 would move near-tied expert choices.
         l.router.weight = weights_->Get(LayerName(i, "mlp.gate.weight"));
+        l.router.float32_inputs = true;
         if (const TensorView* b = weights_->Find(LayerName(i, "mlp.gate.e_score_correction_bias"))) {
           FATHOM_ASSIGN_OR_RETURN(Tensor host, ToHost(*b));
           std::vector<float> bias(static_cast<size_t>(b->numel()));
@@ -246,14 +251,15 @@ class DeepseekModel final : public Model {
       } else {
         be.AddRmsNorm(residual, proj, l.input_norm, eps, normed);
       }
+      // The projections of the normed input share one launch at decode sizes: q (or its LoRA down-projection)
+      // and the compressed KV.
       if (m.q_lora_rank > 0) {
-        be.Linear(normed, l.q_a, qa);
+        be.LinearFanOut(normed, l.attn_in, std::array<TensorView, 2>{qa.view(), latent2});
         be.RmsNorm(qa, l.q_a_norm, eps, qa_n);
         be.Linear(qa_n, l.q_b, q2);
       } else {
-        be.Linear(normed, l.q_b, q2);
+        be.LinearFanOut(normed, l.attn_in, std::array<TensorView, 2>{q2, latent2});
       }
-      be.Linear(normed, l.kv_a, latent2);
       be.RmsNorm(c_kv, l.kv_a_norm, eps, c_kv);
       be.ApplyRope(k_pe, cos, sin, cfg_.rope.interleaved);
       be.ApplyRope(q_pe, cos, sin, cfg_.rope.interleaved);
@@ -281,8 +287,9 @@ class DeepseekModel final : public Model {
   struct Layer {
     TensorView input_norm, post_norm, q_a_norm, kv_a_norm;
     LinearWeight q_a, q_b, kv_a, o;
-    TensorView w_uk_t;  // [n_heads, kv_lora, nope]: W_UK transposed, per head
-    TensorView w_uv;    // [n_heads, v_head_dim, kv_lora]
+    std::array<LinearWeight, 2> attn_in;  // {q_a or q_b, kv_a}: the projections of the normed input
+    TensorView w_uk_t;                    // [n_heads, kv_lora, nope]: W_UK transposed, per head
+    TensorView w_uv;                      // [n_heads, v_head_dim, kv_lora]
     bool moe = false;
     Mlp dense;
     LinearWeight router;
@@ -352,14 +359,13 @@ class DeepseekModel final : public Model {
     return host;
   }
 
-  // out = down(silu(gate(x)) * up(x)).   x [m, hidden]; out [m, hidden]
+  // out = down(silu(gate(x)) * up(x)), gate and up in one fan-out.   x [m, hidden]; out [m, hidden]
   void MlpForward(const Mlp& mlp, const TensorView& x, const TensorView& out) {
     Backend& be = backend_;
     const int64_t rows = x.dim(0), inter = mlp.gate.out_features();
     Tensor g = be.Alloc(be.activation_dtype(), {rows, inter});  // [m, intermediate]
     Tensor u = be.Alloc(be.activation_dtype(), {rows, inter});
-    be.Linear(x, mlp.gate, g);
-    be.Linear(x, mlp.up, u);
+    be.LinearFanOut(x, std::array<LinearWeight, 2>{mlp.gate, mlp.up}, std::array<TensorView, 2>{g.view(), u.view()});
     be.SiluMul(g, u, g);
     be.Linear(g, mlp.down, out);
   }
@@ -371,11 +377,18 @@ class DeepseekModel final : public Model {
     Tensor logits = be.Alloc(DType::kF32, {n, e});  // [n_tokens, n_experts], float32 as DeepSeek routes
     Tensor ids = be.Alloc(DType::kI32, {n, k});     // [n_tokens, top_k]
     Tensor w = be.Alloc(DType::kF32, {n, k});       // [n_tokens, top_k]
-    be.Linear(x, l.router, logits);
-    be.MoeRoute(logits, l.router_bias, route_params_, ids, w);
-    if (l.has_shared) {
-      MlpForward(l.shared, x, out);
+    if (l.has_shared) {  // the router and the shared experts' gate and up read x in one fan-out
+      const int64_t inter = l.shared.gate.out_features();
+      Tensor g = be.Alloc(be.activation_dtype(), {n, inter});  // [n_tokens, shared intermediate]
+      Tensor u = be.Alloc(be.activation_dtype(), {n, inter});
+      be.LinearFanOut(x, std::array<LinearWeight, 3>{l.router, l.shared.gate, l.shared.up},
+                      std::array<TensorView, 3>{logits.view(), g.view(), u.view()});
+      be.MoeRoute(logits, l.router_bias, route_params_, ids, w);
+      be.SiluMul(g, u, g);
+      be.Linear(g, l.shared.down, out);
     } else {
+      be.Linear(x, l.router, logits);
+      be.MoeRoute(logits, l.router_bias, route_params_, ids, w);
       Tensor zero = be.Alloc(be.activation_dtype(), {n, x.dim(1)});
       be.Copy(zero, out);
     }

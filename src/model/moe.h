@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "io/model_config.h"
 #include "model/moe_route.h"
@@ -45,5 +46,15 @@ void RouteExperts(const RouterConfig& rc, const float* logits, int64_t n_tokens,
 // The same with the rule's parameters (RouteParams), as the backends' MoeRoute takes them.
 void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
                   float* weights);
+
+// A token's selection margin: how far its expert choice is from changing. The smallest gap at a selection boundary:
+// the last chosen expert's selection value against the best one left out and, for grouped routing, the last kept
+// group's value against the best dropped group's. +inf when nothing is left out.
+float SelectionMargin(const moe_route::Params& p, const float* logits, const float* bias);
+
+// Test hook (the bf16 golden tests): while set on the calling thread, RouteExperts reports every routed token's
+// SelectionMargin, in order (row t of each call as token t). Pass nullptr to clear.
+using SelectionMarginObserver = std::function<void(int64_t token, float margin)>;
+void SetSelectionMarginObserver(const SelectionMarginObserver* observer);
 
 }  // namespace fathom

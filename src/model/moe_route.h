@@ -62,6 +62,21 @@ FATHOM_HOST_DEVICE void TopK(const float* v, int32_t n, int32_t k, int32_t* out)
   }
 }
 
+// A group's rank value from its `per` selection values c: the best (group_limited_greedy) or the sum of the two best
+// (noaux_tc).
+FATHOM_HOST_DEVICE float GroupValue(const Params& p, const float* c, int32_t per) {
+  float best = c[0], second = -INFINITY;
+  for (int32_t i = 1; i < per; ++i) {
+    if (c[i] > best) {
+      second = best;
+      best = c[i];
+    } else if (c[i] > second) {
+      second = c[i];
+    }
+  }
+  return p.method == kNoauxTc ? best + (per > 1 ? second : 0.0f) : best;
+}
+
 // logits [n_experts]; bias [n_experts] or null; scores, choice: scratch [n_experts]; ids, weights [top_k].
 // V2: softmax scores; greedy top-k, or top-k within the topk_group groups with the highest max score.
 // V3 (noaux_tc): sigmoid scores; selection on score + bias; groups ranked by the sum of their two best selection
@@ -86,19 +101,7 @@ FATHOM_HOST_DEVICE void RouteToken(const Params& p, const float* logits, const f
   if (p.method != kGreedy && p.n_group > 1) {
     const int32_t per = e / p.n_group;
     float group_value[kMaxGroups];
-    for (int32_t g = 0; g < p.n_group; ++g) {
-      const float* c = choice + g * per;
-      float best = c[0], second = -INFINITY;
-      for (int32_t i = 1; i < per; ++i) {
-        if (c[i] > best) {
-          second = best;
-          best = c[i];
-        } else if (c[i] > second) {
-          second = c[i];
-        }
-      }
-      group_value[g] = p.method == kNoauxTc ? best + (per > 1 ? second : 0.0f) : best;
-    }
+    for (int32_t g = 0; g < p.n_group; ++g) group_value[g] = GroupValue(p, choice + g * per, per);
     int32_t kept[kMaxGroups];
     TopK(group_value, p.n_group, p.topk_group, kept);
     for (int32_t g = 0; g < p.n_group; ++g) {

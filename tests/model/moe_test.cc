@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace fathom {
 namespace {
@@ -122,6 +124,38 @@ TEST(MoeRoutingTest, GroupTiesGoToTheLowerGroup) {
   RouteExperts(rc, logits, 1, nullptr, ids, w);
   EXPECT_EQ(ids[0], 0);
   EXPECT_NEAR(w[0], 2.5, 1e-6);  // a single expert normalizes to 1
+}
+
+// The selection margin: the gap between the last chosen expert and the best one left out, and for grouped routing
+// between the last kept group and the best dropped one; the observer sees every routed token's margin.
+TEST(MoeRoutingTest, SelectionMarginIsTheGapAtTheBoundary) {
+  RouterConfig rc;
+  rc.n_experts = 4;
+  rc.top_k = 2;
+  const float logits[] = {0.0f, 2.0f, 1.0f, 0.9f, /* token 1: a tie at the boundary */ 1.0f, 3.0f, 1.0f, 0.0f};
+  const moe_route::Params p = RouteParams(rc);
+  const double z = std::exp(0.0) + std::exp(2.0) + std::exp(1.0) + std::exp(0.9);
+  EXPECT_NEAR(SelectionMargin(p, logits, nullptr), (std::exp(1.0) - std::exp(0.9)) / z, 1e-6);
+  EXPECT_EQ(SelectionMargin(p, logits + 4, nullptr), 0.0f);
+  std::vector<std::pair<int64_t, float>> seen;
+  const SelectionMarginObserver observer = [&](int64_t t, float m) { seen.emplace_back(t, m); };
+  SetSelectionMarginObserver(&observer);
+  int32_t ids[4];
+  float w[4];
+  RouteExperts(rc, logits, 2, nullptr, ids, w);
+  SetSelectionMarginObserver(nullptr);
+  RouteExperts(rc, logits, 2, nullptr, ids, w);  // no longer observed
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].first, 0);
+  EXPECT_EQ(seen[1].first, 1);
+  EXPECT_EQ(seen[1].second, 0.0f);
+  // Grouped (V3): group 1's top-2 sum 1.50 beats group 0's 1.05 by 0.45, less than the experts' boundary gap (0.70,
+  // the last chosen, against 0.05, the best left out of the kept group: 0.65).
+  RouterConfig v3 = V3(8, 2, 2, 1);
+  const float q[] = {0.95f, 0.10f, 0.10f, 0.10f, 0.80f, 0.70f, 0.05f, 0.05f};
+  float lq[8];
+  for (int i = 0; i < 8; ++i) lq[i] = Logit(q[i]);
+  EXPECT_NEAR(SelectionMargin(RouteParams(v3), lq, nullptr), 0.45f, 1e-5);
 }
 
 TEST(MoeRoutingTest, ManyTokens) {

@@ -422,7 +422,7 @@ void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, co
 
 bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
   const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;  // read per call: tests switch it
-  return n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && gemm_ != nullptr;
+  return n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && !w.float32_inputs && gemm_ != nullptr;
 }
 
 void* CudaBackend::StageBf16(const TensorView& x) {
@@ -514,17 +514,17 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   }
   static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
   if (!one_launch || force_generic || x.stride(1) != 1) {
-    // Prefill-sized: when every weight goes to cuBLASLt, round x to bf16 once for all of them.
-    bool all_lt = !ws.empty();
-    for (const LinearWeight& w : ws) all_lt = all_lt && UseCublasLt(n, w) && w.in_features() == k;
-    if (!all_lt) {
-      Backend::LinearFanOut(x, ws, outs);
-      return;
-    }
-    void* xb = StageBf16(x);
-    if (xb == nullptr) return;
+    // Prefill-sized: x is rounded to bf16 once for all the weights that go to cuBLASLt; the others (float32
+    // inputs, other dtypes) take Linear.
+    void* xb = nullptr;
     for (size_t i = 0; i < ws.size(); ++i) {
       FATHOM_CHECK_EQ(outs[i].dim(1), ws[i].out_features());
+      if (!UseCublasLt(n, ws[i]) || ws[i].in_features() != k || x.stride(1) != 1) {
+        Linear(x, ws[i], outs[i]);
+        continue;
+      }
+      if (xb == nullptr) xb = StageBf16(x);
+      if (xb == nullptr) return;
       GemmFromStaged(xb, n, k, ws[i], outs[i]);
     }
     return;
@@ -541,6 +541,25 @@ void CudaBackend::HeadLinear(const TensorView& x, const TensorView& w, const Ten
   FATHOM_CHECK_EQ(x.dim(2), w.dim(2));
   FATHOM_CHECK_EQ(out.dim(2), w.dim(1));
   FATHOM_CHECK(x.stride(2) == 1 && out.stride(2) == 1);
+  const int64_t n = x.dim(0), heads = x.dim(1), in = x.dim(2), m = w.dim(1);
+  // Prefill-sized batches of bf16 weights: x rounded to bf16 as [n * heads, in] rows (one launch; needs the heads of
+  // a token at a fixed stride), then one strided-batched cuBLASLt GEMM over the heads.
+  LinearWeight as_linear;
+  as_linear.weight = w;
+  if (x.stride(0) == heads * x.stride(1) && UseCublasLt(n, as_linear)) {
+    void* xb = Workspace(static_cast<size_t>(n * heads * in) * 2);  // [n, heads, in] bf16
+    if (xb == nullptr) return;
+    Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(1), n * heads, in, xb, stream_); });
+    const auto t0 = profile_ ? RecordStart() : nullptr;
+    const Status st = gemm_->RunBatched(xb, heads * in, in, n, in, w.raw(), m, out.data<float>(), out.stride(0),
+                                        out.stride(1), heads);
+    if (profile_) RecordEnd("HeadGemmBf16", t0);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok()) first_error_ = st;
+    }
+    return;
+  }
   Launch("HeadLinear", [&] {
     return cuda::LaunchHeadLinear(x.data<float>(), x.stride(0), x.stride(1), x.dim(0), x.dim(1), x.dim(2), w.raw(),
                                   Dt(w), w.dim(1), out.data<float>(), out.stride(0), out.stride(1), stream_);
@@ -720,28 +739,42 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
 Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                                const TensorView& weights, const TensorView& out) {
   const int64_t n = x.dim(0), k = ids.dim(1);
-  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (for measurements).
+  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (for measurements); FATHOM_CUDA_MOE_MMA_TOKENS=N moves the
+  // switch from grouped GEMVs to grouped tensor-core GEMMs (default: batches of kMoeMmaTokens tokens or more).
   static const bool host_moe = std::getenv("FATHOM_CUDA_HOST_MOE") != nullptr;
-  const bool device_path = experts.device_state != nullptr && n * k <= cuda::kMaxMoePairs && !host_moe &&
+  static const int64_t mma_tokens = [] {
+    const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS");
+    return v != nullptr ? std::atoll(v) : kMoeMmaTokens;
+  }();
+  const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !host_moe &&
                            ids.is_contiguous() && weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
   if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
   cuda::MoeExpertsArgs a{};
-  a.x = x.data<float>();
   a.xs = x.stride(0);
-  a.n = n;
   a.hidden = x.dim(1);
   a.inter = experts.gate[0].out_features();
   a.top_k = k;
   a.n_experts = static_cast<int64_t>(experts.gate.size());
-  a.ids = ids.data<int32_t>();
-  a.weights = weights.data<float>();
   a.table = static_cast<const void* const*>(experts.device_state.get());
-  a.out = out.data<float>();
   a.os = out.stride(0);
+  // FATHOM_CUDA_F32_GEMM (read per call: tests switch it) keeps the float32-input GEMVs for every batch.
+  a.tensor_cores = n >= mma_tokens && cuda::MoeTensorCoresFit(a) && std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr;
+  // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core path takes any batch, in slices of
+  // that many pairs.
+  if (!a.tensor_cores && n * k > cuda::kMaxMoePairs) return Backend::MoeExperts(x, experts, ids, weights, out);
+  const int64_t slice = cuda::kMaxMoePairs / k;
+  a.n = std::min(n, slice);
   void* ws = Workspace(static_cast<size_t>(cuda::MoeExpertsWorkspaceBytes(a)));
   if (ws == nullptr) return ResourceExhaustedError("MoeExperts: no device memory for the workspace");
-  Launch("MoeExperts", [&] { return cuda::LaunchMoeExperts(a, ws, stream_); });
+  for (int64_t t0 = 0; t0 < n; t0 += slice) {
+    a.n = std::min(slice, n - t0);
+    a.x = x.data<float>() + t0 * x.stride(0);
+    a.ids = ids.data<int32_t>() + t0 * k;
+    a.weights = weights.data<float>() + t0 * k;
+    a.out = out.data<float>() + t0 * out.stride(0);
+    Launch("MoeExperts", [&] { return cuda::LaunchMoeExperts(a, ws, stream_); });
+  }
   return OkStatus();
 }
 

@@ -86,6 +86,10 @@ class CudaBackend final : public Backend {
   // Forgets what was timed so far (to time decode steps apart from the prefill).
   void ResetProfile();
 
+  // Batches of this many tokens or more run their routed experts as grouped tensor-core GEMMs, smaller ones as
+  // grouped GEMVs (bench/cuda_kernel_bench --moe 1 measures both).
+  static constexpr int64_t kMoeMmaTokens = 32;
+
  private:
   struct Profile {
     struct Pending {

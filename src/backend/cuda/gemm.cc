@@ -88,7 +88,7 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
   // fathom's DType codes 0 (f32), 1 (f16), 2 (bf16) -> the epilogue's bias type.
   const cudaDataType_t bias_type = bias_dtype == 0 ? CUDA_R_32F : bias_dtype == 1 ? CUDA_R_16F : CUDA_R_16BF;
   if (bias != nullptr && bias_dtype >= 0 && bias_dtype <= 2) {
-    const PlanKey with_bias{n, k, m, w_stride, out_stride, bias_dtype};
+    const PlanKey with_bias{n, k, m, w_stride, out_stride, bias_dtype, 1, k, 0, 0};
     auto it = plans_.find(with_bias);
     if (it == plans_.end() || it->second != nullptr) {  // not known to lack an algorithm
       FATHOM_RETURN_IF_ERROR(RunPlan(with_bias, x, w, out, bias, bias_type));
@@ -98,12 +98,19 @@ Status CublasLtGemm::Run(const void* x, int64_t n, int64_t k, const void* w, int
       }
     }
   }
-  return RunPlan(std::make_tuple(n, k, m, w_stride, out_stride, -1), x, w, out, nullptr, CUDA_R_32F);
+  return RunPlan(PlanKey{n, k, m, w_stride, out_stride, -1, 1, k, 0, 0}, x, w, out, nullptr, CUDA_R_32F);
+}
+
+Status CublasLtGemm::RunBatched(const void* x, int64_t x_ld, int64_t x_batch_stride, int64_t n, int64_t k,
+                                const void* w, int64_t m, float* out, int64_t out_stride, int64_t out_batch_stride,
+                                int64_t batch) {
+  return RunPlan(PlanKey{n, k, m, k, out_stride, -1, batch, x_ld, x_batch_stride, out_batch_stride}, x, w, out, nullptr,
+                 CUDA_R_32F);
 }
 
 Status CublasLtGemm::RunPlan(const PlanKey& key, const void* x, const void* w, float* out, const void* bias,
                              int bias_type) {
-  const auto [n, k, m, w_stride, out_stride, bias_dtype] = key;
+  const auto [n, k, m, w_stride, out_stride, bias_dtype, batch, x_ld, x_batch_stride, out_batch_stride] = key;
   Plan* plan = nullptr;
   auto it = plans_.find(key);
   if (it != plans_.end()) {
@@ -128,8 +135,22 @@ Status CublasLtGemm::RunPlan(const PlanKey& key, const void* x, const void* w, f
           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias"));
     }
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, m, w_stride), "layout A"));
-    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, n, k), "layout B"));
+    FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, n, x_ld), "layout B"));
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, out_stride), "layout D"));
+    if (batch > 1) {  // strided batches: W_b, x_b and out_b at fixed offsets
+      const int32_t count = static_cast<int32_t>(batch);
+      const int64_t offsets[3] = {m * k, x_batch_stride, out_batch_stride};
+      cublasLtMatrixLayout_t layouts[3] = {p->a, p->b, p->d};
+      for (int i = 0; i < 3; ++i) {
+        FATHOM_RETURN_IF_ERROR(LtStatus(
+            cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+            "batch count"));
+        FATHOM_RETURN_IF_ERROR(
+            LtStatus(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                      &offsets[i], sizeof(offsets[i])),
+                     "batch offset"));
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     FATHOM_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,

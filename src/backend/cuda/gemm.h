@@ -31,10 +31,16 @@ class CublasLtGemm {
   // epilogue added it.
   Status Run(const void* x, int64_t n, int64_t k, const void* w, int64_t w_stride, int64_t m, float* out,
              int64_t out_stride, const void* bias = nullptr, int bias_dtype = -1, bool* bias_added = nullptr);
+  // `batch` independent GEMMs in one launch: out_b[n, m] = x_b[n, k] W_b^T for b < batch. x_b: bf16 rows x_ld apart,
+  // starting at x + b * x_batch_stride; W_b: bf16 [m, k] contiguous at w + b * m * k; out_b: float32 rows out_stride
+  // apart, starting at out + b * out_batch_stride (all strides in elements).
+  Status RunBatched(const void* x, int64_t x_ld, int64_t x_batch_stride, int64_t n, int64_t k, const void* w, int64_t m,
+                    float* out, int64_t out_stride, int64_t out_batch_stride, int64_t batch);
 
  private:
   struct Plan;
-  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+  // (n, k, m, w_stride, out_stride, bias dtype or -1, batch, x_ld, x_batch_stride, out_batch_stride)
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>;
   // Runs (creating on first use) the plan of `key`; with a bias dtype in the key and no algorithm for it, records a
   // null plan and returns OK without running.
   Status RunPlan(const PlanKey& key, const void* x, const void* w, float* out, const void* bias, int bias_type);
@@ -45,7 +51,7 @@ class CublasLtGemm {
   void* stream_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  // (n, k, m, w_stride, out_stride, bias dtype or -1) -> plan; a null plan: no bias epilogue for that shape.
+  // A null plan: no bias epilogue for that shape.
   std::map<PlanKey, Plan*> plans_;
 };
 

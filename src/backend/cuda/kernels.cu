@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace fathom::cuda {
@@ -178,14 +179,9 @@ struct GemvParts {
   int count;
 };
 constexpr int kGemvWarps = 8;
-
-__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+// Blocks that keep every SM of an H200 busy twice over: below it, the GEMV takes one token per warp (each token's
+// sum runs in the same order whatever the tokens per warp, so results do not depend on it).
+constexpr int64_t kGemvFill = 264;
 
 template <int kT>
 __device__ __forceinline__ void GemvAccumulate(const uint4& raw, const float* x, int64_t xs, int64_t k, int64_t tn,
@@ -241,6 +237,37 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   for (int j = 0; j < kT; ++j) {
     const float v = WarpSum(acc[j]);
     if (lane == 0 && j < tn) p.out[(t0 + j) * p.out_stride + r] = v + bv;
+  }
+}
+
+// HeadLinear on bf16 weights for decode-sized batches: block (tile of kGemvWarps rows, head, kT tokens), one warp
+// per output row streaming it in 16-byte pieces (GemvAccumulate), the head's x rows xs0 apart.
+template <int kT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    HeadGemvBf16Kernel(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_t in, const void* w, int64_t m,
+                       float* out, int64_t os0, int64_t os1) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp, h = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * kT;
+  if (r >= m) return;
+  const int64_t tn = min(static_cast<int64_t>(kT), n - t0);
+  const float* xt = x + t0 * xs0 + h * xs1;
+  const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + (h * m + r) * in);
+  float acc[kT];
+#pragma unroll
+  for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
+  const int64_t chunks = in / 8;
+  int64_t k = lane;
+  for (; k + 32 < chunks; k += 64) {
+    const uint4 r0 = LoadStreaming(wr + k), r1 = LoadStreaming(wr + k + 32);
+    GemvAccumulate<kT>(r0, xt, xs0, k, tn, acc);
+    GemvAccumulate<kT>(r1, xt, xs0, k + 32, tn, acc);
+  }
+  for (; k < chunks; k += 32) GemvAccumulate<kT>(LoadStreaming(wr + k), xt, xs0, k, tn, acc);
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    const float v = WarpSum(acc[j]);
+    if (lane == 0 && j < tn) out[(t0 + j) * os0 + h * os1 + r] = v;
   }
 }
 
@@ -504,10 +531,19 @@ __global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const floa
   l = BlockSum(l);  // also makes `weight` visible to every thread
   const float inv = 1.0f / l;
   const float* acc_base = part_acc + th * chunks * a.v_dim;
+  // Loads of 8 chunks in flight before they are summed (chunks past a token's context have weight 0 and partial
+  // sums that were never written: selected away, never multiplied).
   for (int64_t i = threadIdx.x; i < a.v_dim; i += blockDim.x) {
     float acc = 0.0f;
-#pragma unroll 4
-    for (int64_t c = 0; c < chunks; ++c) {
+    int64_t c = 0;
+    for (; c + 8 <= chunks; c += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = acc_base[(c + u) * a.v_dim + i];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += weight[c + u] != 0.0f ? v[u] * weight[c + u] : 0.0f;
+    }
+    for (; c < chunks; ++c) {
       const float w = weight[c];
       if (w != 0.0f) acc += acc_base[c * a.v_dim + i] * w;
     }
@@ -748,51 +784,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // float32. The fragment layouts are PTX's for m16n8k16: g = lane / 4, t = lane % 4.
 constexpr int kMmaWarps = 4, kMmaTile = 16;
 
-template <typename T>
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem, bool trans) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if (trans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16(v);
-  } else {
-    return __float2half(v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(T lo, T hi) {
-  return static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(lo)) |
-         (static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(hi)) << 16);
-}
-
 template <typename T, int kD>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     MmaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
@@ -841,7 +832,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const int64_t j = jb + r;
       uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
       if (j < j1) {
-        const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+        const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
+        const int64_t blk = table[jj / bs], off = jj % bs;
         kv4 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
         vv4 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
       }
@@ -926,7 +918,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // that they keep one running maximum, each writes P^T (rounded) for its keys, and then each warp accumulates
 // O^T += V^T P^T over the whole tile for its 128 of the 512 value dims. Chunks and partial states are those of the
 // other split kernels (MergeAttentionKernel combines them).
-// Opt-in (FATHOM_CUDA_MLA_ATTENTION=1) until its op test has run on a GPU.
+// FATHOM_CUDA_NO_MLA_ATTENTION=1 turns it off (the generic kernels then serve MLA).
 constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4;
 constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
 constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
@@ -956,9 +948,23 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   }
   const int32_t* table = a.block_tables + a.block_table_start[SeqOfToken(a, t)];
   constexpr float kLog2e = 1.4426950408889634f;
-  for (int e = threadIdx.x; e < kMlaHeads * kMlaK; e += blockDim.x) {
-    const int h = e / kMlaK, d = e % kMlaK;
-    sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * (a.scale * kLog2e));
+  const float qscale = a.scale * kLog2e;
+  if (a.q_s1 % 4 == 0 && a.q_s0 % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
+#pragma unroll 6
+    for (int e = threadIdx.x; e < kMlaHeads * kMlaK / 4; e += blockDim.x) {
+      const int h = e / (kMlaK / 4), d = (e % (kMlaK / 4)) * 4;
+      const float4 v = *reinterpret_cast<const float4*>(a.q + t * a.q_s0 + (h0 + h) * a.q_s1 + d);
+      T* dst = sq + h * kMlaRow + d;
+      dst[0] = FromF<T>(v.x * qscale);
+      dst[1] = FromF<T>(v.y * qscale);
+      dst[2] = FromF<T>(v.z * qscale);
+      dst[3] = FromF<T>(v.w * qscale);
+    }
+  } else {
+    for (int e = threadIdx.x; e < kMlaHeads * kMlaK; e += blockDim.x) {
+      const int h = e / kMlaK, d = e % kMlaK;
+      sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * qscale);
+    }
   }
   const T* kc = static_cast<const T*>(a.k.data);
   float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
@@ -973,16 +979,19 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   constexpr int kPieces = kMlaK / 8;  // 16-byte pieces of a latent row
   for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
     __syncthreads();  // the previous tile is consumed (and, on the first pass, Q is in place)
+    // All of the tile's 16-byte pieces in flight at once (cp.async; rows past the context filled with zeros).
     for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
       const int r = i / kPieces, col = (i % kPieces) * 8;
       const int64_t j = jb + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < j1) {
-        const int64_t blk = table[j / a.block_size], off = j % a.block_size;
-        v = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+      const T* src = kc;
+      if (j < j1) {  // 32-bit division: the 64-bit one is a long emulated sequence, once per 16-byte piece
+        const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
+        src = kc + static_cast<int64_t>(table[jj / bs]) * a.k.s0 + static_cast<int64_t>(jj % bs) * a.k.s1 + col;
       }
-      *reinterpret_cast<uint4*>(sk + r * kMlaRow + col) = v;
+      CpAsync16(sk + r * kMlaRow + col, src, j < j1 ? 16 : 0);
     }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
     __syncthreads();
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
     const T* kw = sk + warp * 16 * kMlaRow;
@@ -1344,6 +1353,17 @@ int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_
                      int wd, int64_t m, float* out, int64_t os0, int64_t os1, Stream s) {
   if (n == 0 || m == 0 || heads == 0) return 0;
   if (heads > 65535 || wd == kF8) return static_cast<int>(cudaErrorInvalidValue);
+  const bool aligned = in % 8 == 0 && xs0 % 4 == 0 && xs1 % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (wd == kBF16 && aligned && n <= 8) {  // decode: one 16-byte-load GEMV per head
+    const dim3 grid(Blocks(m, kGemvWarps), static_cast<unsigned>(heads), 1);
+    if (n == 1) {
+      HeadGemvBf16Kernel<1><<<grid, kGemvWarps * 32, 0, S(s)>>>(x, xs0, xs1, n, in, w, m, out, os0, os1);
+    } else {
+      HeadGemvBf16Kernel<8><<<grid, kGemvWarps * 32, 0, S(s)>>>(x, xs0, xs1, n, in, w, m, out, os0, os1);
+    }
+    return Done();
+  }
   constexpr int kWarps = 8;
   dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok), static_cast<unsigned>(heads));
   LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs0, n, in, w, wd, in, m, nullptr, 0, 1, 1, nullptr, 0, out, os0, xs1,
@@ -1377,8 +1397,10 @@ int LaunchLinearBf16FanOut(const float* x, int64_t xs, int64_t n, int64_t in, co
     LaunchFanOut<2>(x, xs, n, in, g, S(s));
   } else if (n <= 4) {
     LaunchFanOut<4>(x, xs, n, in, g, S(s));
-  } else {
+  } else if (n <= 8 || blocks * ((n + 7) / 8) >= kGemvFill) {
     LaunchFanOut<8>(x, xs, n, in, g, S(s));
+  } else {  // few rows (DeepSeek's float32 router) for many tokens: fewer tokens per warp, more blocks
+    LaunchFanOut<1>(x, xs, n, in, g, S(s));
   }
   return Done();
 }
@@ -1434,7 +1456,7 @@ int64_t Chunks(const AttentionArgs& a, int64_t chunk) {
 enum class SplitKind { kMla, kMma, kGqa, kPerHead };
 SplitKind ChooseSplit(const AttentionArgs& a) {
   // Read per call: the tests switch them.
-  if (MlaFits(a) && std::getenv("FATHOM_CUDA_MLA_ATTENTION") != nullptr) return SplitKind::kMla;
+  if (MlaFits(a) && std::getenv("FATHOM_CUDA_NO_MLA_ATTENTION") == nullptr) return SplitKind::kMla;
   if (MmaFits(a) && std::getenv("FATHOM_CUDA_NO_MMA_ATTENTION") == nullptr) return SplitKind::kMma;
   if (GqaFits(a) && std::getenv("FATHOM_CUDA_NO_GQA_ATTENTION") == nullptr) return SplitKind::kGqa;
   return SplitKind::kPerHead;
@@ -1477,7 +1499,12 @@ int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
     if (kind == SplitKind::kMla) {
       const bool f16 = a.k.dtype == kF16;
       const auto kernel = f16 ? MlaAttentionKernel<__half> : MlaAttentionKernel<__nv_bfloat16>;
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+      // Once per kernel (a call costs microseconds of host time on every decode layer otherwise).
+      static const cudaError_t attr_f16 =
+          cudaFuncSetAttribute(MlaAttentionKernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+      static const cudaError_t attr_bf16 = cudaFuncSetAttribute(
+          MlaAttentionKernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+      const cudaError_t e = f16 ? attr_f16 : attr_bf16;
       if (e != cudaSuccess) return static_cast<int>(e);
       kernel<<<dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)), kMlaWarps * 32,
                kMlaSmemBytes, S(s)>>>(a, chunk, chunks, part_m, part_l, part_acc);

@@ -4,22 +4,116 @@
 
 #include <algorithm>
 
+#include "backend/cuda/device_util.cuh"
 #include "backend/cuda/moe_kernels.h"
 
 namespace fathom::cuda {
 
 namespace {
 
-// One thread per token; its scores and selection values live in shared memory ([threads][2][n_experts]), not in a
-// large per-thread stack frame (local memory is reserved for every resident thread of the GPU).
-__global__ void MoeRouteKernel(const float* logits, int64_t ls, int64_t n, const float* bias, moe_route::Params p,
-                               int32_t* ids, float* weights) {
+constexpr int kRouteWarps = 4;  // tokens per block of the router
+
+// RanksAbove's best of two candidates (index -1: none).
+__device__ __forceinline__ void Better(float v, int32_t i, float* bv, int32_t* bi) {
+  if (i >= 0 && (*bi < 0 || moe_route::RanksAbove(v, i, *bv, *bi))) {
+    *bv = v;
+    *bi = i;
+  }
+}
+
+// moe_route::TopK over v[0, n) in shared memory by one warp. Each pick is the best (a strict total order: the higher
+// value, then the lower index) of those ranking below the previous pick, so the lanes' partial bests reduce to the
+// same element the serial loop finds. out: shared or global [k].
+__device__ void WarpTopK(const float* v, int32_t n, int32_t k, int32_t* out, int lane) {
+  float pv = 0.0f;
+  int32_t pi = -1;  // the previous pick
+  for (int32_t j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int32_t bi = -1;
+    for (int32_t i = lane; i < n; i += 32) {
+      if (pi >= 0 && !moe_route::RanksAbove(pv, pi, v[i], i)) continue;
+      Better(v[i], i, &bv, &bi);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      Better(ov, oi, &bv, &bi);
+    }
+    if (lane == 0) out[j] = bi;
+    pv = bv;
+    pi = bi;
+  }
+}
+
+// One warp per token: moe_route::RouteToken's float operations, the order-dependent ones (the softmax sum, each
+// group's two best, the weights' sum) in RouteToken's order on one lane, the rest spread over the lanes, so the
+// choices and weights are bit-identical to the host's. Scratch in shared memory: [warps][2][n_experts] floats.
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeRouteKernel(const float* logits, int64_t ls, int64_t n, const float* bias, moe_route::Params p, int32_t* ids,
+                   float* weights) {
   extern __shared__ float scratch[];
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= n) return;
-  float* scores = scratch + static_cast<int64_t>(threadIdx.x) * 2 * p.n_experts;
-  moe_route::RouteToken(p, logits + t * ls, bias, scores, scores + p.n_experts, ids + t * p.top_k,
-                        weights + t * p.top_k);
+  __shared__ float group_value[kRouteWarps][moe_route::kMaxGroups];
+  __shared__ int32_t
+      picks[kRouteWarps][moe_route::kMaxGroups > moe_route::kMaxTopK ? moe_route::kMaxGroups : moe_route::kMaxTopK];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= n) return;  // whole warps leave together
+  const int32_t e = p.n_experts, k = p.top_k;
+  float* scores = scratch + static_cast<int64_t>(warp) * 2 * e;
+  float* choice = scores + e;
+  const float* row = logits + t * ls;
+  if (p.sigmoid) {
+    for (int32_t i = lane; i < e; i += 32) scores[i] = 1.0f / (1.0f + moe_route::Exp(-row[i]));
+  } else {
+    float mx = -INFINITY;
+    for (int32_t i = lane; i < e; i += 32) mx = fmaxf(mx, row[i]);
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (!(mx == mx)) mx = row[0];  // NaN logits: whatever the host computes, never a crash
+    for (int32_t i = lane; i < e; i += 32) scores[i] = moe_route::Exp(row[i] - mx);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0) {
+      for (int32_t i = 0; i < e; ++i) sum += scores[i];
+    }
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int32_t i = lane; i < e; i += 32) scores[i] /= sum;
+  }
+  __syncwarp();
+  for (int32_t i = lane; i < e; i += 32) choice[i] = bias != nullptr ? scores[i] + bias[i] : scores[i];
+  __syncwarp();
+  if (p.method != moe_route::kGreedy && p.n_group > 1) {
+    const int32_t per = e / p.n_group;
+    for (int32_t g = lane; g < p.n_group; g += 32)
+      group_value[warp][g] = moe_route::GroupValue(p, choice + g * per, per);
+    __syncwarp();
+    WarpTopK(group_value[warp], p.n_group, p.topk_group, picks[warp], lane);
+    __syncwarp();
+    for (int32_t g = 0; g < p.n_group; ++g) {
+      bool keep = false;
+      for (int32_t j = 0; j < p.topk_group; ++j) keep = keep || picks[warp][j] == g;
+      if (!keep) {
+        for (int32_t i = g * per + lane; i < (g + 1) * per; i += 32) choice[i] = -INFINITY;
+      }
+    }
+    __syncwarp();
+  }
+  int32_t* id = ids + t * k;
+  WarpTopK(choice, e, k, picks[warp], lane);
+  __syncwarp();
+  if (lane == 0) {
+    float* w = weights + t * k;
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; ++j) {
+      const int32_t c = picks[warp][j];
+      id[j] = c;
+      w[j] = c >= 0 ? scores[c] : 0.0f;
+      sum += w[j];
+    }
+    for (int32_t j = 0; j < k; ++j) {
+      if (p.norm_topk_prob) w[j] /= (sum + 1e-20f);
+      w[j] *= p.routed_scaling_factor;
+    }
+  }
 }
 
 // The workspace: per-expert pair ranges, the active experts, each pair's sorted position, and the intermediate
@@ -30,9 +124,34 @@ struct MoeWorkspace {
   int32_t* num_active;   // [1]
   int32_t* sorted_pair;  // [pairs]: the pair (t * top_k + j) at each sorted position
   int32_t* pair_pos;     // [pairs]: the sorted position of each pair
-  float* h;              // [pairs, inter]: silu(gate) * up
+  float* h;              // [pairs, inter]: silu(gate) * up (float32 for the GEMVs, bf16 for the tensor-core path)
   float* y;              // [pairs, hidden]: the expert outputs
+  // The tensor-core path only (null otherwise):
+  __nv_bfloat16* xs;   // [pairs, hidden]: each pair's input row in sorted order, rounded to bf16
+  int32_t tile_rows;   // kMmaSmallM or kMmaM: the rows of a tile
+  int32_t* tile_e;     // [max tiles]: the expert of each tile_rows-row tile of sorted positions
+  int32_t* tile_m0;    // [max tiles]: its first sorted position
+  int32_t* num_tiles;  // [1]
 };
+
+// The grouped GEMM's tiles: kMmaM (or, when experts have few pairs each, kMmaSmallM) rows of pairs x kMmaN output
+// columns, K in steps of 64 (kMmaK, 32, only for measurements: on the H200 64 streams the weights 1.2-1.5x faster,
+// bench/results/2026-12-01-cuda-deepseek-v2.json).
+constexpr int kMmaM = 64, kMmaSmallM = 16, kMmaN = 64, kMmaK = 32;
+
+// The tile height: 16 rows while the experts average at most kMmaSmallPairs pairs (decode batches, where a taller
+// tile would mostly multiply zero rows), else 64 (each weight tile then serves more pairs).
+constexpr int64_t kMmaSmallPairs = 16;
+int32_t TileRows(const MoeExpertsArgs& a) {
+  if (a.mma_rows == kMmaSmallM || a.mma_rows == kMmaM) return a.mma_rows;
+  return a.n * a.top_k <= kMmaSmallPairs * a.n_experts ? kMmaSmallM : kMmaM;
+}
+
+// Tiles of TileRows sorted positions: at most one partial tile per active expert.
+int64_t MaxTiles(const MoeExpertsArgs& a) {
+  const int64_t pairs = a.n * a.top_k;
+  return pairs / TileRows(a) + std::min(pairs, a.n_experts);
+}
 
 int64_t Align(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
@@ -55,46 +174,87 @@ MoeWorkspace Carve(const MoeExpertsArgs& a, void* base, int64_t* total) {
   w.pair_pos = reinterpret_cast<int32_t*>(take(4 * pairs));
   w.h = reinterpret_cast<float*>(take(4 * pairs * a.inter));
   w.y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
+  if (a.tensor_cores) {
+    w.tile_rows = TileRows(a);
+    w.xs = reinterpret_cast<__nv_bfloat16*>(take(2 * pairs * a.hidden));
+    w.tile_e = reinterpret_cast<int32_t*>(take(4 * MaxTiles(a)));
+    w.tile_m0 = reinterpret_cast<int32_t*>(take(4 * MaxTiles(a)));
+    w.num_tiles = reinterpret_cast<int32_t*>(take(4));
+  }
   *total = off;
   return w;
 }
 
-// A stable counting sort of the pairs by expert, in one block: each thread counts (then places) the pairs of its
-// experts, so expert e's pairs keep their order t * top_k + j.
+// Exclusive prefix sum of one value per thread over the block (blockDim.x a multiple of 32); *total gets the sum.
+__device__ int32_t BlockExclusiveScan(int32_t v, int32_t* total) {
+  __shared__ int32_t warp_sums[32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  int32_t incl = v;
+  for (int off = 1; off < 32; off *= 2) {
+    const int32_t o = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += o;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int32_t ws = lane < warps ? warp_sums[lane] : 0;
+    for (int off = 1; off < 32; off *= 2) {
+      const int32_t o = __shfl_up_sync(0xffffffffu, ws, off);
+      if (lane >= off) ws += o;
+    }
+    warp_sums[lane] = ws;
+  }
+  __syncthreads();
+  const int32_t out = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+  *total = warp_sums[warps - 1];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return out;
+}
+
+// A counting sort of the pairs by expert in one block: each pair takes a rank within its expert (shared atomics, so
+// the order within an expert varies from run to run; every pair's result is computed on its own, so no value
+// depends on it), the experts' counts are scanned into ranges, and each pair lands at range start + rank. Also lists
+// the active experts in index order and, for the tensor-core path, the tile_rows-row tiles of each expert's range.
+// Needs experts <= blockDim.x.
 __global__ void __launch_bounds__(1024)
     MoeSortKernel(const int32_t* ids, int32_t pairs, int32_t experts, MoeWorkspace w) {
-  __shared__ int32_t sid[kMaxMoePairs];
-  __shared__ int32_t first[moe_route::kMaxExperts];
-  for (int32_t i = threadIdx.x; i < pairs; i += blockDim.x) sid[i] = ids[i];
+  __shared__ int32_t count[moe_route::kMaxExperts];
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  for (int32_t e = tid; e < experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
-  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
-    int32_t c = 0;
-    for (int32_t p = 0; p < pairs; ++p) c += sid[p] == e;
-    first[e] = c;
+  for (int32_t p = tid; p < pairs; p += blockDim.x) {
+    const int32_t e = min(max(ids[p], 0), experts - 1);  // a router never gives others; never index out of range
+    w.pair_pos[p] = atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t run = 0, na = 0;
-    for (int32_t e = 0; e < experts; ++e) {
-      const int32_t c = first[e];
-      w.start[e] = run;
-      first[e] = run;
-      if (c > 0) w.active[na++] = e;
-      run += c;
-    }
-    w.start[experts] = run;
-    *w.num_active = na;
-  }
-  __syncthreads();
-  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
-    int32_t pos = first[e];
-    for (int32_t p = 0; p < pairs; ++p) {
-      if (sid[p] == e) {
-        w.sorted_pair[pos] = p;
-        w.pair_pos[p] = pos;
-        ++pos;
+  const int32_t c = tid < experts ? count[tid] : 0;
+  int32_t sum = 0, na = 0, nt = 0;
+  const int32_t start = BlockExclusiveScan(c, &sum);
+  const int32_t slot = BlockExclusiveScan(c > 0 ? 1 : 0, &na);
+  const int32_t tiles = w.tile_e != nullptr ? (c + w.tile_rows - 1) / w.tile_rows : 0;
+  const int32_t tile0 = BlockExclusiveScan(tiles, &nt);
+  if (tid < experts) {
+    w.start[tid] = start;
+    if (c > 0) w.active[slot] = tid;
+    if (w.tile_e != nullptr) {
+      for (int32_t i = 0; i < tiles; ++i) {
+        w.tile_e[tile0 + i] = tid;
+        w.tile_m0[tile0 + i] = start + i * w.tile_rows;
       }
     }
+  }
+  if (tid == 0) {
+    w.start[experts] = sum;
+    *w.num_active = na;
+    if (w.num_tiles != nullptr) *w.num_tiles = nt;
+  }
+  __syncthreads();
+  for (int32_t p = tid; p < pairs; p += blockDim.x) {
+    const int32_t e = min(max(ids[p], 0), experts - 1);
+    const int32_t pos = w.start[e] + w.pair_pos[p];
+    w.pair_pos[p] = pos;
+    w.sorted_pair[pos] = p;
   }
 }
 
@@ -105,19 +265,37 @@ __device__ __forceinline__ float WarpSum32(float v) {
   return v;
 }
 
-__device__ __forceinline__ void Bf16x8(const uint4& raw, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 v = __bfloat1622float2(h[e]);
-    f[2 * e] = v.x;
-    f[2 * e + 1] = v.y;
-  }
-}
-
 __device__ __forceinline__ float Dot8(const float* wf, const float* x) {
   const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
   return a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
+}
+
+// acc_g[j] += gate piece . x_j, acc_u[j] += up piece . x_j over one 16-byte piece (8 values at k * 8) of the rows.
+template <int kT>
+__device__ __forceinline__ void GateUpAccumulate(const uint4& g, const uint4& u, const float* const* xr, int64_t k,
+                                                 int32_t tn, float* ag, float* au) {
+  float gf[8], uf[8];
+  Bf16x8(g, gf);
+  Bf16x8(u, uf);
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    if (j < tn) {
+      ag[j] += Dot8(gf, xr[j] + k * 8);
+      au[j] += Dot8(uf, xr[j] + k * 8);
+    }
+  }
+}
+
+// acc[j] += down piece . h_j, h_j the j-th of consecutive rows `len` apart.
+template <int kT>
+__device__ __forceinline__ void DownAccumulate(const uint4& d, const float* h, int64_t len, int64_t k, int32_t tn,
+                                               float* acc) {
+  float df[8];
+  Bf16x8(d, df);
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    if (j < tn) acc[j] += Dot8(df, h + j * len + k * 8);
+  }
 }
 
 // What a warp of a grouped kernel works on: block (active expert slot, tile of kMoeWarps weight rows), one row per
@@ -163,18 +341,20 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs
       xr[j] = a.x + static_cast<int64_t>(pair / a.top_k) * a.xs;
       ag[j] = au[j] = 0.0f;
     }
-    for (int64_t k = lane; k < chunks; k += 32) {
-      float gf[8], uf[8];
-      Bf16x8(gw[k], gf);
-      Bf16x8(uw[k], uf);
+    // Four 16-byte pieces of each row in flight per lane before any is used. (Every piece of a row in flight at
+    // once measured slower on the H200: twice the registers, half the resident warps.)
+    int64_t k = lane;
+    for (; k + 96 < chunks; k += 128) {
+      uint4 g4[4], u4[4];
 #pragma unroll
-      for (int j = 0; j < kT; ++j) {
-        if (j < tn) {
-          ag[j] += Dot8(gf, xr[j] + k * 8);
-          au[j] += Dot8(uf, xr[j] + k * 8);
-        }
+      for (int q = 0; q < 4; ++q) {
+        g4[q] = LoadStreaming(gw + k + 32 * q);
+        u4[q] = LoadStreaming(uw + k + 32 * q);
       }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) GateUpAccumulate<kT>(g4[q], u4[q], xr, k + 32 * q, tn, ag, au);
     }
+    for (; k < chunks; k += 32) GateUpAccumulate<kT>(LoadStreaming(gw + k), LoadStreaming(uw + k), xr, k, tn, ag, au);
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const float g = WarpSum32(ag[j]), u = WarpSum32(au[j]);
@@ -198,14 +378,15 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a
 #pragma unroll
     for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
     const float* hr = w.h + static_cast<int64_t>(s0 + c0) * a.inter;
-    for (int64_t k = lane; k < chunks; k += 32) {
-      float df[8];
-      Bf16x8(dw[k], df);
+    int64_t k = lane;
+    for (; k + 96 < chunks; k += 128) {
+      uint4 d4[4];
 #pragma unroll
-      for (int j = 0; j < kT; ++j) {
-        if (j < tn) acc[j] += Dot8(df, hr + j * a.inter + k * 8);
-      }
+      for (int q = 0; q < 4; ++q) d4[q] = LoadStreaming(dw + k + 32 * q);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) DownAccumulate<kT>(d4[q], hr, a.inter, k + 32 * q, tn, acc);
     }
+    for (; k < chunks; k += 32) DownAccumulate<kT>(LoadStreaming(dw + k), hr, a.inter, k, tn, acc);
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const float v = WarpSum32(acc[j]);
@@ -214,17 +395,183 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a
   }
 }
 
-// One block per token: out[t] += sum_j weights[t, j] * y[pair_pos[t * top_k + j]], j in order.
-__global__ void MoeCombineKernel(MoeExpertsArgs a, MoeWorkspace w) {
-  const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < a.top_k; ++j) {
-      const int64_t p = t * a.top_k + j;
-      acc += a.weights[p] * w.y[static_cast<int64_t>(w.pair_pos[p]) * a.hidden + c];
-    }
-    a.out[t * a.os + c] += acc;
+// The tensor-core path (prefill-sized batches): each pair's input row gathered in sorted order and rounded to bf16,
+// then two grouped GEMMs over tiles of one expert's pairs (TileRows rows): H = silu(Xs Wg^T) * (Xs Wu^T) (bf16), then
+// Y = H Wd^T (float32), and the same combine as the GEMV path.
+__global__ void MoeGatherBf16Kernel(MoeExpertsArgs a, MoeWorkspace w) {
+  const int64_t pos = blockIdx.x;
+  const float* x = a.x + static_cast<int64_t>(w.sorted_pair[pos] / a.top_k) * a.xs;
+  __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(w.xs + pos * a.hidden);
+  for (int64_t c = threadIdx.x; c < a.hidden / 4; c += blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(x)[c];
+    d[2 * c] = __floats2bfloat162_rn(v.x, v.y);
+    d[2 * c + 1] = __floats2bfloat162_rn(v.z, v.w);
   }
+}
+
+constexpr int kMmaThreads = 128;  // four warps
+
+// Shared memory of MoeMmaKernel<kGateUp, kBM, kBK, kStages>: kStages stages of kBM rows of A and kMmaN rows of each
+// weight matrix, kBK values each, rows padded by 16 bytes (a stride of 80 or 144 bytes puts ldmatrix's 8 rows in 8
+// different bank groups).
+constexpr int MmaSmemBytes(bool gate_up, int bm, int bk, int stages) {
+  return stages * (bm + (gate_up ? 2 : 1) * kMmaN) * (bk + 8) * 2;
+}
+
+// Block (tile, kMmaN output columns): the tile's kBM rows of A (Xs for gate/up, H for down; K = a.hidden or
+// a.inter) against kMmaN rows of one (gate/up: two) of its expert's weight matrices, K in steps of kBK through a
+// kStages-deep cp.async pipeline; per warp mma.m16n8k16 on 32 x 32 (kBM 64: 2 x 2 warps) or 16 x 16 (kBM 16:
+// 1 x 4 warps) outputs per matrix.
+template <bool kGateUp, int kBM, int kBK, int kStages>
+__global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  constexpr int kMmaRow = kBK + 8;
+  constexpr int kMats = kGateUp ? 2 : 1;
+  constexpr int kMT = kBM == kMmaM ? 2 : 1;      // m16 tiles per warp
+  constexpr int kWarpsM = kBM / (16 * kMT);      // 2 or 1
+  constexpr int kWarpN = kMmaN / (4 / kWarpsM);  // 32 or 16 columns per warp
+  constexpr int kNT = kWarpN / 8;                // n8 tiles per warp (even: two per ldmatrix.x4)
+  static_assert(kWarpsM * (kMmaN / kWarpN) == kMmaThreads / 32 && kNT % 2 == 0, "four warps cover the tile");
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  auto sa = reinterpret_cast<__nv_bfloat16(*)[kBM * kMmaRow]>(moe_smem);  // [kStages][kBM * kMmaRow]
+  auto sb = reinterpret_cast<__nv_bfloat16(*)[kMats][kMmaN * kMmaRow]>(moe_smem + kStages * kBM * kMmaRow * 2);
+  const int32_t tile = static_cast<int32_t>(blockIdx.x);
+  if (tile >= *w.num_tiles) return;
+  const int32_t e = w.tile_e[tile], m0 = w.tile_m0[tile];
+  const int32_t rows = min(kBM, w.start[e + 1] - m0);
+  const int64_t k_len = kGateUp ? a.hidden : a.inter, n_len = kGateUp ? a.inter : a.hidden;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kMmaN;
+  const __nv_bfloat16* A = kGateUp ? w.xs : reinterpret_cast<const __nv_bfloat16*>(w.h);
+  const __nv_bfloat16* B[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    B[m] = static_cast<const __nv_bfloat16*>(a.table[(kGateUp ? m : 2) * a.n_experts + e]) + n0 * k_len;
+  }
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int wm = (warp % kWarpsM) * 16 * kMT, wn = (warp / kWarpsM) * kWarpN;  // the warp's outputs in the tile
+  // Each stage: kBM (and kMmaN per matrix) rows of kBK values, kPieces pieces of 16 bytes a row.
+  constexpr int kPieces = kBK / 8;
+  auto load = [&](int stage, int64_t k0) {
+#pragma unroll
+    for (int i = tid; i < kBM * kPieces; i += kMmaThreads) {
+      const int r = i / kPieces, c = (i % kPieces) * 8;
+      const bool ok = r < rows;
+      CpAsync16(&sa[stage][r * kMmaRow + c], A + (ok ? static_cast<int64_t>(m0 + r) * k_len + k0 + c : 0), ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int i = tid; i < kMmaN * kPieces; i += kMmaThreads) {
+        const int r = i / kPieces, c = (i % kPieces) * 8;
+        CpAsync16(&sb[stage][m][r * kMmaRow + c], B[m] + static_cast<int64_t>(r) * k_len + k0 + c, 16);
+      }
+    }
+  };
+  float acc[kMats][kMT][kNT][4];  // [matrix][m16 tile][n8 tile][fragment]
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) acc[m][i][j][0] = acc[m][i][j][1] = acc[m][i][j][2] = acc[m][i][j][3] = 0.0f;
+  const int64_t steps = k_len / kBK;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < steps) load(st, st * kBK);
+    CpAsyncCommit();
+  }
+  for (int64_t kb = 0; kb < steps; ++kb) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kb is in place; the stage loaded next was consumed at step kb - 1
+    const int64_t next = kb + kStages - 1;
+    if (next < steps) load(static_cast<int>(next % kStages), next * kBK);
+    CpAsyncCommit();
+    const int stage = static_cast<int>(kb % kStages);
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t af[kMT][4];
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+        LdMatrixX4(af[i], &sa[stage][(wm + i * 16 + (lane & 15)) * kMmaRow + kk + (lane >> 4) * 8], false);
+      }
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int j = 0; j < kNT; j += 2) {  // two n8 tiles per ldmatrix.x4
+          uint32_t bf[4];
+          LdMatrixX4(
+              bf, &sb[stage][m][(wn + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * kMmaRow + kk + ((lane >> 3) & 1) * 8],
+              false);
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            Mma16816<__nv_bfloat16>(acc[m][i][j], af[i], bf[0], bf[1]);
+            Mma16816<__nv_bfloat16>(acc[m][i][j + 1], af[i], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  const int g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm + i * 16 + g + half * 8;
+      if (r >= rows) continue;
+      const int64_t pos = m0 + r;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const int64_t col = n0 + wn + j * 8 + 2 * tq;
+        const float v0 = acc[0][i][j][2 * half], v1 = acc[0][i][j][2 * half + 1];
+        if constexpr (kGateUp) {
+          const float u0 = acc[kMats - 1][i][j][2 * half], u1 = acc[kMats - 1][i][j][2 * half + 1];
+          reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(w.h) + pos * n_len + col)[0] =
+              __floats2bfloat162_rn(v0 / (1.0f + expf(-v0)) * u0, v1 / (1.0f + expf(-v1)) * u1);
+        } else {
+          *reinterpret_cast<float2*>(w.y + pos * n_len + col) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+// The two grouped GEMMs of the tensor-core path (the shared-memory limit raised once per kernel).
+template <int kBM, int kBK, int kStages>
+int LaunchMma(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
+  constexpr int kGateUpSmem = MmaSmemBytes(true, kBM, kBK, kStages);
+  constexpr int kDownSmem = MmaSmemBytes(false, kBM, kBK, kStages);
+  static const cudaError_t attr = [] {
+    const cudaError_t e = cudaFuncSetAttribute(MoeMmaKernel<true, kBM, kBK, kStages>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(MoeMmaKernel<false, kBM, kBK, kStages>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
+  }();
+  if (attr != cudaSuccess) return static_cast<int>(attr);
+  MoeMmaKernel<true, kBM, kBK, kStages><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
+  MoeMmaKernel<false, kBM, kBK, kStages><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
+  return 0;
+}
+
+// Block (token, kCombineThreads columns): out[t, c] += sum_j weights[t, j] * y[pair_pos[t * top_k + j], c], j in
+// order. The token's positions and weights are read once into shared memory, so each thread's loads of y are
+// independent of one another (a serial chain of dependent loads per column took 19 us at batch 1).
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) MoeCombineKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  __shared__ int64_t row[moe_route::kMaxTopK];
+  __shared__ float weight[moe_route::kMaxTopK];
+  const int64_t t = blockIdx.x, k = a.top_k;
+  if (threadIdx.x < k) {
+    row[threadIdx.x] = static_cast<int64_t>(w.pair_pos[t * k + threadIdx.x]) * a.hidden;
+    weight[threadIdx.x] = a.weights[t * k + threadIdx.x];
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;
+  if (c >= a.hidden) return;
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int64_t j = 0; j < k; ++j) acc += weight[j] * w.y[row[j] + c];
+  a.out[t * a.os + c] += acc;
 }
 
 template <int kT>
@@ -243,13 +590,15 @@ int LaunchMoeRoute(const float* logits, int64_t ls, int64_t n, const float* bias
   if (p.n_experts > moe_route::kMaxExperts || p.n_group > moe_route::kMaxGroups) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  // 32 KiB of scratch per block: 16 threads at V3's 256 experts, 64 at V2-Lite's 64.
-  const int64_t per_thread = 2 * static_cast<int64_t>(p.n_experts) * static_cast<int64_t>(sizeof(float));
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(64, (32 << 10) / per_thread));
-  MoeRouteKernel<<<static_cast<unsigned>((n + threads - 1) / threads), static_cast<unsigned>(threads),
-                   static_cast<size_t>(threads * per_thread), static_cast<cudaStream_t>(s)>>>(logits, ls, n, bias, p,
-                                                                                              ids, weights);
+  const size_t smem = static_cast<size_t>(kRouteWarps) * 2 * static_cast<size_t>(p.n_experts) * sizeof(float);
+  MoeRouteKernel<<<static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem,
+                   static_cast<cudaStream_t>(s)>>>(logits, ls, n, bias, p, ids, weights);
   return static_cast<int>(cudaGetLastError());
+}
+
+bool MoeTensorCoresFit(const MoeExpertsArgs& a) {
+  static_assert(kMmaN % kMmaK == 0 && kMmaN % 64 == 0, "K steps of 32 or 64 divide the multiples of kMmaN");
+  return a.hidden % kMmaN == 0 && a.inter % kMmaN == 0;
 }
 
 int64_t MoeExpertsWorkspaceBytes(const MoeExpertsArgs& a) {
@@ -261,25 +610,49 @@ int64_t MoeExpertsWorkspaceBytes(const MoeExpertsArgs& a) {
 int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
   const int64_t pairs = a.n * a.top_k;
   if (pairs == 0) return 0;
-  if (pairs > kMaxMoePairs || a.n_experts > moe_route::kMaxExperts || a.hidden % 8 != 0 || a.inter % 8 != 0 ||
-      a.xs % 4 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+  if (pairs > kMaxMoePairs || a.n_experts > moe_route::kMaxExperts || a.top_k > moe_route::kMaxTopK ||
+      a.hidden % 8 != 0 || a.inter % 8 != 0 || a.xs % 4 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
+      (a.tensor_cores && !MoeTensorCoresFit(a))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   int64_t total = 0;
   const MoeWorkspace w = Carve(a, workspace, &total);
   cudaStream_t st = static_cast<cudaStream_t>(s);
   MoeSortKernel<<<1, 1024, 0, st>>>(a.ids, static_cast<int32_t>(pairs), static_cast<int32_t>(a.n_experts), w);
-  // Blocks for every expert that can be active; those past num_active return at once. Pairs per weight read: one at
-  // batch 1, more when experts share tokens.
-  const unsigned slots = static_cast<unsigned>(std::min(a.n_experts, pairs));
-  if (pairs <= a.n_experts) {
-    LaunchGrouped<1>(a, w, slots, st);
-  } else if (pairs <= 4 * a.n_experts) {
-    LaunchGrouped<4>(a, w, slots, st);
+  if (a.tensor_cores) {
+    MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, st>>>(a, w);
+    // Blocks for every tile there can be; those past num_tiles return at once.
+    const unsigned tiles = static_cast<unsigned>(MaxTiles(a));
+    const dim3 gate_up(tiles, static_cast<unsigned>(a.inter / kMmaN)),
+        down(tiles, static_cast<unsigned>(a.hidden / kMmaN));
+    // K steps of 64 through 3 stages by default; 32, or 4 stages, only for measurements.
+    const int variant = a.mma_k == 32 ? 0 : a.mma_stages == 4 ? 2 : 1;
+    int err = 0;
+    if (w.tile_rows == kMmaSmallM) {
+      err = variant == 0   ? LaunchMma<kMmaSmallM, 32, 3>(a, w, gate_up, down, st)
+            : variant == 1 ? LaunchMma<kMmaSmallM, 64, 3>(a, w, gate_up, down, st)
+                           : LaunchMma<kMmaSmallM, 64, 4>(a, w, gate_up, down, st);
+    } else {
+      err = variant == 0   ? LaunchMma<kMmaM, 32, 3>(a, w, gate_up, down, st)
+            : variant == 1 ? LaunchMma<kMmaM, 64, 3>(a, w, gate_up, down, st)
+                           : LaunchMma<kMmaM, 64, 4>(a, w, gate_up, down, st);
+    }
+    if (err != 0) return err;
   } else {
-    LaunchGrouped<8>(a, w, slots, st);
+    // Blocks for every expert that can be active; those past num_active return at once. Pairs per weight read: one
+    // at batch 1, more when experts share tokens.
+    const unsigned slots = static_cast<unsigned>(std::min(a.n_experts, pairs));
+    if (pairs <= a.n_experts) {
+      LaunchGrouped<1>(a, w, slots, st);
+    } else if (pairs <= 4 * a.n_experts) {
+      LaunchGrouped<4>(a, w, slots, st);
+    } else {
+      LaunchGrouped<8>(a, w, slots, st);
+    }
   }
-  MoeCombineKernel<<<static_cast<unsigned>(a.n), 256, 0, st>>>(a, w);
+  MoeCombineKernel<<<dim3(static_cast<unsigned>(a.n),
+                          static_cast<unsigned>((a.hidden + kCombineThreads - 1) / kCombineThreads)),
+                     kCombineThreads, 0, st>>>(a, w);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
-// CUDA kernels of the MoE ops: the router (model/moe_route.h's rule, one thread per token) and the routed experts of
-// decode-sized batches without a host round trip (sort the (token, expert) pairs by expert on the device, then
-// grouped GEMVs over the active experts and a weighted combine). Launchers follow kernels.h: pointers, strides and a
-// stream in, a cudaError_t (as int) out, no allocation.
+// CUDA kernels of the MoE ops: the router (model/moe_route.h's rule, one warp per token) and the routed experts
+// without a host round trip (sort the (token, expert) pairs by expert on the device, then grouped GEMVs over the
+// active experts for decode batches, or grouped tensor-core GEMMs for larger ones, and a weighted combine). Launchers
+// follow kernels.h: pointers, strides and a stream in, a cudaError_t (as int) out, no allocation.
 //
 //   cuda::LaunchMoeRoute(logits, n_experts, n, bias, params, ids, weights, stream);
 //   cuda::MoeExpertsArgs a{...};
@@ -32,7 +32,14 @@ struct MoeExpertsArgs {
   const void* const* table;  // device [3 * n_experts]: the bf16 gate [inter, hidden], up, and down [hidden, inter]
   float* out;                // [n, hidden], rows os apart: out += the weighted expert outputs
   int64_t os;
+  // Grouped bf16 tensor-core GEMMs (activations rounded to bf16, as GemmBf16 does) instead of float32 GEMVs: for
+  // prefill-sized batches. Needs MoeTensorCoresFit.
+  bool tensor_cores = false;
+  int32_t mma_rows = 0;    // the tensor-core tiles' rows: 16 or 64; 0 chooses by pairs per expert (for measurements)
+  int32_t mma_k = 0;       // the tensor-core K step: 64 (0: the default) or 32 (for measurements)
+  int32_t mma_stages = 0;  // the tensor-core pipeline depth: 3 (0: the default) or 4 (for measurements)
 };
+bool MoeTensorCoresFit(const MoeExpertsArgs& a);
 int64_t MoeExpertsWorkspaceBytes(const MoeExpertsArgs& a);
 // Needs n * top_k <= kMaxMoePairs and n_experts <= moe_route::kMaxExperts.
 int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <numeric>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "backend/cuda/moe_kernels.h"
 #include "engine/decode_graphs.h"
 #include "io/model_config.h"
+#include "model/moe.h"
 #include "model/registry.h"
 #include "testing/golden.h"
 
@@ -120,27 +122,39 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
 }
 
 // MLA's per-head absorbed projections at V2-Lite sizes (16 heads; W_UK^T [512, 128], W_UV [128, 512]), over strided
-// views of q and of the attention output, for decode and prefill token counts.
+// views of q and of the attention output, for decode and prefill token counts: with FATHOM_CUDA_F32_GEMM on float32
+// inputs (tight), and by default, where a prefill batch of bf16 weights takes one strided-batched cuBLASLt GEMM on
+// bf16-rounded inputs (within 1% of the output's largest magnitude).
 TEST(CudaBackendTest, HeadLinearMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
   const int64_t heads = 16;
-  for (DType wd : {DType::kBF16, DType::kF32}) {
-    for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {512, 128}}) {
-      for (int64_t n : {1, 3, 40}) {
-        // x lives in [n, heads, in + 64] (as q_nope inside q), out in [n, heads, out + 64] (as q_abs).
-        Tensor xb = RandomHost(DType::kF32, {n, heads, in + 64}, 21);
-        Tensor w = RandomHost(wd, {heads, out, in}, 22);
-        Tensor y_cpu = cpu.Alloc(DType::kF32, {n, heads, out + 64});
-        cpu.HeadLinear(xb.view().Slice(2, 0, in), w, y_cpu.view().Slice(2, 0, out));
-        Tensor xd = *gpu->Upload(xb), wdv = *gpu->Upload(w);
-        Tensor y = gpu->Alloc(DType::kF32, {n, heads, out + 64});
-        gpu->HeadLinear(xd.view().Slice(2, 0, in), wdv, y.view().Slice(2, 0, out));
-        ASSERT_TRUE(gpu->Synchronize().ok());
-        auto h = Host(*gpu, y);
-        EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * heads * (out + 64)), 1e-4f)
-            << DTypeName(wd) << " " << in << "->" << out << " n=" << n;
+  for (bool f32 : {true, false}) {
+    if (f32) {
+      setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+    } else {
+      unsetenv("FATHOM_CUDA_F32_GEMM");
+    }
+    for (DType wd : {DType::kBF16, DType::kF32}) {
+      for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {512, 128}}) {
+        for (int64_t n : {1, 3, 40}) {
+          // x lives in [n, heads, in + 64] (as q_nope inside q), out in [n, heads, out + 64] (as q_abs).
+          Tensor xb = RandomHost(DType::kF32, {n, heads, in + 64}, 21);
+          Tensor w = RandomHost(wd, {heads, out, in}, 22);
+          Tensor y_cpu = cpu.Alloc(DType::kF32, {n, heads, out + 64});
+          cpu.HeadLinear(xb.view().Slice(2, 0, in), w, y_cpu.view().Slice(2, 0, out));
+          Tensor xd = *gpu->Upload(xb), wdv = *gpu->Upload(w);
+          Tensor y = gpu->Alloc(DType::kF32, {n, heads, out + 64});
+          gpu->HeadLinear(xd.view().Slice(2, 0, in), wdv, y.view().Slice(2, 0, out));
+          ASSERT_TRUE(gpu->Synchronize().ok());
+          auto h = Host(*gpu, y);
+          const int64_t total = n * heads * (out + 64);
+          float largest = 0.0f;
+          for (int64_t i = 0; i < total; ++i) largest = std::max(largest, std::fabs(y_cpu.data<float>()[i]));
+          const bool bf16_gemm = !f32 && wd == DType::kBF16 && n > 8;
+          EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), total), bf16_gemm ? 0.01f * largest : 1e-4f)
+              << DTypeName(wd) << " " << in << "->" << out << " n=" << n << (f32 ? ", float32" : ", default");
+        }
       }
     }
   }
@@ -216,17 +230,19 @@ TEST(CudaBackendTest, ScatterAddRowsMatchesCpu) {
   EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), rows * d), 1e-5f);
 }
 
-// Routed experts on the GPU (sorted on the device, grouped GEMVs, weighted combine) against the CPU's host-sorted
-// reference, for decode and prefill sizes, with uniform and skewed routing (every token sent to the same few experts:
-// many pairs per expert), and past the device path's pair limit (the host-sorted path on the GPU).
+// Routed experts on the GPU (sorted on the device, then grouped GEMVs or grouped tensor-core GEMMs, and a weighted
+// combine) against the CPU's host-sorted reference, for decode and prefill sizes, with uniform and skewed routing
+// (every token sent to the same few experts: many pairs per expert), and past the GEMV path's pair limit (the
+// host-sorted path on the GPU; the tensor-core path in slices). With FATHOM_CUDA_F32_GEMM every batch takes the
+// float32 GEMVs (tight); without it batches of kMoeMmaTokens tokens or more take the tensor cores where the shape
+// fits (inter a multiple of 64; not the first shape), with activations rounded to bf16.
 TEST(CudaBackendTest, MoeExpertsMatchCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
   struct Shape {
     int64_t experts, k, hidden, inter;
   };
-  for (const Shape& sh : std::vector<Shape>{{64, 6, 512, 176}, {256, 8, 256, 128}}) {
+  for (const Shape& sh : std::vector<Shape>{{64, 6, 512, 176}, {64, 6, 512, 192}, {256, 8, 256, 128}}) {
     ExpertSet cs, gs;
     std::vector<Tensor> keep;
     for (int64_t e = 0; e < sh.experts; ++e) {
@@ -248,9 +264,19 @@ TEST(CudaBackendTest, MoeExpertsMatchCpu) {
     }
     ASSERT_TRUE(gpu->PrepareExperts(gs).ok());
     ASSERT_NE(gs.device_state, nullptr) << "bf16 experts take the device path";
-    const int64_t over = cuda::kMaxMoePairs / sh.k + 3;  // past the device path's limit
+    const int64_t over = cuda::kMaxMoePairs / sh.k + 3;  // past the GEMV path's limit
     for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{300}, over}) {
-      for (int skew = 0; skew < 2; ++skew) {
+      for (int mode = 0; mode < 4; ++mode) {
+        const int skew = mode % 2;
+        const bool f32 = mode < 2;
+        if (f32) {
+          setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+        } else {
+          unsetenv("FATHOM_CUDA_F32_GEMM");
+        }
+        const bool tensor_cores = !f32 && n >= CudaBackend::kMoeMmaTokens && sh.inter % 64 == 0;
+        // bf16 activations: the tensor cores, or past the GEMV path's limit the host path's cuBLASLt GEMMs
+        const bool bf16_inputs = tensor_cores || (!f32 && n * sh.k > cuda::kMaxMoePairs);
         std::mt19937 rng(static_cast<uint32_t>(n * 2 + skew));
         Tensor x = RandomHost(DType::kF32, {n, sh.hidden}, static_cast<uint32_t>(n), 1.0f);
         Tensor base = RandomHost(DType::kF32, {n, sh.hidden}, static_cast<uint32_t>(n + 1), 1.0f);
@@ -272,8 +298,11 @@ TEST(CudaBackendTest, MoeExpertsMatchCpu) {
         ASSERT_TRUE(gpu->MoeExperts(xd, gs, idd, wdv, out).ok());
         ASSERT_TRUE(gpu->Synchronize().ok());
         auto h = Host(*gpu, out);
-        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * sh.hidden), 1e-4f)
-            << sh.experts << " experts, n=" << n << (skew ? " skewed" : "");
+        EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * sh.hidden), bf16_inputs ? 1e-2f : 1e-4f)
+            << sh.experts << " experts, inter " << sh.inter << ", n=" << n << (skew ? " skewed" : "")
+            << (tensor_cores  ? ", tensor cores"
+                : bf16_inputs ? ", host path in bf16"
+                              : ", float32");
       }
     }
   }
@@ -599,8 +628,8 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
 }
 
 // MLA attention at the real dims (the latent cache: 576 values per token, V its first 512) against the CPU, for
-// V2-Lite's 16 heads and V3's 128: the generic split kernel (tight) and the MLA kernel (FATHOM_CUDA_MLA_ATTENTION=1;
-// Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1 decode.
+// V2-Lite's 16 heads and V3's 128: the generic split kernel (FATHOM_CUDA_NO_MLA_ATTENTION=1; tight) and the MLA kernel
+// ( Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1 decode.
 TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -609,15 +638,16 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   for (int64_t heads : {16, 128}) {
     for (bool mla_kernel : {false, true}) {
       if (mla_kernel) {
-        setenv("FATHOM_CUDA_MLA_ATTENTION", "1", 1);
+        unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
       } else {
-        unsetenv("FATHOM_CUDA_MLA_ATTENTION");
+        setenv("FATHOM_CUDA_NO_MLA_ATTENTION", "1", 1);
       }
       const KvCacheSpec spec{1, 1, k_dim, v_dim, true};
-      auto kv_cpu = KvCache::Allocate(cpu, spec, DType::kBF16, 160, bs);
-      auto kv_gpu = KvCache::Allocate(*gpu, spec, DType::kBF16, 160, bs);
+      // 243 blocks of 16 for the five sequences
+      auto kv_cpu = KvCache::Allocate(cpu, spec, DType::kBF16, 256, bs);
+      auto kv_gpu = KvCache::Allocate(*gpu, spec, DType::kBF16, 256, bs);
       ASSERT_TRUE(kv_cpu.ok() && kv_gpu.ok());
-      testing::ScatteredBlocks blocks(160, 6);
+      testing::ScatteredBlocks blocks(256, 6);
       AttentionSteps steps(bs, blocks, {0, 300, 1000, 511, 2000}, {40, 1, 3, 1, 1});
       ForwardBatch &fill = steps.fill, &step = steps.step, &decode = steps.decode;
       for (ForwardBatch* fb : {&fill, &step, &decode}) {
@@ -646,7 +676,7 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_MLA_ATTENTION");
+  unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
 }
 
 // The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32
@@ -692,6 +722,41 @@ float Margin(const float* row, int64_t n, int32_t* best) {
   return row[b] - second;
 }
 
+// The bf16 rule for MoE fixtures. The dense rule asks for top-1 agreement only where the oracle's margin is above 0.1,
+// and for equal greedy tokens up to the first low-margin step. A router has margins too: an expert choice that a
+// bf16 ulp at 1.0 (2^-7) could change is one that bf16 rounding may swap, and a swapped expert moves that token's
+// logits by O(1) (deepseek-v3-tiny, case3 position 17: experts 11 and 5 within 0.0068, |dlogit| 1.93 when swapped;
+// the CPU reference swaps them too when its GEMM inputs are rounded to bf16). So in bf16 a MoE fixture's positions
+// whose expert choice, in some layer of the float32 CPU reference (the prompt followed by the oracle's greedy
+// tokens), has a SelectionMargin below kRouteNoise are left out of the logit checks, and greedy tokens are compared
+// up to the first such position.
+constexpr float kRouteNoise = 1.0f / 128;
+// [position]: the smallest SelectionMargin over the layers, in the float32 CPU reference.
+StatusOr<std::vector<float>> RouteMargins(const std::string& fixture, const ModelConfig& cfg,
+                                          const std::vector<int32_t>& tokens) {
+  CpuBackend cpu;
+  LoadOptions opts;
+  opts.show_progress = false;
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(testing::ModelDir(fixture), cfg, opts, cpu));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int32_t blocks = static_cast<int32_t>((n + 15) / 16);
+  FATHOM_ASSIGN_OR_RETURN(auto kv, KvCache::Allocate(cpu, model->kv_cache_spec(), DType::kF32, blocks, 16));
+  std::vector<float> margin(static_cast<size_t>(n), INFINITY);
+  const SelectionMarginObserver observer = [&](int64_t t, float m) {
+    if (t < n) margin[static_cast<size_t>(t)] = std::min(margin[static_cast<size_t>(t)], m);
+  };
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  ForwardBatch b(16);
+  b.AddSequence(tokens, 0, table, LogitsMode::kLast);
+  Tensor logits;
+  SetSelectionMarginObserver(&observer);
+  const Status st = model->Forward(b, kv, &logits);
+  SetSelectionMarginObserver(nullptr);
+  FATHOM_RETURN_IF_ERROR(st);
+  return margin;
+}
+
 TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   REQUIRE_GPU(gpu);
   const GoldenParam p = GetParam();
@@ -720,8 +785,24 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     Tensor logits;
     ASSERT_TRUE((*model)->Forward(b, *kv, &logits).ok());
     auto h = Host(*gpu, logits);
+    // MoE in bf16: positions whose expert choice is within bf16 noise (kRouteNoise) are left out.
+    const size_t prompt_len = gc.input_ids.size();
+    std::vector<bool> route_tie(prompt_len + gc.greedy.size(), false);
+    if (!p.f32_gemm && cfg->is_moe()) {
+      std::vector<int32_t> seq = gc.input_ids;
+      seq.insert(seq.end(), gc.greedy.begin(), gc.greedy.end() - (gc.greedy.empty() ? 0 : 1));
+      auto margins = RouteMargins(p.fixture, *cfg, seq);
+      ASSERT_TRUE(margins.ok()) << margins.status().ToString();
+      std::string left_out;
+      for (size_t t = 0; t < margins->size(); ++t) {
+        route_tie[t] = (*margins)[t] < kRouteNoise;
+        if (route_tie[t]) left_out += " " + std::to_string(t);
+      }
+      std::cout << p.fixture << " case" << c << ": positions with a router margin below 2^-7:" << left_out << "\n";
+    }
     float worst = 0.0f;
     for (size_t t = 0; t < gc.input_ids.size(); ++t) {
+      if (route_tie[t]) continue;
       const float* want = gc.row(static_cast<int64_t>(t));
       worst = std::max(worst, testing::MaxAbsDiff(h.data() + t * vocab, want, vocab));
       int32_t want_top = 0, got_top = 0;
@@ -746,6 +827,10 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     std::vector<int32_t> generated = {next};
     bool comparable = p.f32_gemm || margin >= 0.1f;
     size_t compare_up_to = comparable ? gc.greedy.size() : 0;
+    // greedy[i] comes from position prompt_len - 1 + i.
+    for (size_t i = 0; i < compare_up_to && i < gc.greedy.size(); ++i) {
+      if (route_tie[prompt_len - 1 + i]) compare_up_to = i;
+    }
     int32_t cached = static_cast<int32_t>(gc.input_ids.size());
     while (generated.size() < gc.greedy.size()) {
       ForwardBatch d(kBs);
@@ -1072,11 +1157,10 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
                              "qwen-7b bf16 GEMM");
 }
 
-// deepseek-v3-tiny in bf16 misses the bf16 rule (first run: case3 position 17, top-1 400 against the oracle's 179,
+// deepseek-v3-tiny in bf16 missed the plain bf16 rule (case3 position 17, top-1 400 against the oracle's 179,
 // |dlogit| 1.93): its 16-expert routers have near-ties (layer 2 at that position: experts 11 and 5 within 0.0068 of
-// selection value), and bf16 rounding swaps such experts. The CPU reference does the same when its GEMM inputs are
-// rounded to bf16 (positions 3 and 6 of case3 then change experts, |dlogit| 1.7 and 1.4; with the router kept in
-// float32, positions 24 and 30). The failure is kept visible rather than the tolerance widened.
+// selection value), and bf16 rounding swaps such experts; the CPU reference does the same when its GEMM inputs are
+// rounded to bf16. MoE fixtures therefore take the router's low-margin rule (kRouteNoise, RouteMargins) in bf16.
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
   for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny",
