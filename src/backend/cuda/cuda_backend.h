@@ -87,8 +87,9 @@ class CudaBackend final : public Backend {
   void ResetProfile();
 
   // Batches of this many tokens or more run their routed experts as grouped tensor-core GEMMs, smaller ones as
-  // grouped GEMVs (bench/cuda_kernel_bench --moe 1 measures both).
-  static constexpr int64_t kMoeMmaTokens = 32;
+  // grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1 on the H200, V2-Lite's experts: at 8 tokens
+  // 186 us against 278, at 1 token even, 54 against 53).
+  static constexpr int64_t kMoeMmaTokens = 8;
 
  private:
   struct Profile {

@@ -265,7 +265,7 @@ TEST(CudaBackendTest, MoeExpertsMatchCpu) {
     ASSERT_TRUE(gpu->PrepareExperts(gs).ok());
     ASSERT_NE(gs.device_state, nullptr) << "bf16 experts take the device path";
     const int64_t over = cuda::kMaxMoePairs / sh.k + 3;  // past the GEMV path's limit
-    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{300}, over}) {
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{8}, int64_t{64}, int64_t{300}, over}) {
       for (int mode = 0; mode < 4; ++mode) {
         const int skew = mode % 2;
         const bool f32 = mode < 2;
