@@ -173,6 +173,9 @@ class DeepseekModel final : public Model {
           l.experts.down.push_back(e.down);
         }
         FATHOM_RETURN_IF_ERROR(backend_.PrepareExperts(l.experts));
+        // Without the backend's device state the experts take the host-sorted path, which reads the routing back.
+        experts_on_device_ =
+            experts_on_device_ && (l.experts.device_state != nullptr || backend_.device() == Device::kCpu);
         if (cfg_.moe.n_shared_experts > 0) {
           l.shared = MlpAt(LayerName(i, "mlp.shared_experts."));
           l.has_shared = true;
@@ -204,11 +207,11 @@ class DeepseekModel final : public Model {
     return be.Synchronize();
   }
 
-  bool SupportsForwardOnDevice() const override { return true; }
+  // No host synchronization where the backend routes and runs the experts on the device (CUDA, bf16 experts);
+  // otherwise (FP8 experts on the GPU, for now) MoeExperts reads the routing on the host, so no graph can record a
+  // step, and the engine runs decode steps eagerly.
+  bool SupportsForwardOnDevice() const override { return experts_on_device_; }
 
-  // No host synchronization where the backend routes and runs the experts on the device (CUDA, decode-sized
-  // batches); otherwise MoeExperts reads the routing on the host, and a graph capture of it fails (and the step runs
-  // eagerly).
   Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override {
     Backend& be = backend_;
     const AttentionMetadata& meta = dev.meta();
@@ -401,6 +404,7 @@ class DeepseekModel final : public Model {
   RouterConfig router_;
   moe_route::Params route_params_;
   std::vector<Layer> layers_;
+  bool experts_on_device_ = true;  // every MoE layer's experts run without a host round trip
   std::vector<Tensor> owned_;
   TensorView embed_, final_norm_;
   LinearWeight lm_head_;

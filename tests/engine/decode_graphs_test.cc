@@ -1,10 +1,11 @@
-// DecodeGraphs' buckets and its refusal on a backend without graphs. Replays against eager steps are tested on the
-// GPU (tests/backend/cuda).
+// DecodeGraphs' buckets, its refusal on a backend without graphs, and an engine whose graph capture fails serving
+// eagerly. Replays against eager steps are tested on the GPU (tests/backend/cuda).
 #include "engine/decode_graphs.h"
 
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/engine_core.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
@@ -52,6 +53,54 @@ TEST_F(DecodeGraphsTest, TheCpuBackendHasNoGraphs) {
   b.AddSequence(std::vector<int32_t>{5}, 3, std::vector<int32_t>{1}, LogitsMode::kLast);
   EXPECT_FALSE(g.Accepts(b));  // a decode step, but nothing to replay it with
   EXPECT_FALSE(g.CaptureCommon(nullptr).ok());
+}
+
+// A backend that offers graphs but cannot record one, as the GPU cannot when a forward reads results back on the host
+// (DeepSeek-V3's FP8 experts take the host-sorted path). On the CPU the capture already fails in its padding rows'
+// KV write; either way the engine must start and serve eagerly.
+class CaptureFailsBackend : public CpuBackend {
+ public:
+  bool SupportsGraphs() const override { return true; }
+  Status BeginCapture() override { return OkStatus(); }
+  StatusOr<int64_t> EndCapture() override { return FailedPreconditionError("this forward cannot be recorded"); }
+};
+
+TEST(DecodeGraphsEngineTest, AFailedCaptureLeavesTheEngineServingEagerly) {
+  const std::string dir = testing::ModelDir("qwen2-distill-tiny");
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok());
+  LoadOptions opts;
+  opts.show_progress = false;
+  auto golden = testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok());
+  const auto& c = golden->cases[1];
+  std::vector<std::vector<int32_t>> outputs;
+  for (bool failing : {false, true}) {
+    CpuBackend plain;
+    CaptureFailsBackend fails;
+    Backend& be = failing ? static_cast<Backend&>(fails) : static_cast<Backend&>(plain);
+    auto model = LoadModel(dir, *cfg, opts, be);
+    ASSERT_TRUE(model.ok());
+    EngineConfig ec;
+    ec.num_blocks = 64;
+    ec.block_size = 16;
+    auto core = EngineCore::Create(**model, be, ec, nullptr);
+    ASSERT_TRUE(core.ok()) << core.status().ToString();  // before: the failed capture failed the engine's start
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = 8;
+    p.ignore_eos = true;
+    auto stream = std::make_shared<RequestStream>("r", 1);
+    ASSERT_TRUE((*core)->AddRequest({.id = "r", .prompt = c.input_ids, .sampling = p}, stream).ok());
+    while ((*core)->HasUnfinished()) ASSERT_TRUE((*core)->Step().ok());
+    std::vector<int32_t> tokens;
+    while (std::optional<RequestOutput> o = stream->TryNext()) {
+      tokens.insert(tokens.end(), o->token_ids.begin(), o->token_ids.end());
+    }
+    ASSERT_EQ(tokens.size(), 8u);
+    outputs.push_back(tokens);
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
 }
 
 }  // namespace

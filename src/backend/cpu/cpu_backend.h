@@ -11,7 +11,7 @@
 
 namespace fathom {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
