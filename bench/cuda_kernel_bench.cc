@@ -425,11 +425,10 @@ void MoeBench(Lt& lt) {
       }
       double mean_distinct = 0;
       for (int64_t d : distinct) mean_distinct += static_cast<double>(d) / kSets;
-      // GEMV; tensor cores with tiles of 16 or 64 rows, K steps of 32 or 64, 3 stages (or 4 with K steps of 64)
-      for (int path = 0; path < 7; ++path) {
+      // GEMV; tensor cores with tiles of 16 or 64 rows
+      for (int path = 0; path < 3; ++path) {
         const bool tc = path > 0;
-        const int rows = path == 1 || path == 2 || path == 5 ? 16 : 64, kstep = path == 1 || path == 3 ? 32 : 64;
-        const int stages = path >= 5 ? 4 : 3;
+        const int rows = path == 1 ? 16 : 64;
         fathom::cuda::MoeExpertsArgs a{};
         a.x = x;
         a.xs = kHidden;
@@ -444,8 +443,6 @@ void MoeBench(Lt& lt) {
         a.os = kHidden;
         a.tensor_cores = tc;
         a.mma_rows = rows;
-        a.mma_k = kstep;
-        a.mma_stages = stages;
         void* ws = nullptr;
         CK(cudaMalloc(&ws, static_cast<size_t>(fathom::cuda::MoeExpertsWorkspaceBytes(a))));
         const double us = TimeUs(lt.s, 40, [&](int it) {
@@ -456,12 +453,12 @@ void MoeBench(Lt& lt) {
         const double bytes = mean_distinct * expert_bytes,
                      flop = 2.0 * static_cast<double>(n * kTopK) * expert_bytes / 2;
         fmt::print(
-            "{{\"kernel\": \"moe_experts\", \"path\": \"{}\", \"tile_rows\": {}, \"k_step\": {}, \"stages\": {}, "
+            "{{\"kernel\": \"moe_experts\", \"path\": \"{}\", \"tile_rows\": {}, "
             "\"routing\": \"{}\", "
             "\"tokens\": {}, "
             "\"active_experts\": {:.1f}, \"us\": {:.1f}, \"weight_tb_s\": {:.2f}, \"tflop_s\": {:.1f}}}\n",
-            tc ? "tensor_cores" : "gemv", tc ? rows : 0, tc ? kstep : 0, tc ? stages : 0, skew ? "skewed" : "uniform",
-            n, mean_distinct, us, bytes / us / 1e6, flop / us / 1e6);
+            tc ? "tensor_cores" : "gemv", tc ? rows : 0, skew ? "skewed" : "uniform", n, mean_distinct, us,
+            bytes / us / 1e6, flop / us / 1e6);
       }
       for (int32_t* p : sets) cudaFree(p);
     }

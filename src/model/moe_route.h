@@ -77,6 +77,20 @@ FATHOM_HOST_DEVICE float GroupValue(const Params& p, const float* c, int32_t per
   return p.method == kNoauxTc ? best + (per > 1 ? second : 0.0f) : best;
 }
 
+// The chosen experts' weights: their unbiased scores, normalized to sum 1 when norm_topk_prob, then times
+// routed_scaling_factor. An id of -1 (no pick: NaN logits) weighs 0.   scores [n_experts]; ids, weights [top_k]
+FATHOM_HOST_DEVICE void ChosenWeights(const Params& p, const float* scores, const int32_t* ids, float* weights) {
+  float sum = 0.0f;
+  for (int32_t j = 0; j < p.top_k; ++j) {
+    weights[j] = ids[j] >= 0 ? scores[ids[j]] : 0.0f;
+    sum += weights[j];
+  }
+  for (int32_t j = 0; j < p.top_k; ++j) {
+    if (p.norm_topk_prob) weights[j] /= (sum + 1e-20f);
+    weights[j] *= p.routed_scaling_factor;
+  }
+}
+
 // logits [n_experts]; bias [n_experts] or null; scores, choice: scratch [n_experts]; ids, weights [top_k].
 // V2: softmax scores; greedy top-k, or top-k within the topk_group groups with the highest max score.
 // V3 (noaux_tc): sigmoid scores; selection on score + bias; groups ranked by the sum of their two best selection
@@ -113,15 +127,7 @@ FATHOM_HOST_DEVICE void RouteToken(const Params& p, const float* logits, const f
     }
   }
   TopK(choice, e, k, ids);
-  float sum = 0.0f;
-  for (int32_t j = 0; j < k; ++j) {
-    weights[j] = scores[ids[j]];
-    sum += scores[ids[j]];
-  }
-  for (int32_t j = 0; j < k; ++j) {
-    if (p.norm_topk_prob) weights[j] /= (sum + 1e-20f);
-    weights[j] *= p.routed_scaling_factor;
-  }
+  ChosenWeights(p, scores, ids, weights);
 }
 
 }  // namespace fathom::moe_route

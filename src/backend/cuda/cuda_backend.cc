@@ -328,9 +328,13 @@ void CudaBackend::ResetProfile() {
 }
 
 void CudaBackend::Check(int err, const char* op) {
-  if (err == 0) return;
+  if (err != 0) RecordError(CudaStatus(static_cast<cudaError_t>(err), op));
+}
+
+void CudaBackend::RecordError(const Status& st) {
+  if (st.ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (first_error_.ok()) first_error_ = CudaStatus(static_cast<cudaError_t>(err), op);
+  if (first_error_.ok()) first_error_ = st;
 }
 
 Status CudaBackend::Synchronize() {
@@ -426,10 +430,13 @@ bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
 }
 
 void* CudaBackend::StageBf16(const TensorView& x) {
-  const int64_t n = x.dim(0), k = x.dim(1);
-  void* xb = Workspace(static_cast<size_t>(n * k) * 2);
+  return StageBf16(x.data<float>(), x.stride(0), x.dim(0), x.dim(1));
+}
+
+void* CudaBackend::StageBf16(const float* x, int64_t xs, int64_t rows, int64_t cols) {
+  void* xb = Workspace(static_cast<size_t>(rows * cols) * 2);
   if (xb == nullptr) return nullptr;
-  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, xb, stream_); });
+  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x, xs, rows, cols, xb, stream_); });
   return xb;
 }
 
@@ -442,8 +449,7 @@ void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const Lin
                          bias != nullptr ? static_cast<int>(DType::kF32) : -1, &bias_added);
   if (profile_) RecordEnd("GemmBf16", t0);
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (first_error_.ok()) first_error_ = st;
+    RecordError(st);
     return;
   }
   if (!w.bias.empty() && !bias_added) {  // no epilogue for this shape and bias type
@@ -547,17 +553,13 @@ void CudaBackend::HeadLinear(const TensorView& x, const TensorView& w, const Ten
   LinearWeight as_linear;
   as_linear.weight = w;
   if (x.stride(0) == heads * x.stride(1) && UseCublasLt(n, as_linear)) {
-    void* xb = Workspace(static_cast<size_t>(n * heads * in) * 2);  // [n, heads, in] bf16
+    void* xb = StageBf16(x.data<float>(), x.stride(1), n * heads, in);  // [n, heads, in] bf16
     if (xb == nullptr) return;
-    Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(1), n * heads, in, xb, stream_); });
     const auto t0 = profile_ ? RecordStart() : nullptr;
     const Status st = gemm_->RunBatched(xb, heads * in, in, n, in, w.raw(), m, out.data<float>(), out.stride(0),
                                         out.stride(1), heads);
     if (profile_) RecordEnd("HeadGemmBf16", t0);
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (first_error_.ok()) first_error_ = st;
-    }
+    RecordError(st);
     return;
   }
   Launch("HeadLinear", [&] {

@@ -131,12 +131,14 @@ class CudaBackend final : public Backend {
   // (the exact reference path).
   bool UseCublasLt(int64_t n, const LinearWeight& w) const;
   void* StageBf16(const TensorView& x);  // null (error recorded) when the workspace cannot grow
+  void* StageBf16(const float* x, int64_t xs, int64_t rows, int64_t cols);  // rows xs apart
   void GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out);
   // A float32 copy of a 16-bit bias, made once (cuBLASLt's bias epilogue with float32 output takes float32 biases)
   // and freed with the bias's memory block (Pool); null for a bias that is not a pooled block of its own, or while
   // capturing a graph before the copy exists: the caller then adds the bias with a kernel.
   const float* F32Bias(const TensorView& bias);
   void Check(int err, const char* op);
+  void RecordError(const Status& st);  // keeps the first error, which Synchronize returns
   void Launch(const char* op, const std::function<int()>& launch);
   void CollectProfile();
   void* RecordStart();

@@ -45,9 +45,9 @@ __device__ void WarpTopK(const float* v, int32_t n, int32_t k, int32_t* out, int
   }
 }
 
-// One warp per token: moe_route::RouteToken's float operations, the order-dependent ones (the softmax sum, each
-// group's two best, the weights' sum) in RouteToken's order on one lane, the rest spread over the lanes, so the
-// choices and weights are bit-identical to the host's. Scratch in shared memory: [warps][2][n_experts] floats.
+// One warp per token: moe_route::RouteToken's float operations, each order-dependent one in RouteToken's order on one
+// lane (the softmax sum, a group's value: GroupValue, the weights: ChosenWeights), the rest spread over the lanes, so
+// the choices and weights are bit-identical to the host's. Scratch in shared memory: [warps][2][n_experts] floats.
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteKernel(const float* logits, int64_t ls, int64_t n, const float* bias, moe_route::Params p, int32_t* ids,
                    float* weights) {
@@ -101,18 +101,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   WarpTopK(choice, e, k, picks[warp], lane);
   __syncwarp();
   if (lane == 0) {
-    float* w = weights + t * k;
-    float sum = 0.0f;
-    for (int32_t j = 0; j < k; ++j) {
-      const int32_t c = picks[warp][j];
-      id[j] = c;
-      w[j] = c >= 0 ? scores[c] : 0.0f;
-      sum += w[j];
-    }
-    for (int32_t j = 0; j < k; ++j) {
-      if (p.norm_topk_prob) w[j] /= (sum + 1e-20f);
-      w[j] *= p.routed_scaling_factor;
-    }
+    for (int32_t j = 0; j < k; ++j) id[j] = picks[warp][j];
+    moe_route::ChosenWeights(p, scores, picks[warp], weights + t * k);
   }
 }
 
@@ -135,9 +125,9 @@ struct MoeWorkspace {
 };
 
 // The grouped GEMM's tiles: kMmaM (or, when experts have few pairs each, kMmaSmallM) rows of pairs x kMmaN output
-// columns, K in steps of 64 (kMmaK, 32, only for measurements: on the H200 64 streams the weights 1.2-1.5x faster,
-// bench/results/2026-12-01-cuda-deepseek-v2.json).
-constexpr int kMmaM = 64, kMmaSmallM = 16, kMmaN = 64, kMmaK = 32;
+// columns, K in steps of kMmaK through a kMmaStages-deep pipeline. Measured on the H200 (V2-Lite's experts,
+// bench/results/2026-12-01-cuda-deepseek-v2.json): steps of 32 were 1.2-1.5x slower, and a fourth stage gained nothing.
+constexpr int kMmaM = 64, kMmaSmallM = 16, kMmaN = 64, kMmaK = 64, kMmaStages = 3;
 
 // The tile height: 16 rows while the experts average at most kMmaSmallPairs pairs (decode batches, where a taller
 // tile would mostly multiply zero rows), else 64 (each weight tile then serves more pairs).
@@ -411,20 +401,20 @@ __global__ void MoeGatherBf16Kernel(MoeExpertsArgs a, MoeWorkspace w) {
 
 constexpr int kMmaThreads = 128;  // four warps
 
-// Shared memory of MoeMmaKernel<kGateUp, kBM, kBK, kStages>: kStages stages of kBM rows of A and kMmaN rows of each
-// weight matrix, kBK values each, rows padded by 16 bytes (a stride of 80 or 144 bytes puts ldmatrix's 8 rows in 8
+// Shared memory of MoeMmaKernel<kGateUp, kBM>: kMmaStages stages of kBM rows of A and kMmaN rows of each weight
+// matrix, kMmaK values each, rows padded by 16 bytes (a stride of 144 bytes puts ldmatrix's 8 rows in 8
 // different bank groups).
-constexpr int MmaSmemBytes(bool gate_up, int bm, int bk, int stages) {
-  return stages * (bm + (gate_up ? 2 : 1) * kMmaN) * (bk + 8) * 2;
+constexpr int MmaSmemBytes(bool gate_up, int bm) {
+  return kMmaStages * (bm + (gate_up ? 2 : 1) * kMmaN) * (kMmaK + 8) * 2;
 }
 
 // Block (tile, kMmaN output columns): the tile's kBM rows of A (Xs for gate/up, H for down; K = a.hidden or
-// a.inter) against kMmaN rows of one (gate/up: two) of its expert's weight matrices, K in steps of kBK through a
-// kStages-deep cp.async pipeline; per warp mma.m16n8k16 on 32 x 32 (kBM 64: 2 x 2 warps) or 16 x 16 (kBM 16:
+// a.inter) against kMmaN rows of one (gate/up: two) of its expert's weight matrices, K in steps of kMmaK through a
+// kMmaStages-deep cp.async pipeline; per warp mma.m16n8k16 on 32 x 32 (kBM 64: 2 x 2 warps) or 16 x 16 (kBM 16:
 // 1 x 4 warps) outputs per matrix.
-template <bool kGateUp, int kBM, int kBK, int kStages>
+template <bool kGateUp, int kBM>
 __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, MoeWorkspace w) {
-  constexpr int kMmaRow = kBK + 8;
+  constexpr int kMmaRow = kMmaK + 8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kMT = kBM == kMmaM ? 2 : 1;      // m16 tiles per warp
   constexpr int kWarpsM = kBM / (16 * kMT);      // 2 or 1
@@ -432,8 +422,8 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
   constexpr int kNT = kWarpN / 8;                // n8 tiles per warp (even: two per ldmatrix.x4)
   static_assert(kWarpsM * (kMmaN / kWarpN) == kMmaThreads / 32 && kNT % 2 == 0, "four warps cover the tile");
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  auto sa = reinterpret_cast<__nv_bfloat16(*)[kBM * kMmaRow]>(moe_smem);  // [kStages][kBM * kMmaRow]
-  auto sb = reinterpret_cast<__nv_bfloat16(*)[kMats][kMmaN * kMmaRow]>(moe_smem + kStages * kBM * kMmaRow * 2);
+  auto sa = reinterpret_cast<__nv_bfloat16(*)[kBM * kMmaRow]>(moe_smem);  // [kMmaStages][kBM * kMmaRow]
+  auto sb = reinterpret_cast<__nv_bfloat16(*)[kMats][kMmaN * kMmaRow]>(moe_smem + kMmaStages * kBM * kMmaRow * 2);
   const int32_t tile = static_cast<int32_t>(blockIdx.x);
   if (tile >= *w.num_tiles) return;
   const int32_t e = w.tile_e[tile], m0 = w.tile_m0[tile];
@@ -448,8 +438,8 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
   }
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int wm = (warp % kWarpsM) * 16 * kMT, wn = (warp / kWarpsM) * kWarpN;  // the warp's outputs in the tile
-  // Each stage: kBM (and kMmaN per matrix) rows of kBK values, kPieces pieces of 16 bytes a row.
-  constexpr int kPieces = kBK / 8;
+  // Each stage: kBM (and kMmaN per matrix) rows of kMmaK values, kPieces pieces of 16 bytes a row.
+  constexpr int kPieces = kMmaK / 8;
   auto load = [&](int stage, int64_t k0) {
 #pragma unroll
     for (int i = tid; i < kBM * kPieces; i += kMmaThreads) {
@@ -473,21 +463,21 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
     for (int i = 0; i < kMT; ++i)
 #pragma unroll
       for (int j = 0; j < kNT; ++j) acc[m][i][j][0] = acc[m][i][j][1] = acc[m][i][j][2] = acc[m][i][j][3] = 0.0f;
-  const int64_t steps = k_len / kBK;
+  const int64_t steps = k_len / kMmaK;
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < steps) load(st, st * kBK);
+  for (int st = 0; st < kMmaStages - 1; ++st) {
+    if (st < steps) load(st, st * kMmaK);
     CpAsyncCommit();
   }
   for (int64_t kb = 0; kb < steps; ++kb) {
-    CpAsyncWait<kStages - 2>();
+    CpAsyncWait<kMmaStages - 2>();
     __syncthreads();  // stage kb is in place; the stage loaded next was consumed at step kb - 1
-    const int64_t next = kb + kStages - 1;
-    if (next < steps) load(static_cast<int>(next % kStages), next * kBK);
+    const int64_t next = kb + kMmaStages - 1;
+    if (next < steps) load(static_cast<int>(next % kMmaStages), next * kMmaK);
     CpAsyncCommit();
-    const int stage = static_cast<int>(kb % kStages);
+    const int stage = static_cast<int>(kb % kMmaStages);
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
+    for (int kk = 0; kk < kMmaK; kk += 16) {
       uint32_t af[kMT][4];
 #pragma unroll
       for (int i = 0; i < kMT; ++i) {
@@ -536,20 +526,20 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
 }
 
 // The two grouped GEMMs of the tensor-core path (the shared-memory limit raised once per kernel).
-template <int kBM, int kBK, int kStages>
+template <int kBM>
 int LaunchMma(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
-  constexpr int kGateUpSmem = MmaSmemBytes(true, kBM, kBK, kStages);
-  constexpr int kDownSmem = MmaSmemBytes(false, kBM, kBK, kStages);
+  constexpr int kGateUpSmem = MmaSmemBytes(true, kBM);
+  constexpr int kDownSmem = MmaSmemBytes(false, kBM);
   static const cudaError_t attr = [] {
-    const cudaError_t e = cudaFuncSetAttribute(MoeMmaKernel<true, kBM, kBK, kStages>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
-    return e != cudaSuccess ? e
-                            : cudaFuncSetAttribute(MoeMmaKernel<false, kBM, kBK, kStages>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
+    const cudaError_t e =
+        cudaFuncSetAttribute(MoeMmaKernel<true, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
+    return e != cudaSuccess
+               ? e
+               : cudaFuncSetAttribute(MoeMmaKernel<false, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
   }();
   if (attr != cudaSuccess) return static_cast<int>(attr);
-  MoeMmaKernel<true, kBM, kBK, kStages><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
-  MoeMmaKernel<false, kBM, kBK, kStages><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
+  MoeMmaKernel<true, kBM><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
+  MoeMmaKernel<false, kBM><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
   return 0;
 }
 
@@ -597,7 +587,7 @@ int LaunchMoeRoute(const float* logits, int64_t ls, int64_t n, const float* bias
 }
 
 bool MoeTensorCoresFit(const MoeExpertsArgs& a) {
-  static_assert(kMmaN % kMmaK == 0 && kMmaN % 64 == 0, "K steps of 32 or 64 divide the multiples of kMmaN");
+  static_assert(kMmaN % kMmaK == 0, "K steps divide the multiples of kMmaN");
   return a.hidden % kMmaN == 0 && a.inter % kMmaN == 0;
 }
 
@@ -625,18 +615,8 @@ int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
     const unsigned tiles = static_cast<unsigned>(MaxTiles(a));
     const dim3 gate_up(tiles, static_cast<unsigned>(a.inter / kMmaN)),
         down(tiles, static_cast<unsigned>(a.hidden / kMmaN));
-    // K steps of 64 through 3 stages by default; 32, or 4 stages, only for measurements.
-    const int variant = a.mma_k == 32 ? 0 : a.mma_stages == 4 ? 2 : 1;
-    int err = 0;
-    if (w.tile_rows == kMmaSmallM) {
-      err = variant == 0   ? LaunchMma<kMmaSmallM, 32, 3>(a, w, gate_up, down, st)
-            : variant == 1 ? LaunchMma<kMmaSmallM, 64, 3>(a, w, gate_up, down, st)
-                           : LaunchMma<kMmaSmallM, 64, 4>(a, w, gate_up, down, st);
-    } else {
-      err = variant == 0   ? LaunchMma<kMmaM, 32, 3>(a, w, gate_up, down, st)
-            : variant == 1 ? LaunchMma<kMmaM, 64, 3>(a, w, gate_up, down, st)
-                           : LaunchMma<kMmaM, 64, 4>(a, w, gate_up, down, st);
-    }
+    const int err = w.tile_rows == kMmaSmallM ? LaunchMma<kMmaSmallM>(a, w, gate_up, down, st)
+                                              : LaunchMma<kMmaM>(a, w, gate_up, down, st);
     if (err != 0) return err;
   } else {
     // Blocks for every expert that can be active; those past num_active return at once. Pairs per weight read: one

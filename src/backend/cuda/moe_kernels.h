@@ -35,9 +35,7 @@ struct MoeExpertsArgs {
   // Grouped bf16 tensor-core GEMMs (activations rounded to bf16, as GemmBf16 does) instead of float32 GEMVs: for
   // prefill-sized batches. Needs MoeTensorCoresFit.
   bool tensor_cores = false;
-  int32_t mma_rows = 0;    // the tensor-core tiles' rows: 16 or 64; 0 chooses by pairs per expert (for measurements)
-  int32_t mma_k = 0;       // the tensor-core K step: 64 (0: the default) or 32 (for measurements)
-  int32_t mma_stages = 0;  // the tensor-core pipeline depth: 3 (0: the default) or 4 (for measurements)
+  int32_t mma_rows = 0;  // the tensor-core tiles' rows: 16 or 64; 0 chooses by pairs per expert (for measurements)
 };
 bool MoeTensorCoresFit(const MoeExpertsArgs& a);
 int64_t MoeExpertsWorkspaceBytes(const MoeExpertsArgs& a);
