@@ -8,12 +8,16 @@
 //     MLA kernel against the generic split kernel, in GB/s of latent cache read, at V2-Lite's 16 and V3's 128 heads;
 //   - with --moe 1 instead: the router and the routed experts (device sort, grouped GEMVs or grouped tensor-core
 //     GEMMs, combine) at V2-Lite's shape (64 experts of 2048 x 1408, top 6) for decode and prefill batches, with
-//     uniform and skewed routing, in TB/s of expert weights read and TFLOP/s.
+//     uniform and skewed routing, in TB/s of expert weights read and TFLOP/s;
+//   - with --fp8 1 instead: DeepSeek-V3's block-scaled FP8 weights: the W8A8 GEMM (activation quantization plus
+//     cuBLASLt's block-scaled FP8) against our bf16 GEMM at V3's prefill shapes in TFLOP/s, the f8 GEMV against the
+//     bf16 one at V3's decode shapes in TB/s, and the routed experts with V3's 256 f8 experts (2048 x 7168, top 8).
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
 //   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
 //   cuda_kernel_bench --mla 1 [--block-size 64]
 //   cuda_kernel_bench --moe 1
+//   cuda_kernel_bench --fp8 1
 // Prints one JSON object per line.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -27,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe_kernels.h"
 
@@ -49,11 +54,11 @@ namespace {
     }                                                                                \
   } while (0)
 
-constexpr int kBf16 = 2, kF32 = 0;  // fathom::DType values
+constexpr int kBf16 = 2, kF32 = 0, kF8 = 3;  // fathom::DType values
 
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
-  int64_t mla = 0, block_size = 64, moe = 0;
+  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0;
 };
 
 // Device buffer filled with small random bf16 (as uint16) or f32 values.
@@ -171,7 +176,7 @@ void Gemv(Lt& lt, const char* name, int64_t k, const std::vector<int64_t>& ms) {
     for (size_t i = 0; i < ms.size(); ++i) {
       parts.push_back({w[i][static_cast<size_t>(it) % copies], k, ms[i], nullptr, 0, out[i], ms[i]});
     }
-    const int e = fathom::cuda::LaunchLinearBf16FanOut(x, k, 1, k, parts.data(), static_cast<int>(parts.size()), lt.s);
+    const int e = fathom::cuda::LaunchGemvFanOut(x, k, 1, k, parts.data(), static_cast<int>(parts.size()), lt.s);
     if (e != 0) std::exit(2);
   });
   std::vector<LtGemm> g;
@@ -357,6 +362,70 @@ void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs)
 
 // Routed experts at V2-Lite's shape. Every iteration routes a different batch (8 id sets rotate) so that the expert
 // weights (1.1 GB in all) come from HBM, not L2. Skewed: three of every four pairs go to experts 0..7.
+// `count` routings of n tokens to top_k of `experts` each (uniform, or skewed: up to 3/4 of a token's picks among
+// experts 0..7), uploaded; *mean_distinct gets the mean number of experts they touch.
+std::vector<int32_t*> RoutingSets(int64_t n, int64_t experts, int64_t top_k, int count, uint32_t seed, bool skew,
+                                  double* mean_distinct) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t*> sets;
+  *mean_distinct = 0;
+  for (int s = 0; s < count; ++s) {
+    std::vector<int32_t> ids;
+    std::vector<bool> used(static_cast<size_t>(experts), false);
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int32_t> perm(static_cast<size_t>(experts));
+      for (int64_t e = 0; e < experts; ++e) perm[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      if (skew) {
+        std::vector<int32_t> hot(8);
+        for (int e = 0; e < 8; ++e) hot[static_cast<size_t>(e)] = e;
+        std::shuffle(hot.begin(), hot.end(), rng);
+        for (int64_t j = 0; j < top_k * 3 / 4; ++j) {
+          auto it = std::find(perm.begin(), perm.end(), hot[static_cast<size_t>(j)]);
+          std::iter_swap(perm.begin() + j, it);
+        }
+      }
+      for (int64_t j = 0; j < top_k; ++j) {
+        ids.push_back(perm[static_cast<size_t>(j)]);
+        used[static_cast<size_t>(perm[static_cast<size_t>(j)])] = true;
+      }
+    }
+    sets.push_back(Upload(ids));
+    *mean_distinct += static_cast<double>(std::count(used.begin(), used.end(), true)) / count;
+  }
+  return sets;
+}
+
+// The routed experts' launch arguments over device buffers (routing ids set per run).
+fathom::cuda::MoeExpertsArgs ExpertArgs(float* x, int64_t n, int64_t hidden, int64_t inter, int64_t top_k,
+                                        int64_t experts, const float* weights, const void* table, float* out) {
+  fathom::cuda::MoeExpertsArgs a{};
+  a.x = x;
+  a.xs = hidden;
+  a.n = n;
+  a.hidden = hidden;
+  a.inter = inter;
+  a.top_k = top_k;
+  a.n_experts = experts;
+  a.weights = weights;
+  a.table = static_cast<const void* const*>(table);
+  a.out = out;
+  a.os = hidden;
+  return a;
+}
+
+// Microseconds per LaunchMoeExperts, cycling through the routings in `sets`.
+double TimeExperts(Lt& lt, fathom::cuda::MoeExpertsArgs a, const std::vector<int32_t*>& sets, int iters) {
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, static_cast<size_t>(fathom::cuda::MoeExpertsWorkspaceBytes(a))));
+  const double us = TimeUs(lt.s, iters, [&](int it) {
+    a.ids = sets[static_cast<size_t>(it) % sets.size()];
+    if (fathom::cuda::LaunchMoeExperts(a, ws, lt.s) != 0) std::exit(6);
+  });
+  cudaFree(ws);
+  return us;
+}
+
 void MoeBench(Lt& lt) {
   constexpr int64_t kExperts = 64, kTopK = 6, kHidden = 2048, kInter = 1408;
   std::vector<const void*> table(3 * kExperts);
@@ -396,60 +465,17 @@ void MoeBench(Lt& lt) {
     const std::vector<int64_t> sizes =
         skew ? std::vector<int64_t>{64, kMaxN} : std::vector<int64_t>{1, 8, 32, 64, 256, kMaxN};
     for (int64_t n : sizes) {
-      std::mt19937 rng(static_cast<uint32_t>(n + 7 * skew));
-      std::vector<int32_t*> sets;
-      std::vector<int64_t> distinct;
-      for (int64_t s = 0; s < kSets; ++s) {
-        std::vector<int32_t> ids;
-        std::vector<bool> used(kExperts, false);
-        for (int64_t t = 0; t < n; ++t) {
-          std::vector<int32_t> perm(kExperts);
-          for (int64_t e = 0; e < kExperts; ++e) perm[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-          std::shuffle(perm.begin(), perm.end(), rng);
-          if (skew) {  // move up to 3/4 of the picks into experts 0..7
-            std::vector<int32_t> hot(8);
-            for (int e = 0; e < 8; ++e) hot[static_cast<size_t>(e)] = e;
-            std::shuffle(hot.begin(), hot.end(), rng);
-            for (int j = 0; j < kTopK * 3 / 4; ++j) {
-              auto it = std::find(perm.begin(), perm.end(), hot[static_cast<size_t>(j)]);
-              std::iter_swap(perm.begin() + j, it);
-            }
-          }
-          for (int64_t j = 0; j < kTopK; ++j) {
-            ids.push_back(perm[static_cast<size_t>(j)]);
-            used[static_cast<size_t>(perm[static_cast<size_t>(j)])] = true;
-          }
-        }
-        sets.push_back(Upload(ids));
-        distinct.push_back(std::count(used.begin(), used.end(), true));
-      }
       double mean_distinct = 0;
-      for (int64_t d : distinct) mean_distinct += static_cast<double>(d) / kSets;
+      const std::vector<int32_t*> sets =
+          RoutingSets(n, kExperts, kTopK, kSets, static_cast<uint32_t>(n + 7 * skew), skew != 0, &mean_distinct);
       // GEMV; tensor cores with tiles of 16 or 64 rows
       for (int path = 0; path < 3; ++path) {
         const bool tc = path > 0;
         const int rows = path == 1 ? 16 : 64;
-        fathom::cuda::MoeExpertsArgs a{};
-        a.x = x;
-        a.xs = kHidden;
-        a.n = n;
-        a.hidden = kHidden;
-        a.inter = kInter;
-        a.top_k = kTopK;
-        a.n_experts = kExperts;
-        a.weights = wts;
-        a.table = static_cast<const void* const*>(dtable);
-        a.out = out;
-        a.os = kHidden;
+        fathom::cuda::MoeExpertsArgs a = ExpertArgs(x, n, kHidden, kInter, kTopK, kExperts, wts, dtable, out);
         a.tensor_cores = tc;
         a.mma_rows = rows;
-        void* ws = nullptr;
-        CK(cudaMalloc(&ws, static_cast<size_t>(fathom::cuda::MoeExpertsWorkspaceBytes(a))));
-        const double us = TimeUs(lt.s, 40, [&](int it) {
-          a.ids = sets[static_cast<size_t>(it) % kSets];
-          if (fathom::cuda::LaunchMoeExperts(a, ws, lt.s) != 0) std::exit(6);
-        });
-        cudaFree(ws);
+        const double us = TimeExperts(lt, a, sets, 40);
         const double bytes = mean_distinct * expert_bytes,
                      flop = 2.0 * static_cast<double>(n * kTopK) * expert_bytes / 2;
         fmt::print(
@@ -468,6 +494,146 @@ void MoeBench(Lt& lt) {
                   static_cast<void*>(ids_out), static_cast<void*>(w_out), dtable}) {
     cudaFree(p);
   }
+}
+
+// Device memory of `elems` dummy values of `dtype` (the model loader's FillDummy).
+void* DummyDevice(int dtype, int64_t elems, uint64_t key, cudaStream_t s) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, static_cast<size_t>(elems) * (dtype == kF8 ? 1 : dtype == kBf16 ? 2 : 4)));
+  if (fathom::cuda::LaunchFillDummy(p, dtype, elems, key, dtype == kF8 ? 400.0f : 0.05f, false, 0, s) != 0) {
+    std::exit(7);
+  }
+  return p;
+}
+
+void Fp8Bench(Lt& lt) {
+  fathom::CublasLtGemm gemm;
+  if (!gemm.Init(lt.s).ok()) std::exit(8);
+  // Prefill GEMMs: W8A8 (quantize + block-scaled FP8) against bf16 x bf16 (both float32 out, first heuristic).
+  struct Mk {
+    int64_t k, m;
+  };
+  for (const Mk& sh : std::vector<Mk>{{7168, 2048}, {7168, 18432}, {1536, 24576}}) {
+    void* w8 = DummyDevice(kF8, sh.m * sh.k, 21, lt.s);
+    void* w16 = DummyDevice(kBf16, sh.m * sh.k, 22, lt.s);
+    float* wsc = static_cast<float*>(DummyDevice(kF32, (sh.m / 128) * (sh.k / 128), 23, lt.s));
+    for (int64_t n : {64, 512, 4096, 8192}) {
+      float* x = static_cast<float*>(DummyDevice(kF32, n * sh.k, 24, lt.s));
+      void* xb = DummyDevice(kBf16, n * sh.k, 25, lt.s);
+      void* xq = nullptr;
+      float *xs = nullptr, *out = nullptr;
+      CK(cudaMalloc(&xq, static_cast<size_t>(n * sh.k)));
+      CK(cudaMalloc(&xs, static_cast<size_t>(n * sh.k / 128) * 4));
+      CK(cudaMalloc(&out, static_cast<size_t>(n * sh.m) * 4));
+      const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(sh.k) * static_cast<double>(sh.m);
+      const double bf16_us = TimeUs(lt.s, 10, [&](int) {
+        if (!gemm.Run(xb, n, sh.k, w16, sh.k, sh.m, out, sh.m).ok()) std::exit(9);
+      });
+      const double gemm_us = TimeUs(lt.s, 10, [&](int) {
+        if (!gemm.RunFp8(xq, xs, n, sh.k, w8, sh.k, wsc, sh.m, out, sh.m).ok()) std::exit(10);
+      });
+      const double w8a8_us = TimeUs(lt.s, 10, [&](int) {
+        if (fathom::cuda::LaunchQuantizeF8(x, sh.k, n, n, sh.k, xq, xs, lt.s) != 0) std::exit(11);
+        if (!gemm.RunFp8(xq, xs, n, sh.k, w8, sh.k, wsc, sh.m, out, sh.m).ok()) std::exit(10);
+      });
+      fmt::print(
+          "{{\"kernel\": \"fp8_gemm\", \"n\": {}, \"k\": {}, \"m\": {}, \"bf16_us\": {:.1f}, \"bf16_tflop_s\": {:.0f}, "
+          "\"fp8_gemm_us\": {:.1f}, \"fp8_gemm_tflop_s\": {:.0f}, \"w8a8_with_quantize_us\": {:.1f}, "
+          "\"w8a8_tflop_s\": {:.0f}, \"speedup_gemm\": {:.2f}, \"speedup_with_quantize\": {:.2f}}}\n",
+          n, sh.k, sh.m, bf16_us, flop / bf16_us / 1e6, gemm_us, flop / gemm_us / 1e6, w8a8_us, flop / w8a8_us / 1e6,
+          bf16_us / gemm_us, bf16_us / w8a8_us);
+      for (void* p : {static_cast<void*>(x), xb, xq, static_cast<void*>(xs), static_cast<void*>(out)}) cudaFree(p);
+    }
+    for (void* p : {w8, w16, static_cast<void*>(wsc)}) cudaFree(p);
+  }
+  // Decode GEMVs: f8 (with scales) against bf16, weights rotating through >= 512 MiB of copies.
+  struct Gv {
+    const char* name;
+    int64_t k;
+    std::vector<int64_t> ms;
+  };
+  for (const Gv& g : std::vector<Gv>{{"q_a+kv_a", 7168, {1536, 576}},
+                                     {"shared_gate_up", 7168, {2048, 2048}},
+                                     {"o_proj", 16384, {7168}},
+                                     {"dense_gate_up", 7168, {18432, 18432}}}) {
+    for (int64_t n : {1, 4, 8}) {
+      double us[2] = {0, 0}, bytes[2] = {0, 0};
+      for (int f8 = 0; f8 < 2; ++f8) {
+        const int dt = f8 ? kF8 : kBf16;
+        int64_t per_copy = 0;
+        for (int64_t m : g.ms) per_copy += m * g.k * (f8 ? 1 : 2);
+        const int64_t copies = std::max<int64_t>(1, (512ll << 20) / per_copy + 1);
+        std::vector<std::vector<fathom::cuda::GemvPart>> sets(static_cast<size_t>(copies));
+        std::vector<void*> owned;
+        float* x = static_cast<float*>(DummyDevice(kF32, n * g.k, 31, lt.s));
+        owned.push_back(x);
+        for (int64_t c = 0; c < copies; ++c) {
+          for (int64_t m : g.ms) {
+            void* w = DummyDevice(dt, m * g.k, 40 + static_cast<uint64_t>(c), lt.s);
+            float* out = static_cast<float*>(DummyDevice(kF32, n * m, 41, lt.s));
+            fathom::cuda::GemvPart part{w, g.k, m, nullptr, 0, out, m};
+            if (f8) {
+              part.scale = static_cast<float*>(DummyDevice(kF32, ((m + 127) / 128) * (g.k / 128), 42, lt.s));
+              part.scale_stride = g.k / 128;
+              owned.push_back(const_cast<float*>(part.scale));
+            }
+            owned.push_back(w);
+            owned.push_back(out);
+            sets[static_cast<size_t>(c)].push_back(part);
+          }
+        }
+        us[f8] = TimeUs(lt.s, 50, [&](int it) {
+          const auto& parts = sets[static_cast<size_t>(it) % sets.size()];
+          if (fathom::cuda::LaunchGemvFanOut(x, g.k, n, g.k, parts.data(), static_cast<int>(parts.size()), lt.s) != 0) {
+            std::exit(12);
+          }
+        });
+        bytes[f8] = static_cast<double>(per_copy);
+        for (void* p : owned) cudaFree(p);
+      }
+      fmt::print(
+          "{{\"kernel\": \"fp8_gemv\", \"shape\": \"{}\", \"tokens\": {}, \"bf16_us\": {:.1f}, \"bf16_tb_s\": {:.2f}, "
+          "\"fp8_us\": {:.1f}, \"fp8_tb_s\": {:.2f}, \"speedup\": {:.2f}}}\n",
+          g.name, n, us[0], bytes[0] / us[0] / 1e6, us[1], bytes[1] / us[1] / 1e6, us[0] / us[1]);
+    }
+  }
+  // Routed experts: V3's 256 f8 experts (gate/up 2048 x 7168, down 7168 x 2048), top 8, uniform routing.
+  constexpr int64_t kExperts = 256, kTopK = 8, kHidden = 7168, kInter = 2048;
+  std::vector<const void*> table(6 * kExperts);
+  for (int64_t i = 0; i < 3 * kExperts; ++i) {
+    table[static_cast<size_t>(i)] = DummyDevice(kF8, kHidden * kInter, 2000 + static_cast<uint64_t>(i), lt.s);
+    const bool down = i >= 2 * kExperts;
+    table[static_cast<size_t>(3 * kExperts + i)] =
+        DummyDevice(kF32, down ? (kHidden / 128) * (kInter / 128) : (kInter / 128) * (kHidden / 128), 9, lt.s);
+  }
+  void* dtable = nullptr;
+  CK(cudaMalloc(&dtable, table.size() * sizeof(void*)));
+  CK(cudaMemcpy(dtable, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  constexpr int64_t kMaxN = fathom::cuda::kMaxMoePairs / kTopK;
+  float* x = static_cast<float*>(DummyDevice(kF32, kMaxN * kHidden, 51, lt.s));
+  float* out = static_cast<float*>(DummyDevice(kF32, kMaxN * kHidden, 52, lt.s));
+  float* wts = static_cast<float*>(DummyDevice(kF32, kMaxN * kTopK, 53, lt.s));
+  const double expert_bytes = 3.0 * kHidden * kInter;
+  for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, kMaxN}) {
+    double mean_distinct = 0;
+    const std::vector<int32_t*> sets =
+        RoutingSets(n, kExperts, kTopK, 8, static_cast<uint32_t>(n), false, &mean_distinct);
+    for (int tc = 0; tc < 2; ++tc) {
+      if (!tc && n > 64) continue;
+      fathom::cuda::MoeExpertsArgs a = ExpertArgs(x, n, kHidden, kInter, kTopK, kExperts, wts, dtable, out);
+      a.fp8 = true;
+      a.tensor_cores = tc != 0;
+      const double us = TimeExperts(lt, a, sets, 20);
+      const double bytes = mean_distinct * expert_bytes, flop = 2.0 * static_cast<double>(n * kTopK) * expert_bytes;
+      fmt::print(
+          "{{\"kernel\": \"moe_experts_fp8\", \"path\": \"{}\", \"experts\": {}, \"top_k\": {}, \"tokens\": {}, "
+          "\"active_experts\": {:.1f}, \"us\": {:.1f}, \"weight_tb_s\": {:.2f}, \"tflop_s\": {:.1f}}}\n",
+          tc ? "tensor_cores" : "gemv", kExperts, kTopK, n, mean_distinct, us, bytes / us / 1e6, flop / us / 1e6);
+    }
+    for (int32_t* p : sets) cudaFree(p);
+  }
+  for (const void* p : table) cudaFree(const_cast<void*>(p));
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(out), static_cast<void*>(wts), dtable}) cudaFree(p);
 }
 
 }  // namespace
@@ -495,6 +661,8 @@ int main(int argc, char** argv) {
       s.block_size = v;
     else if (f == "--moe")
       s.moe = v;
+    else if (f == "--fp8")
+      s.fp8 = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;
@@ -504,6 +672,11 @@ int main(int argc, char** argv) {
   LK(cublasLtCreate(&lt.h));
   CK(cudaMalloc(&lt.ws, lt.ws_bytes));
   CK(cudaStreamCreate(&lt.s));
+  if (s.fp8 != 0) {
+    fmt::print(stderr, "FP8 GEMM, GEMV and experts at DeepSeek-V3 shapes ...\n");
+    Fp8Bench(lt);
+    return 0;
+  }
   if (s.moe != 0) {
     fmt::print(stderr, "MoE router and experts ...\n");
     MoeBench(lt);

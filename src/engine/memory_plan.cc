@@ -67,9 +67,23 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
   const int64_t head = std::max(cfg.head_dim, cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim);
   const int64_t q = cfg.num_heads * head;
   const int64_t kv = std::max(2 * cfg.num_kv_heads * cfg.head_dim, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim);
-  const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter) + 2 * std::max(h, inter);
+  // MLA's absorbed attention: per head a query over the latent (kv_lora_rank + rope) and an output of kv_lora_rank.
+  const int64_t mla =
+      cfg.mla.kv_lora_rank > 0 ? cfg.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) : 0;
+  const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter + mla) + 2 * std::max(h, inter);
   const int64_t logits = std::min(max_seqs, max_batched_tokens) * cfg.vocab_size * 4;
-  const int64_t reserve = max_batched_tokens * per_token + logits;
+  // Block-scaled f8 weights: a prefill-sized linear dequantizes its weight into the workspace (bf16, the widest
+  // weight: a dense MLP's gate or up, or o_proj) next to its bf16 input.
+  int64_t fp8 = 0;
+  if (cfg.quant.fp8) {
+    const int64_t v_dim = cfg.mla.v_head_dim > 0 ? cfg.mla.v_head_dim : cfg.head_dim;
+    const int64_t widest_weight = std::max({cfg.intermediate_size * h, cfg.num_heads * v_dim * h,
+                                            cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts * h,
+                                            cfg.num_heads * head * cfg.mla.q_lora_rank,
+                                            cfg.num_heads * (cfg.mla.qk_nope_head_dim + v_dim) * cfg.mla.kv_lora_rank});
+    fp8 = 2 * widest_weight + 2 * max_batched_tokens * std::max({h, inter, cfg.num_heads * v_dim});
+  }
+  const int64_t reserve = max_batched_tokens * per_token + logits + fp8;
   return reserve + reserve / 4 + (288ll << 20);
 }
 

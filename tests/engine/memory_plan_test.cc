@@ -90,5 +90,30 @@ TEST(MemoryPlanTest, ActivationReserveGrowsWithTheBatchedTokens) {
   EXPECT_EQ(large, reserve + reserve / 4 + 288 * kMiB);
 }
 
+// DeepSeek-V3: MLA's absorbed attention per head, and room to dequantize the widest f8 weight (the dense MLP's
+// 18432 x 7168 gate) to bf16 next to its input.
+TEST(MemoryPlanTest, ActivationReserveCoversMlaAndFp8Dequantization) {
+  ModelConfig cfg;
+  cfg.hidden_size = 7168;
+  cfg.intermediate_size = 18432;
+  cfg.num_heads = 128;
+  cfg.num_kv_heads = 128;
+  cfg.head_dim = 128;
+  cfg.vocab_size = 129280;
+  cfg.mla = MlaConfig{1536, 512, 128, 64, 128};
+  cfg.moe.n_routed_experts = 256;
+  cfg.moe.n_shared_experts = 1;
+  cfg.moe.num_experts_per_tok = 8;
+  cfg.moe.moe_intermediate_size = 2048;
+  const int64_t plain = ActivationReserveBytes(cfg, 2048, 256);
+  cfg.quant.fp8 = true;
+  const int64_t with_fp8 = ActivationReserveBytes(cfg, 2048, 256);
+  // The input staged as bf16: 2048 tokens of the widest input (the routed experts' 8 + 1 shared x 2048 columns).
+  const int64_t dequant = int64_t{2} * 18432 * 7168 + int64_t{2} * 2048 * 18432;
+  EXPECT_NEAR(static_cast<double>(with_fp8 - plain), static_cast<double>(dequant + dequant / 4), 1.0);
+  // 2048 tokens x 4 B x 128 heads x (2 x 512 + 64) of MLA alone, with the 25% margin.
+  EXPECT_GT(plain, int64_t{2048} * 4 * 128 * (2 * 512 + 64) * 5 / 4);
+}
+
 }  // namespace
 }  // namespace fathom

@@ -440,12 +440,14 @@ void* CudaBackend::StageBf16(const float* x, int64_t xs, int64_t rows, int64_t c
   return xb;
 }
 
-void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out) {
+void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out,
+                                 const void* w_bf16) {
   const int64_t m = w.out_features();
   const auto t0 = profile_ ? RecordStart() : nullptr;
   bool bias_added = false;
   const float* bias = w.bias.empty() ? nullptr : F32Bias(w.bias);
-  Status st = gemm_->Run(xb, n, k, w.weight.raw(), w.weight.stride(0), m, out.data<float>(), out.stride(0), bias,
+  Status st = gemm_->Run(xb, n, k, w_bf16 != nullptr ? w_bf16 : w.weight.raw(),
+                         w_bf16 != nullptr ? k : w.weight.stride(0), m, out.data<float>(), out.stride(0), bias,
                          bias != nullptr ? static_cast<int>(DType::kF32) : -1, &bias_added);
   if (profile_) RecordEnd("GemmBf16", t0);
   if (!st.ok()) {
@@ -489,6 +491,8 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
     if (xb != nullptr) GemmFromStaged(xb, n, k, w, out);
     return;
   }
+  if (UseFp8Gemm(n, w) && LinearFp8(x, w, out)) return;
+  if (UseDequantGemm(n, w) && LinearDequantF8(x, w, out)) return;
   Launch("Linear", [&] {
     return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
                               fp8 ? w.scale_inv.data<float>() : nullptr, fp8 ? w.scale_inv.stride(0) : 0, w.block_n,
@@ -497,11 +501,108 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
   });
 }
 
+bool CudaBackend::UseFp8Gemm(int64_t n, const LinearWeight& w) const {
+  if (w.weight.dtype() != DType::kF8E4M3 || w.float32_inputs || gemm_ == nullptr || fp8_gemm_unavailable_) return false;
+  if (std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr) return false;  // read per call: tests switch them
+  const char* v = std::getenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
+  if (v == nullptr || std::atoll(v) <= 0) return false;  // W8A8 is opt-in
+  const int64_t m = w.out_features(), k = w.in_features();
+  return n >= std::atoll(v) && m % 128 == 0 && k % 128 == 0 && w.block_n == 128 && w.block_k == 128 &&
+         w.scale_inv.ndim() == 2 && w.scale_inv.dim(0) == m / 128 && w.scale_inv.dim(1) == k / 128 &&
+         w.scale_inv.is_contiguous() && w.weight.stride(1) == 1;
+}
+
+bool CudaBackend::UseDequantGemm(int64_t n, const LinearWeight& w) const {
+  return n > 8 && w.weight.dtype() == DType::kF8E4M3 && !w.float32_inputs && gemm_ != nullptr &&
+         std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr && w.weight.stride(1) == 1;
+}
+
+bool CudaBackend::LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out) {
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
+  const size_t xb_bytes = static_cast<size_t>((n * k * 2 + 255) / 256 * 256);
+  char* ws = static_cast<char*>(Workspace(xb_bytes + static_cast<size_t>(m * k * 2)));
+  if (ws == nullptr) return false;
+  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, ws, stream_); });
+  Launch("DequantF8", [&] {
+    return cuda::LaunchDequantF8ToBf16(w.weight.raw(), w.weight.stride(0), m, k, w.scale_inv.data<float>(),
+                                       w.scale_inv.stride(0), w.block_n, w.block_k, ws + xb_bytes, stream_);
+  });
+  GemmFromStaged(ws, n, k, w, out, ws + xb_bytes);
+  return true;
+}
+
+bool CudaBackend::LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out) {
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
+  const float* w_scales = Fp8GemmScales(w);
+  if (w_scales == nullptr) return false;
+  const int64_t n_pad = (n + 3) / 4 * 4;  // cuBLASLt's block-scaled GEMM needs whole groups of 4 tokens
+  const size_t xq_bytes = static_cast<size_t>((n_pad * k + 255) / 256 * 256);
+  const size_t scale_bytes = static_cast<size_t>((n_pad * (k / 128) * 4 + 255) / 256 * 256);
+  // Whole groups of 4 rows, and (measured on the H200: an 80-token prefill of deepseek-v3-fp8-tiny went wrong) rows
+  // m apart: else into the workspace first.
+  const bool padded = n_pad != n || out.stride(0) != m;
+  const size_t out_bytes = padded ? static_cast<size_t>(n_pad * m * 4) : 0;
+  char* ws = static_cast<char*>(Workspace(xq_bytes + scale_bytes + out_bytes));
+  if (ws == nullptr) return false;  // the GEMV path needs no workspace
+  float* scales = reinterpret_cast<float*>(ws + xq_bytes);
+  float* dst = padded ? reinterpret_cast<float*>(ws + xq_bytes + scale_bytes) : out.data<float>();
+  const int64_t dst_stride = padded ? m : out.stride(0);
+  Launch("QuantizeF8",
+         [&] { return cuda::LaunchQuantizeF8(x.data<float>(), x.stride(0), n, n_pad, k, ws, scales, stream_); });
+  const auto t0 = profile_ ? RecordStart() : nullptr;
+  const Status st =
+      gemm_->RunFp8(ws, scales, n_pad, k, w.weight.raw(), w.weight.stride(0), w_scales, m, dst, dst_stride);
+  if (profile_) RecordEnd("GemmFp8", t0);
+  if (st.code() == StatusCode::kUnimplemented) {  // no block-scaled FP8 in this cuBLASLt: the GEMV path from now on
+    fp8_gemm_unavailable_ = true;
+    return false;
+  }
+  if (!st.ok()) {
+    RecordError(st);
+    return true;
+  }
+  if (padded) {
+    Launch("Copy",
+           [&] { return cuda::LaunchCopy(dst, dst_stride, 0, out.data<float>(), out.stride(0), 0, n, 1, m, stream_); });
+  }
+  if (!w.bias.empty()) {
+    Launch("AddBias", [&] {
+      return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
+    });
+  }
+  return true;
+}
+
+const float* CudaBackend::Fp8GemmScales(const LinearWeight& w) {
+  const int64_t mb = w.scale_inv.dim(0), kb = w.scale_inv.dim(1), kb4 = (kb + 3) / 4 * 4;
+  if (kb == kb4) return w.scale_inv.data<float>();
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  if (auto it = pool_->f32_copies.find(w.scale_inv.raw()); it != pool_->f32_copies.end()) {
+    return static_cast<const float*>(it->second);
+  }
+  if (capturing_ || !pool_->live.contains(w.scale_inv.raw())) return nullptr;
+  void* p = nullptr;
+  const size_t bytes = static_cast<size_t>(mb * kb4) * sizeof(float);
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  Check(static_cast<int>(cudaMemsetAsync(p, 0, bytes, s)), "fp8 scale copy");
+  Check(static_cast<int>(cudaMemcpy2DAsync(p, static_cast<size_t>(kb4) * sizeof(float), w.scale_inv.raw(),
+                                           static_cast<size_t>(w.scale_inv.stride(0)) * sizeof(float),
+                                           static_cast<size_t>(kb) * sizeof(float), static_cast<size_t>(mb),
+                                           cudaMemcpyDeviceToDevice, s)),
+        "fp8 scale copy");
+  pool_->f32_copies[w.scale_inv.raw()] = p;
+  return static_cast<const float*>(p);
+}
+
 void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws,
                                std::span<const TensorView> outs) {
   FATHOM_CHECK_EQ(ws.size(), outs.size());
   const int64_t n = x.dim(0), k = x.dim(1);
-  // Decode-sized batches with bf16 weights: one GEMV launch for all the weights. Otherwise one Linear each.
+  // Decode-sized batches with bf16 or f8 weights: one GEMV launch for all the weights. Otherwise one Linear each.
   bool one_launch = n <= 8 && !ws.empty() && ws.size() <= static_cast<size_t>(cuda::kMaxGemvParts);
   std::array<cuda::GemvPart, cuda::kMaxGemvParts> parts{};
   for (size_t i = 0; one_launch && i < ws.size(); ++i) {
@@ -515,8 +616,15 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
                               w.bias.empty() ? 0 : Dt(w.bias),
                               outs[i].data<float>(),
                               outs[i].stride(0)};
-    one_launch = w.weight.dtype() == DType::kBF16 && outs[i].stride(1) == 1 &&
-                 cuda::LinearBf16FanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
+    const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
+    if (fp8) {
+      parts[i].scale = w.scale_inv.data<float>();
+      parts[i].scale_stride = w.scale_inv.stride(0);
+      parts[i].block_n = w.block_n;
+      parts[i].block_k = w.block_k;
+    }
+    one_launch = (w.weight.dtype() == DType::kBF16 || fp8) && outs[i].stride(1) == 1 &&
+                 cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
   }
   static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
   if (!one_launch || force_generic || x.stride(1) != 1) {
@@ -536,8 +644,8 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
     return;
   }
   Launch("LinearFanOut", [&] {
-    return cuda::LaunchLinearBf16FanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
-                                        stream_);
+    return cuda::LaunchGemvFanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
+                                  stream_);
   });
 }
 
@@ -708,21 +816,30 @@ void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, con
   });
 }
 
-// The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned bf16 matrices
-// of one shape; their pointers go into one device table. Other experts (FP8 ones, for now) take the host-sorted path.
+// The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned matrices of one
+// shape and dtype: bf16, or f8 e4m3 with contiguous 128 x 128 block scales (DeepSeek-V3). Their pointers (and the
+// scales') go into one device table. Other experts take the host-sorted path.
 Status CudaBackend::PrepareExperts(ExpertSet& experts) {
   const size_t e = experts.gate.size();
   if (e == 0 || experts.up.size() != e || experts.down.size() != e ||
       static_cast<int64_t>(e) > moe_route::kMaxExperts) {
     return OkStatus();
   }
-  const auto fits = [](const LinearWeight& w, int64_t out, int64_t in) {
-    return w.weight.dtype() == DType::kBF16 && w.weight.is_contiguous() && w.bias.empty() && w.weight.dim(0) == out &&
-           w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
+  const DType dt = experts.gate[0].weight.dtype();
+  const bool fp8 = dt == DType::kF8E4M3;
+  const auto fits = [&](const LinearWeight& w, int64_t out, int64_t in) {
+    const bool scales_fit =
+        !fp8 ||
+        (w.block_n == 128 && w.block_k == 128 && w.scale_inv.ndim() == 2 && w.scale_inv.dim(0) == (out + 127) / 128 &&
+         w.scale_inv.dim(1) == (in + 127) / 128 && w.scale_inv.is_contiguous() && w.scale_inv.dtype() == DType::kF32);
+    return w.weight.dtype() == dt && w.weight.is_contiguous() && w.bias.empty() && w.weight.dim(0) == out &&
+           w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0 && scales_fit;
   };
+  if (dt != DType::kBF16 && !fp8) return OkStatus();
   const int64_t inter = experts.gate[0].out_features(), hidden = experts.gate[0].in_features();
-  if (inter % 8 != 0 || hidden % 8 != 0) return OkStatus();
-  std::vector<const void*> table(3 * e);
+  const int64_t piece = fp8 ? 16 : 8;  // values per 16-byte load
+  if (inter % piece != 0 || hidden % piece != 0) return OkStatus();
+  std::vector<const void*> table((fp8 ? 6 : 3) * e);
   for (size_t i = 0; i < e; ++i) {
     if (!fits(experts.gate[i], inter, hidden) || !fits(experts.up[i], inter, hidden) ||
         !fits(experts.down[i], hidden, inter)) {
@@ -731,6 +848,11 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
     table[i] = experts.gate[i].weight.raw();
     table[e + i] = experts.up[i].weight.raw();
     table[2 * e + i] = experts.down[i].weight.raw();
+    if (fp8) {
+      table[3 * e + i] = experts.gate[i].scale_inv.raw();
+      table[4 * e + i] = experts.up[i].scale_inv.raw();
+      table[5 * e + i] = experts.down[i].scale_inv.raw();
+    }
   }
   void* p = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, table.size() * sizeof(void*)), "expert table"));
@@ -759,6 +881,7 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   a.top_k = k;
   a.n_experts = static_cast<int64_t>(experts.gate.size());
   a.table = static_cast<const void* const*>(experts.device_state.get());
+  a.fp8 = experts.gate[0].weight.dtype() == DType::kF8E4M3;
   a.os = out.stride(0);
   // FATHOM_CUDA_F32_GEMM (read per call: tests switch it) keeps the float32-input GEMVs for every batch.
   a.tensor_cores = n >= mma_tokens && cuda::MoeTensorCoresFit(a) && std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr;

@@ -1,6 +1,6 @@
 // Device helpers shared by the CUDA kernel files (kernels.cu, moe_kernels.cu): streaming loads, cp.async copies to
-// shared memory, bf16 unpacking and
-// the tensor-core fragments of mma.m16n8k16 (PTX's layouts: g = lane / 4, t = lane % 4). Include from .cu files only.
+// shared memory, bf16 and f8 e4m3 unpacking and the tensor-core fragments of mma.m16n8k16 (PTX's layouts: g = lane / 4,
+// t = lane % 4). Include from .cu files only.
 //
 //   uint4 w = LoadStreaming(row + k);         // 8 bf16 weights, not kept in L1
 //   Mma16816<__nv_bfloat16>(acc, a, b0, b1);  // acc [16 x 8] += A [16 x 16] B [16 x 8]
@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -46,6 +47,24 @@ __device__ __forceinline__ void Bf16x8(const uint4& raw, float* f) {
     f[2 * e] = v.x;
     f[2 * e + 1] = v.y;
   }
+}
+
+// 16 f8 e4m3 values (one 16-byte load) as floats, each times `scale` (its 128 x 128 block's scale_inv: the same
+// products as the CPU's dequantized weights), or unscaled with scale 1 (F8x16Raw, for kernels that scale a partial sum
+// once).
+__device__ __forceinline__ void F8x16Raw(const uint4& raw, float* f) {
+  const __nv_fp8x2_storage_t* p = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[e], __NV_E4M3)));
+    f[2 * e] = v.x;
+    f[2 * e + 1] = v.y;
+  }
+}
+__device__ __forceinline__ void F8x16(const uint4& raw, float scale, float* f) {
+  F8x16Raw(raw, f);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) f[e] *= scale;
 }
 
 template <typename T>

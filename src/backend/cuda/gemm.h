@@ -8,6 +8,9 @@
 //   bool bias_added = false;
 //   FATHOM_RETURN_IF_ERROR(gemm.Run(x_bf16, n, k, w_bf16, w_stride, m, out, out_stride, bias, bias_dtype,
 //   &bias_added)); if (!bias_added) ...add it yourself...
+//
+// RunFp8 is the block-scaled FP8 GEMM of DeepSeek-V3 checkpoints (cuBLASLt 12.9+ on sm_90): e4m3 weights with
+// 128 x 128 block scales against e4m3 activations quantized per token and 128-column group (LaunchQuantizeF8).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +39,13 @@ class CublasLtGemm {
   // apart, starting at out + b * out_batch_stride (all strides in elements).
   Status RunBatched(const void* x, int64_t x_ld, int64_t x_batch_stride, int64_t n, int64_t k, const void* w, int64_t m,
                     float* out, int64_t out_stride, int64_t out_batch_stride, int64_t batch);
+  // out[n, m] (float32, rows out_stride apart) = dequant(xq) dequant(W)^T. xq: e4m3 [n, k] contiguous with x_scales
+  // f32 [k / 128][n] (tokens contiguous); W: e4m3 [m, k], rows w_stride apart, with w_scales f32 [m / 128] rows of
+  // round_up(k / 128, 4) values (DeepSeek's scale_inv, rows zero-padded to 4 blocks where they are shorter). Needs n %
+  // 4 == 0, k % 128 == 0 and m % 128 == 0 (InvalidArgument otherwise); Unimplemented where cuBLASLt has no algorithm
+  // (before 12.9, or not on sm_90).
+  Status RunFp8(const void* xq, const float* x_scales, int64_t n, int64_t k, const void* w, int64_t w_stride,
+                const float* w_scales, int64_t m, float* out, int64_t out_stride);
 
  private:
   struct Plan;
@@ -46,6 +56,12 @@ class CublasLtGemm {
   Status RunPlan(const PlanKey& key, const void* x, const void* w, float* out, const void* bias, int bias_type);
   static constexpr int64_t kTuneMinRows = 64;
   // Index of the fastest of `found` heuristic results (cublasLtMatmulHeuristicResult_t[]) on these operands.
+  Status SetFp8Scales(void* desc, const float* a_scales, const float* b_scales);
+  // p.desc: float32 compute and scale, A (the weight) transposed, B (the input) not: every GEMM here.
+  Status CreateDesc(Plan& p);
+  // Sets p.algo to cuBLASLt's first heuristic for p's descriptors (with FATHOM_CUDA_GEMM_TUNE=1 and n >= kTuneMinRows,
+  // the fastest of its top 8 on these operands); *found is false when it has none.
+  Status ChooseAlgo(Plan& p, int64_t n, const void* x, const void* w, float* out, bool* found);
   StatusOr<int> PickFastest(const Plan& p, const void* results, int found, const void* x, const void* w, float* out);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* stream_ = nullptr;
@@ -53,6 +69,8 @@ class CublasLtGemm {
   size_t workspace_bytes_ = 0;
   // A null plan: no bias epilogue for that shape.
   std::map<PlanKey, Plan*> plans_;
+  // (n, k, m, w_stride, out_stride) -> plan; null: cuBLASLt has no algorithm for it.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan*> fp8_plans_;
 };
 
 }  // namespace fathom

@@ -168,9 +168,9 @@ __global__ void LinearKernel(const float* x, int64_t xs, int64_t n, int64_t in, 
   }
 }
 
-// bf16 weights with 16-byte aligned rows: each lane loads 8 weights (16 bytes) at a time, so a warp streams 512
-// contiguous bytes of a row per load; four loads per lane are issued before any is used, and weights bypass L1
-// (they are read once) so that x stays there. kT tokens share each weight load; the token count is a template
+// bf16 (or f8) weights with 16-byte aligned rows: each lane loads 8 (16) weights, 16 bytes, at a time, so a warp
+// streams 512 contiguous bytes of a row per load; four loads per lane are issued before any is used, and weights bypass
+// L1 (they are read once) so that x stays there. kT tokens share each weight load; the token count is a template
 // parameter so that batch-1 decode keeps one accumulator. One launch covers several weights that share x (q/k/v,
 // gate/up): blocks are numbered across the parts.
 struct GemvParts {
@@ -205,9 +205,31 @@ __device__ __forceinline__ void GemvAccumulate(const uint4& raw, const float* x,
   }
 }
 
+// f8 weights: 16 values per 16-byte piece, x read at k * 16; the piece's dot product with x times its block's scale
+// (`scale`), one multiply per token instead of one per weight.
+template <int kT>
+__device__ __forceinline__ void GemvAccumulateF8(const uint4& raw, float scale, const float* x, int64_t xs, int64_t k,
+                                                 int64_t tn, float* acc) {
+  float wf[16];
+  F8x16Raw(raw, wf);
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    if (kT == 1 || j < tn) {
+      const float4* xv = reinterpret_cast<const float4*>(x + j * xs + k * 16);
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 a = __ldg(xv + q);
+        s += a.x * wf[4 * q] + a.y * wf[4 * q + 1] + a.z * wf[4 * q + 2] + a.w * wf[4 * q + 3];
+      }
+      acc[j] += s * scale;
+    }
+  }
+}
+
 template <int kT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    LinearBf16FanOutKernel(const float* x, int64_t xs, int64_t n, int64_t in, GemvParts parts) {
+    GemvFanOutKernel(const float* x, int64_t xs, int64_t n, int64_t in, GemvParts parts) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int pi = 0;
   while (pi + 1 < parts.count && static_cast<int64_t>(blockIdx.x) >= parts.first_block[pi + 1]) ++pi;
@@ -220,18 +242,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   float acc[kT];
 #pragma unroll
   for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
-  const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w) + r * p.w_stride);
-  const int64_t chunks = in / 8;
   int64_t k = lane;
-  for (; k + 96 < chunks; k += 128) {
-    const uint4 r0 = LoadStreaming(wr + k), r1 = LoadStreaming(wr + k + 32), r2 = LoadStreaming(wr + k + 64),
-                r3 = LoadStreaming(wr + k + 96);
-    GemvAccumulate<kT>(r0, xt, xs, k, tn, acc);
-    GemvAccumulate<kT>(r1, xt, xs, k + 32, tn, acc);
-    GemvAccumulate<kT>(r2, xt, xs, k + 64, tn, acc);
-    GemvAccumulate<kT>(r3, xt, xs, k + 96, tn, acc);
+  if (p.scale == nullptr) {  // bf16: 8 values a piece
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w) + r * p.w_stride);
+    const int64_t chunks = in / 8;
+    for (; k + 96 < chunks; k += 128) {
+      const uint4 r0 = LoadStreaming(wr + k), r1 = LoadStreaming(wr + k + 32), r2 = LoadStreaming(wr + k + 64),
+                  r3 = LoadStreaming(wr + k + 96);
+      GemvAccumulate<kT>(r0, xt, xs, k, tn, acc);
+      GemvAccumulate<kT>(r1, xt, xs, k + 32, tn, acc);
+      GemvAccumulate<kT>(r2, xt, xs, k + 64, tn, acc);
+      GemvAccumulate<kT>(r3, xt, xs, k + 96, tn, acc);
+    }
+    for (; k < chunks; k += 32) GemvAccumulate<kT>(LoadStreaming(wr + k), xt, xs, k, tn, acc);
+  } else {  // f8 e4m3: 16 values a piece, all in one block of scale_inv's row for this weight row
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.w) + r * p.w_stride);
+    const float* sr = p.scale + (r / p.block_n) * p.scale_stride;
+    const int64_t chunks = in / 16;
+    const int shift = __ffsll(p.block_k / 16) - 1;  // pieces per scale block: a power of two (GemvFanOutFits)
+    for (; k + 96 < chunks; k += 128) {
+      const uint4 r0 = LoadStreaming(wr + k), r1 = LoadStreaming(wr + k + 32), r2 = LoadStreaming(wr + k + 64),
+                  r3 = LoadStreaming(wr + k + 96);
+      GemvAccumulateF8<kT>(r0, sr[k >> shift], xt, xs, k, tn, acc);
+      GemvAccumulateF8<kT>(r1, sr[(k + 32) >> shift], xt, xs, k + 32, tn, acc);
+      GemvAccumulateF8<kT>(r2, sr[(k + 64) >> shift], xt, xs, k + 64, tn, acc);
+      GemvAccumulateF8<kT>(r3, sr[(k + 96) >> shift], xt, xs, k + 96, tn, acc);
+    }
+    for (; k < chunks; k += 32) GemvAccumulateF8<kT>(LoadStreaming(wr + k), sr[k >> shift], xt, xs, k, tn, acc);
   }
-  for (; k < chunks; k += 32) GemvAccumulate<kT>(LoadStreaming(wr + k), xt, xs, k, tn, acc);
   const float bv = p.bias != nullptr ? Load(p.bias, p.bias_dtype, r) : 0.0f;
 #pragma unroll
   for (int j = 0; j < kT; ++j) {
@@ -274,7 +312,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <int kT>
 void LaunchFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvParts& g, cudaStream_t s) {
   dim3 grid(static_cast<unsigned>(g.first_block[g.count]), static_cast<unsigned>((n + kT - 1) / kT));
-  LinearBf16FanOutKernel<kT><<<grid, kGemvWarps * 32, 0, s>>>(x, xs, n, in, g);
+  GemvFanOutKernel<kT><<<grid, kGemvWarps * 32, 0, s>>>(x, xs, n, in, g);
 }
 
 // RMSNorm with the row held in registers (float4 per thread, kPer of them): one read and one write of x.
@@ -1339,13 +1377,18 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
                        in % 8 == 0 && ws % 8 == 0 && xs % 4 == 0;
   // FATHOM_CUDA_GENERIC_LINEAR=1 forces the generic kernel, to measure one against the other.
   static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
-  if (wd == kBF16 && aligned && !force_generic) {
-    const GemvPart part{w, ws, m, bias, bd, out, os};
-    return LaunchLinearBf16FanOut(x, xs, n, in, &part, 1, s);
-  } else {
-    LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os, 0, 0,
-                                                 0);
+  if ((wd == kBF16 || wd == kF8) && aligned && !force_generic) {
+    GemvPart part{w, ws, m, bias, bd, out, os};
+    if (wd == kF8) {
+      part.scale = scale;
+      part.scale_stride = ss;
+      part.block_n = bn;
+      part.block_k = bk;
+    }
+    if (GemvFanOutFits(x, xs, n, in, part)) return LaunchGemvFanOut(x, xs, n, in, &part, 1, s);
   }
+  LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os, 0, 0,
+                                               0);
   return Done();
 }
 
@@ -1371,14 +1414,16 @@ int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_
   return Done();
 }
 
-bool LinearBf16FanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& p) {
+bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& p) {
   (void)n;
-  return in % 8 == 0 && p.w_stride % 8 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t piece = p.scale != nullptr ? 16 : 8;  // values per 16-byte load
+  return in % piece == 0 && p.w_stride % piece == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         (p.scale == nullptr ||
+          (p.block_k >= 16 && p.block_k % 16 == 0 && ((p.block_k / 16) & (p.block_k / 16 - 1)) == 0 && p.block_n > 0));
 }
 
-int LaunchLinearBf16FanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count,
-                           Stream s) {
+int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, Stream s) {
   if (n == 0 || count <= 0) return 0;
   if (count > kMaxGemvParts) return static_cast<int>(cudaErrorInvalidValue);
   GemvParts g{};
@@ -1546,6 +1591,76 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
     if (e != cudaSuccess) return static_cast<int>(e);
   }
   PagedAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, smem, S(s)>>>(a);
+  return Done();
+}
+
+// One thread per 16 weights of a row (k % 16 == 0, 16-byte aligned rows), else one per weight.
+__global__ void DequantF8Kernel(const uint8_t* w, int64_t ws, int64_t m, int64_t k, const float* scale, int64_t ss,
+                                int64_t bn, int64_t bk, __nv_bfloat16* out, bool vec) {
+  const int64_t per = vec ? 16 : 1, pieces = k / per;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= m * pieces) return;
+  const int64_t r = i / pieces, c0 = (i % pieces) * per;
+  const float* sr = scale + (r / bn) * ss;
+  if (vec) {  // 16 values share one block scale when bk % 16 == 0
+    float f[16];
+    F8x16(*reinterpret_cast<const uint4*>(w + r * ws + c0), sr[c0 / bk], f);
+    uint32_t packed[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) packed[q] = Pack2(__float2bfloat16_rn(f[2 * q]), __float2bfloat16_rn(f[2 * q + 1]));
+    uint4* d = reinterpret_cast<uint4*>(out + r * k + c0);
+    d[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    d[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  } else {
+    __nv_fp8_e4m3 v;
+    v.__x = w[r * ws + c0];
+    out[r * k + c0] = __float2bfloat16_rn(static_cast<float>(v) * sr[c0 / bk]);
+  }
+}
+
+int LaunchDequantF8ToBf16(const void* w, int64_t ws, int64_t m, int64_t k, const float* scale, int64_t ss, int64_t bn,
+                          int64_t bk, void* out, Stream s) {
+  if (m == 0 || k == 0) return 0;
+  const bool vec = k % 16 == 0 && ws % 16 == 0 && bk % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int64_t threads = m * (vec ? k / 16 : k);
+  DequantF8Kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, S(s)>>>(
+      static_cast<const uint8_t*>(w), ws, m, k, scale, ss, bn, bk, static_cast<__nv_bfloat16*>(out), vec);
+  return Done();
+}
+
+// One warp per (token, group of 128 columns), four values a lane.
+constexpr int kQuantWarps = 8;
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    QuantizeF8Kernel(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64_t k, uint8_t* xq, float* scales) {
+  const int64_t groups = k / 128;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  if (item >= n_pad * groups) return;
+  const int64_t t = item / groups, g = item % groups;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (t < n) v = reinterpret_cast<const float4*>(x + t * xs + g * 128)[lane];
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x / scale, v.y / scale), __NV_SATFINITE,
+                                                           __NV_E4M3),
+                             hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z / scale, v.w / scale), __NV_SATFINITE,
+                                                           __NV_E4M3);
+  reinterpret_cast<uint32_t*>(xq + t * k + g * 128)[lane] =
+      static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  if (lane == 0) scales[g * n_pad + t] = scale;
+}
+
+int LaunchQuantizeF8(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64_t k, void* xq, float* scales,
+                     Stream s) {
+  if (n_pad == 0) return 0;
+  if (k % 128 != 0 || xs % 4 != 0 || n_pad < n || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const int64_t items = n_pad * (k / 128);
+  QuantizeF8Kernel<<<static_cast<unsigned>((items + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0, S(s)>>>(
+      x, xs, n, n_pad, k, static_cast<uint8_t*>(xq), scales);
   return Done();
 }
 

@@ -27,21 +27,25 @@ int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const 
 // or bf16 [heads, m, in] contiguous; out [n, heads, m] strides (os0, os1, 1).
 int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_t heads, int64_t in, const void* w,
                      int wd, int64_t m, float* out, int64_t os0, int64_t os1, Stream s);
-// Several bf16 weights that share the input x [n <= 8, in] (q/k/v, gate/up): one launch, one warp per output row.
-// Needs LinearBf16FanOutFits for every part.
+// Several weights that share the input x [n, in] (q/k/v, gate/up): one launch, one warp per output row, weights
+// streamed once per tile of up to 8 tokens (decode-sized batches). Each part's weight is bf16, or f8 e4m3 with its
+// float32 block scales (`scale` non-null). Needs GemvFanOutFits for every part.
 struct GemvPart {
-  const void* w;  // bf16 [m, in], rows w_stride elements apart
+  const void* w;  // bf16 or f8 [m, in], rows w_stride elements apart
   int64_t w_stride;
   int64_t m;
   const void* bias;  // [m] or null
   int bias_dtype;
   float* out;  // [n, m], rows out_stride apart
   int64_t out_stride;
+  // f8 only: [ceil(m / block_n), ceil(in / block_k)], rows scale_stride apart; block_k / 16 a power of two.
+  const float* scale = nullptr;
+  int64_t scale_stride = 0;
+  int64_t block_n = 128, block_k = 128;
 };
 constexpr int kMaxGemvParts = 4;
-bool LinearBf16FanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);
-int LaunchLinearBf16FanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count,
-                           Stream s);
+bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);
+int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, Stream s);
 
 int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t rows, int64_t cols,
                      Stream s);
@@ -113,6 +117,16 @@ int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
 
 // out (contiguous bf16 [rows, cols]) = x (float32, row stride xs), rounded to nearest even.
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s);
+// out (contiguous bf16 [m, k]) = W (f8 e4m3 [m, k], rows ws apart) times its block scales [ceil(m / bn),
+// ceil(k / bk)] (rows ss apart), each product rounded to bf16: the f8 weight for a bf16 GEMM (W8A16 prefill).
+int LaunchDequantF8ToBf16(const void* w, int64_t ws, int64_t m, int64_t k, const float* scale, int64_t ss, int64_t bn,
+                          int64_t bk, void* out, Stream s);
+// DeepSeek-V3's activation quantization for the block-scaled FP8 GEMM: x f32 [n, k] (rows xs apart, k % 128 == 0,
+// xs % 4 == 0, 16-byte aligned) -> xq e4m3 [n_pad, k] contiguous and scales f32 [k / 128][n_pad]. Per token and group
+// of 128 columns: scale = amax / 448 (1 for an all-zero group), xq = x / scale rounded to nearest, saturated. Rows n to
+// n_pad - 1 are zeros with scale 1.
+int LaunchQuantizeF8(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64_t k, void* xq, float* scales,
+                     Stream s);
 // out[r, :] += bias.
 int LaunchAddBias(float* out, int64_t os, const void* bias, int bias_dtype, int64_t rows, int64_t cols, Stream s);
 

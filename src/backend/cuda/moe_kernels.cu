@@ -260,31 +260,58 @@ __device__ __forceinline__ float Dot8(const float* wf, const float* x) {
   return a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
 }
 
-// acc_g[j] += gate piece . x_j, acc_u[j] += up piece . x_j over one 16-byte piece (8 values at k * 8) of the rows.
-template <int kT>
-__device__ __forceinline__ void GateUpAccumulate(const uint4& g, const uint4& u, const float* const* xr, int64_t k,
-                                                 int32_t tn, float* ag, float* au) {
-  float gf[8], uf[8];
-  Bf16x8(g, gf);
-  Bf16x8(u, uf);
+// A 16-byte piece of a weight row as floats: 8 bf16 values, or 16 f8 e4m3 values (unscaled: the callers multiply a
+// piece's dot products by its block's scale).
+template <bool kF8>
+constexpr int kPieceValues = kF8 ? 16 : 8;
+template <bool kF8>
+__device__ __forceinline__ void Unpack(const uint4& raw, float* f) {
+  if constexpr (kF8) {
+    F8x16Raw(raw, f);
+  } else {
+    Bf16x8(raw, f);
+  }
+}
+
+// acc_g[j] += gate piece . x_j, acc_u[j] += up piece . x_j over one 16-byte piece (values at k * kPieceValues) of the
+// rows.
+template <int kT, bool kF8>
+__device__ __forceinline__ void GateUpAccumulate(const uint4& g, float gs, const uint4& u, float us,
+                                                 const float* const* xr, int64_t k, int32_t tn, float* ag, float* au) {
+  constexpr int kV = kPieceValues<kF8>;
+  float gf[kV], uf[kV];
+  Unpack<kF8>(g, gf);
+  Unpack<kF8>(u, uf);
 #pragma unroll
   for (int j = 0; j < kT; ++j) {
     if (j < tn) {
-      ag[j] += Dot8(gf, xr[j] + k * 8);
-      au[j] += Dot8(uf, xr[j] + k * 8);
+      if constexpr (kF8) {
+        ag[j] += gs * (Dot8(gf, xr[j] + k * kV) + Dot8(gf + 8, xr[j] + k * kV + 8));
+        au[j] += us * (Dot8(uf, xr[j] + k * kV) + Dot8(uf + 8, xr[j] + k * kV + 8));
+      } else {
+        ag[j] += Dot8(gf, xr[j] + k * kV);
+        au[j] += Dot8(uf, xr[j] + k * kV);
+      }
     }
   }
 }
 
 // acc[j] += down piece . h_j, h_j the j-th of consecutive rows `len` apart.
-template <int kT>
-__device__ __forceinline__ void DownAccumulate(const uint4& d, const float* h, int64_t len, int64_t k, int32_t tn,
-                                               float* acc) {
-  float df[8];
-  Bf16x8(d, df);
+template <int kT, bool kF8>
+__device__ __forceinline__ void DownAccumulate(const uint4& d, float ds, const float* h, int64_t len, int64_t k,
+                                               int32_t tn, float* acc) {
+  constexpr int kV = kPieceValues<kF8>;
+  float df[kV];
+  Unpack<kF8>(d, df);
 #pragma unroll
   for (int j = 0; j < kT; ++j) {
-    if (j < tn) acc[j] += Dot8(df, h + j * len + k * 8);
+    if (j < tn) {
+      if constexpr (kF8) {
+        acc[j] += ds * (Dot8(df, h + j * len + k * kV) + Dot8(df + 8, h + j * len + k * kV + 8));
+      } else {
+        acc[j] += Dot8(df, h + j * len + k * kV);
+      }
+    }
   }
 }
 
@@ -305,22 +332,37 @@ __device__ __forceinline__ bool FindExpertRow(const MoeWorkspace& w, int64_t row
   return out->r < rows;
 }
 
-// Row x.r (of `len` bf16 values) of part 0 (gate), 1 (up) or 2 (down) of expert x.e, as 16-byte pieces.
+// Row x.r (of `len` bf16 or f8 values) of part 0 (gate), 1 (up) or 2 (down) of expert x.e, as 16-byte pieces.
+template <bool kF8>
 __device__ __forceinline__ const uint4* WeightRow(const MoeExpertsArgs& a, int part, const ExpertRow& x, int64_t len) {
-  return reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.table[part * a.n_experts + x.e]) +
-                                        x.r * len);
+  return reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.table[part * a.n_experts + x.e]) +
+                                        x.r * len * (kF8 ? 1 : 2));
+}
+
+// The f8 block scales of that row's 128-row block: [ceil(len / 128)] floats (null for bf16 experts).
+template <bool kF8>
+__device__ __forceinline__ const float* ScaleRow(const MoeExpertsArgs& a, int part, const ExpertRow& x, int64_t len) {
+  if constexpr (!kF8) return nullptr;
+  return static_cast<const float*>(a.table[(3 + part) * a.n_experts + x.e]) + (x.r / 128) * ((len + 127) / 128);
+}
+// The scale of piece k of a row (kPieceValues values a piece, 128 a block).
+template <bool kF8>
+__device__ __forceinline__ float PieceScale(const float* row, int64_t k) {
+  if constexpr (!kF8) return 1.0f;
+  return row[k / (128 / kPieceValues<kF8>)];
 }
 
 // Block (active expert slot, tile of kMoeWarps rows of gate and up): each warp streams its gate and up rows once per
 // kT pairs of the expert and writes h = silu(gate . x) * (up . x) for them.
-template <int kT>
+template <int kT, bool kF8>
 __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs a, MoeWorkspace w) {
   ExpertRow x;
   if (!FindExpertRow(w, a.inter, &x)) return;
-  const uint4 *gw = WeightRow(a, 0, x, a.hidden), *uw = WeightRow(a, 1, x, a.hidden);
+  const uint4 *gw = WeightRow<kF8>(a, 0, x, a.hidden), *uw = WeightRow<kF8>(a, 1, x, a.hidden);
+  const float *gs = ScaleRow<kF8>(a, 0, x, a.hidden), *us = ScaleRow<kF8>(a, 1, x, a.hidden);
   const int32_t s0 = x.s0, cnt = x.cnt, lane = x.lane;
   const int64_t r = x.r;
-  const int64_t chunks = a.hidden / 8;
+  const int64_t chunks = a.hidden / kPieceValues<kF8>;
   for (int32_t c0 = 0; c0 < cnt; c0 += kT) {
     const int32_t tn = min(kT, cnt - c0);
     const float* xr[kT];
@@ -342,9 +384,15 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs
         u4[q] = LoadStreaming(uw + k + 32 * q);
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) GateUpAccumulate<kT>(g4[q], u4[q], xr, k + 32 * q, tn, ag, au);
+      for (int q = 0; q < 4; ++q) {
+        const int64_t kq = k + 32 * q;
+        GateUpAccumulate<kT, kF8>(g4[q], PieceScale<kF8>(gs, kq), u4[q], PieceScale<kF8>(us, kq), xr, kq, tn, ag, au);
+      }
     }
-    for (; k < chunks; k += 32) GateUpAccumulate<kT>(LoadStreaming(gw + k), LoadStreaming(uw + k), xr, k, tn, ag, au);
+    for (; k < chunks; k += 32) {
+      GateUpAccumulate<kT, kF8>(LoadStreaming(gw + k), PieceScale<kF8>(gs, k), LoadStreaming(uw + k),
+                                PieceScale<kF8>(us, k), xr, k, tn, ag, au);
+    }
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const float g = WarpSum32(ag[j]), u = WarpSum32(au[j]);
@@ -354,14 +402,15 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs
 }
 
 // Block (active expert slot, tile of kMoeWarps rows of down): y = down . h for the expert's pairs.
-template <int kT>
+template <int kT, bool kF8>
 __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a, MoeWorkspace w) {
   ExpertRow x;
   if (!FindExpertRow(w, a.hidden, &x)) return;
-  const uint4* dw = WeightRow(a, 2, x, a.inter);
+  const uint4* dw = WeightRow<kF8>(a, 2, x, a.inter);
+  const float* ds = ScaleRow<kF8>(a, 2, x, a.inter);
   const int32_t s0 = x.s0, cnt = x.cnt, lane = x.lane;
   const int64_t r = x.r;
-  const int64_t chunks = a.inter / 8;
+  const int64_t chunks = a.inter / kPieceValues<kF8>;
   for (int32_t c0 = 0; c0 < cnt; c0 += kT) {
     const int32_t tn = min(kT, cnt - c0);
     float acc[kT];
@@ -374,9 +423,11 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a
 #pragma unroll
       for (int q = 0; q < 4; ++q) d4[q] = LoadStreaming(dw + k + 32 * q);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) DownAccumulate<kT>(d4[q], hr, a.inter, k + 32 * q, tn, acc);
+      for (int q = 0; q < 4; ++q)
+        DownAccumulate<kT, kF8>(d4[q], PieceScale<kF8>(ds, k + 32 * q), hr, a.inter, k + 32 * q, tn, acc);
     }
-    for (; k < chunks; k += 32) DownAccumulate<kT>(LoadStreaming(dw + k), hr, a.inter, k, tn, acc);
+    for (; k < chunks; k += 32)
+      DownAccumulate<kT, kF8>(LoadStreaming(dw + k), PieceScale<kF8>(ds, k), hr, a.inter, k, tn, acc);
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const float v = WarpSum32(acc[j]);
@@ -401,18 +452,32 @@ __global__ void MoeGatherBf16Kernel(MoeExpertsArgs a, MoeWorkspace w) {
 
 constexpr int kMmaThreads = 128;  // four warps
 
-// Shared memory of MoeMmaKernel<kGateUp, kBM>: kMmaStages stages of kBM rows of A and kMmaN rows of each weight
-// matrix, kMmaK values each, rows padded by 16 bytes (a stride of 144 bytes puts ldmatrix's 8 rows in 8
-// different bank groups).
-constexpr int MmaSmemBytes(bool gate_up, int bm) {
-  return kMmaStages * (bm + (gate_up ? 2 : 1) * kMmaN) * (kMmaK + 8) * 2;
+// Shared memory of MoeMmaKernel<kGateUp, kBM, kF8>: MmaStages(kF8) stages of kBM rows of A and kMmaN rows of each
+// weight matrix, kMmaK values each, bf16 rows padded by 16 bytes (a stride of 144 bytes puts ldmatrix's 8 rows in 8
+// different bank groups). f8 weight rows are kMmaK bytes padded by 16 (a stride of 80 bytes puts the 8 rows one
+// fragment load reads in 8 different banks), and one more stage is in flight (their stages are half the size).
+constexpr int kF8Row = kMmaK + 16;
+constexpr int MmaStages(bool f8) {
+  return f8 ? kMmaStages + 1 : kMmaStages;
+}
+constexpr int MmaSmemBytes(bool gate_up, int bm, bool f8) {
+  const int mats = gate_up ? 2 : 1;
+  return MmaStages(f8) * (bm * (kMmaK + 8) * 2 + mats * kMmaN * (f8 ? kF8Row : (kMmaK + 8) * 2));
+}
+
+// Two e4m3 weights (one 16-bit shared-memory load) times their block's scale, as a bf16 pair: a B fragment register.
+__device__ __forceinline__ uint32_t F8PairToBf16(uint16_t v, float scale) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3)));
+  return Pack2(__float2bfloat16(f.x * scale), __float2bfloat16(f.y * scale));
 }
 
 // Block (tile, kMmaN output columns): the tile's kBM rows of A (Xs for gate/up, H for down; K = a.hidden or
 // a.inter) against kMmaN rows of one (gate/up: two) of its expert's weight matrices, K in steps of kMmaK through a
 // kMmaStages-deep cp.async pipeline; per warp mma.m16n8k16 on 32 x 32 (kBM 64: 2 x 2 warps) or 16 x 16 (kBM 16:
-// 1 x 4 warps) outputs per matrix.
-template <bool kGateUp, int kBM>
+// 1 x 4 warps) outputs per matrix. f8 weights: a K step of 64 and 64 output columns lie in one 128 x 128 scale block,
+// so each stage's weight tile is one scale times its e4m3 values; each warp converts the values its B fragments hold
+// straight from shared memory (F8PairToBf16), rounded to bf16.
+template <bool kGateUp, int kBM, bool kF8>
 __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, MoeWorkspace w) {
   constexpr int kMmaRow = kMmaK + 8;
   constexpr int kMats = kGateUp ? 2 : 1;
@@ -421,9 +486,11 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
   constexpr int kWarpN = kMmaN / (4 / kWarpsM);  // 32 or 16 columns per warp
   constexpr int kNT = kWarpN / 8;                // n8 tiles per warp (even: two per ldmatrix.x4)
   static_assert(kWarpsM * (kMmaN / kWarpN) == kMmaThreads / 32 && kNT % 2 == 0, "four warps cover the tile");
+  constexpr int kStages = MmaStages(kF8);
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  auto sa = reinterpret_cast<__nv_bfloat16(*)[kBM * kMmaRow]>(moe_smem);  // [kMmaStages][kBM * kMmaRow]
-  auto sb = reinterpret_cast<__nv_bfloat16(*)[kMats][kMmaN * kMmaRow]>(moe_smem + kMmaStages * kBM * kMmaRow * 2);
+  auto sa = reinterpret_cast<__nv_bfloat16(*)[kBM * kMmaRow]>(moe_smem);  // [kStages][kBM * kMmaRow]
+  auto sb = reinterpret_cast<__nv_bfloat16(*)[kMats][kMmaN * kMmaRow]>(moe_smem + kStages * kBM * kMmaRow * 2);
+  auto sb8 = reinterpret_cast<uint8_t(*)[kMats][kMmaN * kF8Row]>(moe_smem + kStages * kBM * kMmaRow * 2);
   const int32_t tile = static_cast<int32_t>(blockIdx.x);
   if (tile >= *w.num_tiles) return;
   const int32_t e = w.tile_e[tile], m0 = w.tile_m0[tile];
@@ -431,10 +498,15 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
   const int64_t k_len = kGateUp ? a.hidden : a.inter, n_len = kGateUp ? a.inter : a.hidden;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kMmaN;
   const __nv_bfloat16* A = kGateUp ? w.xs : reinterpret_cast<const __nv_bfloat16*>(w.h);
-  const __nv_bfloat16* B[kMats];
+  constexpr int kElem = kF8 ? 1 : 2;  // bytes per weight
+  const uint8_t* B[kMats];
+  const float* S[kMats];  // f8: the scales of the tile's 128-row block, [ceil(k_len / 128)]
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
-    B[m] = static_cast<const __nv_bfloat16*>(a.table[(kGateUp ? m : 2) * a.n_experts + e]) + n0 * k_len;
+    const int part = kGateUp ? m : 2;
+    B[m] = static_cast<const uint8_t*>(a.table[part * a.n_experts + e]) + n0 * k_len * kElem;
+    S[m] = kF8 ? static_cast<const float*>(a.table[(3 + part) * a.n_experts + e]) + (n0 / 128) * ((k_len + 127) / 128)
+               : nullptr;
   }
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int wm = (warp % kWarpsM) * 16 * kMT, wn = (warp / kWarpsM) * kWarpN;  // the warp's outputs in the tile
@@ -447,12 +519,15 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
       const bool ok = r < rows;
       CpAsync16(&sa[stage][r * kMmaRow + c], A + (ok ? static_cast<int64_t>(m0 + r) * k_len + k0 + c : 0), ok ? 16 : 0);
     }
+    constexpr int kPiecesB = kMmaK * kElem / 16;
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
 #pragma unroll
-      for (int i = tid; i < kMmaN * kPieces; i += kMmaThreads) {
-        const int r = i / kPieces, c = (i % kPieces) * 8;
-        CpAsync16(&sb[stage][m][r * kMmaRow + c], B[m] + static_cast<int64_t>(r) * k_len + k0 + c, 16);
+      for (int i = tid; i < kMmaN * kPiecesB; i += kMmaThreads) {
+        const int r = i / kPiecesB, c = i % kPiecesB;
+        void* dst = kF8 ? static_cast<void*>(&sb8[stage][m][r * kF8Row + c * 16])
+                        : static_cast<void*>(&sb[stage][m][r * kMmaRow + c * 8]);
+        CpAsync16(dst, B[m] + (static_cast<int64_t>(r) * k_len + k0) * kElem + c * 16, 16);
       }
     }
   };
@@ -465,17 +540,21 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
       for (int j = 0; j < kNT; ++j) acc[m][i][j][0] = acc[m][i][j][1] = acc[m][i][j][2] = acc[m][i][j][3] = 0.0f;
   const int64_t steps = k_len / kMmaK;
 #pragma unroll
-  for (int st = 0; st < kMmaStages - 1; ++st) {
+  for (int st = 0; st < kStages - 1; ++st) {
     if (st < steps) load(st, st * kMmaK);
     CpAsyncCommit();
   }
+  const int g = lane / 4, tq = lane % 4;
   for (int64_t kb = 0; kb < steps; ++kb) {
-    CpAsyncWait<kMmaStages - 2>();
+    CpAsyncWait<kStages - 2>();
     __syncthreads();  // stage kb is in place; the stage loaded next was consumed at step kb - 1
-    const int64_t next = kb + kMmaStages - 1;
-    if (next < steps) load(static_cast<int>(next % kMmaStages), next * kMmaK);
+    const int64_t next = kb + kStages - 1;
+    if (next < steps) load(static_cast<int>(next % kStages), next * kMmaK);
     CpAsyncCommit();
-    const int stage = static_cast<int>(kb % kMmaStages);
+    const int stage = static_cast<int>(kb % kStages);
+    float scale[kMats];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) scale[m] = kF8 ? S[m][(kb * kMmaK) / 128] : 1.0f;
 #pragma unroll
     for (int kk = 0; kk < kMmaK; kk += 16) {
       uint32_t af[kMT][4];
@@ -488,9 +567,18 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
 #pragma unroll
         for (int j = 0; j < kNT; j += 2) {  // two n8 tiles per ldmatrix.x4
           uint32_t bf[4];
-          LdMatrixX4(
-              bf, &sb[stage][m][(wn + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * kMmaRow + kk + ((lane >> 3) & 1) * 8],
-              false);
+          if constexpr (kF8) {  // mma's B fragment: (k 2tq and 2tq + 1, then + 8; column g) of each n8 tile
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const uint8_t* row = &sb8[stage][m][(wn + (j + q / 2) * 8 + g) * kF8Row + kk + 2 * tq + (q % 2) * 8];
+              bf[q] = F8PairToBf16(*reinterpret_cast<const uint16_t*>(row), scale[m]);
+            }
+          } else {
+            LdMatrixX4(
+                bf,
+                &sb[stage][m][(wn + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * kMmaRow + kk + ((lane >> 3) & 1) * 8],
+                false);
+          }
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
             Mma16816<__nv_bfloat16>(acc[m][i][j], af[i], bf[0], bf[1]);
@@ -501,7 +589,6 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
     }
   }
   CpAsyncWait<0>();
-  const int g = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int i = 0; i < kMT; ++i) {
 #pragma unroll
@@ -526,21 +613,25 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
 }
 
 // The two grouped GEMMs of the tensor-core path (the shared-memory limit raised once per kernel).
-template <int kBM>
-int LaunchMma(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
-  constexpr int kGateUpSmem = MmaSmemBytes(true, kBM);
-  constexpr int kDownSmem = MmaSmemBytes(false, kBM);
+template <int kBM, bool kF8>
+int LaunchMmaAs(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
+  constexpr int kGateUpSmem = MmaSmemBytes(true, kBM, kF8);
+  constexpr int kDownSmem = MmaSmemBytes(false, kBM, kF8);
   static const cudaError_t attr = [] {
     const cudaError_t e =
-        cudaFuncSetAttribute(MoeMmaKernel<true, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
-    return e != cudaSuccess
-               ? e
-               : cudaFuncSetAttribute(MoeMmaKernel<false, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
+        cudaFuncSetAttribute(MoeMmaKernel<true, kBM, kF8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(MoeMmaKernel<false, kBM, kF8>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
   }();
   if (attr != cudaSuccess) return static_cast<int>(attr);
-  MoeMmaKernel<true, kBM><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
-  MoeMmaKernel<false, kBM><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
+  MoeMmaKernel<true, kBM, kF8><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
+  MoeMmaKernel<false, kBM, kF8><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
   return 0;
+}
+template <int kBM>
+int LaunchMma(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
+  return a.fp8 ? LaunchMmaAs<kBM, true>(a, w, gate_up, down, st) : LaunchMmaAs<kBM, false>(a, w, gate_up, down, st);
 }
 
 // Block (token, kCombineThreads columns): out[t, c] += sum_j weights[t, j] * y[pair_pos[t * top_k + j], c], j in
@@ -564,12 +655,20 @@ __global__ void __launch_bounds__(kCombineThreads) MoeCombineKernel(MoeExpertsAr
   a.out[t * a.os + c] += acc;
 }
 
+template <int kT, bool kF8>
+void LaunchGroupedAs(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned slots, cudaStream_t s) {
+  MoeGateUpKernel<kT, kF8>
+      <<<dim3(slots, static_cast<unsigned>((a.inter + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
+  MoeDownKernel<kT, kF8>
+      <<<dim3(slots, static_cast<unsigned>((a.hidden + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
+}
 template <int kT>
 void LaunchGrouped(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned slots, cudaStream_t s) {
-  MoeGateUpKernel<kT>
-      <<<dim3(slots, static_cast<unsigned>((a.inter + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
-  MoeDownKernel<kT>
-      <<<dim3(slots, static_cast<unsigned>((a.hidden + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
+  if (a.fp8) {
+    LaunchGroupedAs<kT, true>(a, w, slots, s);
+  } else {
+    LaunchGroupedAs<kT, false>(a, w, slots, s);
+  }
 }
 
 }  // namespace
@@ -601,8 +700,9 @@ int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
   const int64_t pairs = a.n * a.top_k;
   if (pairs == 0) return 0;
   if (pairs > kMaxMoePairs || a.n_experts > moe_route::kMaxExperts || a.top_k > moe_route::kMaxTopK ||
-      a.hidden % 8 != 0 || a.inter % 8 != 0 || a.xs % 4 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
-      (a.tensor_cores && !MoeTensorCoresFit(a))) {
+      a.hidden % (a.fp8 ? kPieceValues<true> : kPieceValues<false>) != 0 ||
+      a.inter % (a.fp8 ? kPieceValues<true> : kPieceValues<false>) != 0 || a.xs % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || (a.tensor_cores && !MoeTensorCoresFit(a))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   int64_t total = 0;

@@ -26,11 +26,14 @@ constexpr int64_t kMaxMoePairs = 4096;
 struct MoeExpertsArgs {
   const float* x;  // [n, hidden], rows xs apart (16-byte aligned, xs % 4 == 0)
   int64_t xs;
-  int64_t n, hidden, inter, top_k, n_experts;  // hidden and inter multiples of 8
+  int64_t n, hidden, inter, top_k, n_experts;  // hidden and inter multiples of 16
   const int32_t* ids;                          // [n, top_k] contiguous
   const float* weights;                        // [n, top_k] contiguous
-  const void* const* table;  // device [3 * n_experts]: the bf16 gate [inter, hidden], up, and down [hidden, inter]
-  float* out;                // [n, hidden], rows os apart: out += the weighted expert outputs
+  // Device [3 * n_experts]: the bf16 gate [inter, hidden], up, and down [hidden, inter]. With fp8, the e4m3 ones
+  // and then [3 * n_experts] more: their float32 128 x 128 block scales, [ceil(rows / 128), ceil(cols / 128)] each.
+  const void* const* table;
+  bool fp8 = false;
+  float* out;  // [n, hidden], rows os apart: out += the weighted expert outputs
   int64_t os;
   // Grouped bf16 tensor-core GEMMs (activations rounded to bf16, as GemmBf16 does) instead of float32 GEMVs: for
   // prefill-sized batches. Needs MoeTensorCoresFit.
