@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -96,6 +97,12 @@ StatusOr<Pass> RunPass(EngineCore& core, const std::vector<std::vector<int32_t>>
 }
 
 }  // namespace
+
+int32_t FittedTokenBudget(int32_t configured, const std::vector<int32_t>& batch_sizes, int32_t input_len) {
+  int64_t budget = configured;
+  for (int32_t b : batch_sizes) budget = std::max<int64_t>(budget, static_cast<int64_t>(b) * input_len);
+  return static_cast<int32_t>(std::min<int64_t>(budget, std::numeric_limits<int32_t>::max()));
+}
 
 StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const EngineConfig& base,
                                        const ModelCosts& costs, const Peaks& peaks, int32_t batch_size,

@@ -31,6 +31,12 @@ struct OfflineOptions {
   bool fit_kv_blocks = true;
 };
 
+// The token budget of an offline run that fits each level's prefill into one step: the largest batch's prompts, or
+// `configured` if that is larger. The memory plan must be made for it (activations grow with the budget), so
+// RunOffline sets it before loading the model: a budget whose activations do not fit is then the plan's clear error
+// instead of a failed allocation mid-run.
+int32_t FittedTokenBudget(int32_t configured, const std::vector<int32_t>& batch_sizes, int32_t input_len);
+
 struct OfflineLevel {
   int32_t batch_size = 0;
   int32_t input_len = 0;

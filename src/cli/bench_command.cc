@@ -342,8 +342,12 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   if (!o.dataset.empty()) return InvalidArgumentError("--dataset applies to online mode only");
   FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> batches, ParseIntList(o.batch_size, "--batch-size"));
   if (o.warmup < 0) return InvalidArgumentError("--warmup must be >= 0");
-  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, /*need_tokenizer=*/false));
-  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(o.engine, m));
+  // The memory plan covers the token budget the levels will use (see bench::FittedTokenBudget).
+  EngineOptions eo = o.engine;
+  if (fit_token_budget)
+    eo.max_num_batched_tokens = bench::FittedTokenBudget(eo.max_num_batched_tokens, batches, o.input_len);
+  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, /*need_tokenizer=*/false));
+  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(eo, m));
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(m.config.architecture));
   const std::vector<WeightSpec> specs = arch->weight_specs(m.config);
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.engine.load_format));
