@@ -1121,6 +1121,64 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvarianceTest,
                            return s;
                          });
 
+// Prefix caching on the GPU: request A (case3's first 64 tokens + 3 more) is prefilled; request B (the same 64 + 5
+// others) then reuses A's four full blocks of 16 and prefills only its 5 new tokens from position 64. B's logits must
+// be those of B prefilled from scratch in other blocks: with float32 inputs everywhere (FATHOM_CUDA_F32_GEMM=1, a
+// float32 cache) within 1e-3, summation order being the only difference (the 5-token step takes the GEMV path, the
+// 69-token one the tiled kernels).
+class CudaPrefixCacheTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaPrefixCacheTest, AHitGivesTheLogitsOfAFreshPrefill) {
+  REQUIRE_GPU(gpu);
+  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  auto fx = LoadFixture(GetParam(), *gpu);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  const int64_t vocab = fx->cfg.vocab_size;
+  const std::vector<int32_t>& base = fx->golden.cases[3].input_ids;
+  ASSERT_GE(base.size(), 64u);
+  std::vector<int32_t> a(base.begin(), base.begin() + 64), b_new = {9, 8, 7, 6, 5};
+  a.insert(a.end(), {5, 6, 7});
+  std::vector<int32_t> b(base.begin(), base.begin() + 64);
+  b.insert(b.end(), b_new.begin(), b_new.end());
+  constexpr int32_t kBs = 16;
+  auto kv = KvCache::Allocate(*gpu, fx->model->kv_cache_spec(), DType::kF32, 32, kBs);
+  ASSERT_TRUE(kv.ok());
+  testing::ScatteredBlocks blocks(32, 11);
+  const std::vector<int32_t> table_a = blocks.Take(5);
+  std::vector<int32_t> table_b(table_a.begin(), table_a.begin() + 4);  // the shared prefix: 4 full blocks
+  table_b.push_back(blocks.Take(1)[0]);
+  const std::vector<int32_t> table_fresh = blocks.Take(5);
+  Tensor logits;
+  {
+    ForwardBatch fa(kBs);
+    fa.AddSequence(a, 0, table_a, LogitsMode::kLast);
+    ASSERT_TRUE(fx->model->Forward(fa, *kv, &logits).ok());
+  }
+  ForwardBatch hit(kBs);
+  hit.AddSequence(b_new, 64, table_b, LogitsMode::kAll);
+  ASSERT_TRUE(fx->model->Forward(hit, *kv, &logits).ok());
+  const std::vector<float> got = Host(*gpu, logits);
+  ForwardBatch fresh(kBs);
+  fresh.AddSequence(b, 0, table_fresh, LogitsMode::kAll);
+  ASSERT_TRUE(fx->model->Forward(fresh, *kv, &logits).ok());
+  const std::vector<float> want = Host(*gpu, logits);
+  ASSERT_EQ(got.size(), 5u * static_cast<size_t>(vocab));
+  ASSERT_EQ(want.size(), b.size() * static_cast<size_t>(vocab));
+  const float diff = testing::MaxAbsDiff(got.data(), want.data() + 64 * vocab, 5 * vocab);
+  EXPECT_LE(diff, 1e-3f);
+  RecordProperty("max_abs_diff", std::to_string(diff));
+  unsetenv("FATHOM_CUDA_F32_GEMM");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaPrefixCacheTest,
+                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v2-lite-tiny",
+                                           "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           std::string s = param_info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
 // Real-size configs truncated to two layers, dummy weights: the GPU and the CPU reference agree on every logit of a
 // 40-token prompt and of the decode step after it. The DeepSeek configs keep one dense layer and one MoE layer:
 // V2-Lite (64 experts, MLA without a q LoRA) and V3 (256 experts in 8 groups, noaux_tc routing, FP8 weights in
