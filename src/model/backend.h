@@ -66,6 +66,7 @@ struct AttentionMetadata {
   int64_t num_tokens = 0;
   int64_t block_size = 16;
   int64_t max_seq_len = 0;
+  int64_t total_seq_len = 0;  // the sum of seq_lens: the rows of GatherContext's output
 };
 
 // A device's memory: zero totals mean host memory, which fathom does not plan.
@@ -160,6 +161,20 @@ class Backend {
   // WriteKv). q [n, heads, k_dim]; out [n, heads, v_dim]; heads is a multiple of the cache's kv_heads (GQA).
   virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                               const TensorView& out) = 0;
+
+  // Every sequence's cached rows in order (its positions 0 .. seq_len - 1, sequence after sequence) from one KV head
+  // of a cache view: MLA's latent rows for the up-projected prefill. cache [num_blocks, block_size, 1, d] (a strided
+  // view of K, any cache dtype); out f32 [meta.total_seq_len, d].
+  virtual void GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) = 0;
+
+  // MLA attention in its up-projected form (prefill): per head, q [n, heads, nope + rope] against keys whose first
+  // `nope` values are per head (k_nope [ctx, heads, nope]) and whose last `rope` are shared by the heads (k_rope
+  // [ctx, rope]); values v [ctx, heads, v_dim]. The ctx rows hold every sequence's context in GatherContext's order;
+  // token t attends causally to its sequence's rows 0 .. positions[t]. out [n, heads, v_dim]. Views may be strided
+  // with a unit inner stride.
+  virtual void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
+                                   const TensorView& v, const AttentionMetadata& meta, float scale,
+                                   const TensorView& out) = 0;
 
   // out[i, :] = x[indices[i], :].   x [n, d]; indices i32 [m]; out [m, d]
   virtual void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) = 0;

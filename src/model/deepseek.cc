@@ -6,10 +6,18 @@
 //   q_abs[h] = [W_UK[h]^T q_nope[h], rope(q_pe[h])]        -> MQA over the cache rows, key dim kv_lora + rope
 //   out[h]   = W_UV[h] (sum_j p_j c_kv_j)                  -> o_proj
 // where kv_b_proj = [W_UK[0]; W_UV[0]; W_UK[1]; W_UV[1]; ...] row blocks of qk_nope_head_dim and v_head_dim.
+//
+// MLA, up-projected form (prefill, FATHOM_MLA_PREFILL=up): each sequence's whole context of cache rows is gathered
+// (GatherContext) and up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe]
+// (MlaContextAttention) gives out[h] directly. Fewer FLOPs per (query, key) pair than the absorbed form (nope + rope +
+// v_head_dim against 2 kv_lora + rope), plus one kv_b GEMM over the context. The absorbed form stays the default
+// until the GPU's crossover is measured.
 #include <fmt/format.h>
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "model/moe.h"
 #include "model/registry.h"
@@ -153,7 +161,8 @@ class DeepseekModel final : public Model {
       l.attn_in = {m.q_lora_rank > 0 ? l.q_a : l.q_b, l.kv_a};
       l.kv_a_norm = weights_->Get(LayerName(i, "self_attn.kv_a_layernorm.weight"));
       l.o = Linear(LayerName(i, "self_attn.o_proj"));
-      FATHOM_RETURN_IF_ERROR(SplitKvB(Linear(LayerName(i, "self_attn.kv_b_proj")), &l));
+      l.kv_b = Linear(LayerName(i, "self_attn.kv_b_proj"));
+      FATHOM_RETURN_IF_ERROR(SplitKvB(l.kv_b, &l));
       l.moe = cfg_.IsMoeLayer(i);
       if (l.moe) {
         // The router runs on float32 activations, as DeepSeek's reference gate does (F.linear on float32 copies):
@@ -238,6 +247,12 @@ class DeepseekModel final : public Model {
     Tensor attn = be.Alloc(act, {n, nh, vd});            // [n_tokens, n_heads, v_head_dim]
     Tensor cos = be.Alloc(DType::kF32, {n, rope / 2});   // [n_tokens, rope / 2]
     Tensor sin = be.Alloc(DType::kF32, {n, rope / 2});
+    const bool up = UpProjectedPrefill(meta);
+    Tensor ctx_lat, ctx_kv;
+    if (up) {
+      ctx_lat = be.Alloc(act, {meta.total_seq_len, lora + rope});   // [context rows, kv_lora + rope]
+      ctx_kv = be.Alloc(act, {meta.total_seq_len, nh, nope + vd});  // [context rows, n_heads, nope + v_head_dim]
+    }
 
     be.RopeCosSin(meta.positions, inv_freq_, rope_scale_, cos, sin);
     be.Embedding(dev.token_ids(), embed_, residual);
@@ -268,11 +283,19 @@ class DeepseekModel final : public Model {
       be.ApplyRope(q_pe, cos, sin, cfg_.rope.interleaved);
       const KvLayerView cache = kv.layer(i);
       be.WriteKv(latent, TensorView(), meta, cache);
-      // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
-      be.HeadLinear(q.view().Slice(2, 0, nope), l.w_uk_t, q_abs.view().Slice(2, 0, lora));
-      be.Copy(q_pe, q_abs.view().Slice(2, lora, lora + rope));
-      be.PagedAttention(q_abs, cache, meta, softmax_scale_, attn_lat);
-      be.HeadLinear(attn_lat, l.w_uv, attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
+      if (up) {
+        be.GatherContext(cache.k, meta, ctx_lat);
+        be.Linear(ctx_lat.view().Slice(1, 0, lora), l.kv_b,
+                  ctx_kv.view().Reshape({meta.total_seq_len, nh * (nope + vd)}));
+        be.MlaContextAttention(q, ctx_kv.view().Slice(2, 0, nope), ctx_lat.view().Slice(1, lora, lora + rope),
+                               ctx_kv.view().Slice(2, nope, nope + vd), meta, softmax_scale_, attn);
+      } else {
+        // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
+        be.HeadLinear(q.view().Slice(2, 0, nope), l.w_uk_t, q_abs.view().Slice(2, 0, lora));
+        be.Copy(q_pe, q_abs.view().Slice(2, lora, lora + rope));
+        be.PagedAttention(q_abs, cache, meta, softmax_scale_, attn_lat);
+        be.HeadLinear(attn_lat, l.w_uv, attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
+      }
       be.Linear(attn.view().Reshape({n, nh * vd}), l.o, proj);
       be.AddRmsNorm(residual, proj, l.post_norm, eps, normed);
       if (l.moe) {
@@ -287,10 +310,18 @@ class DeepseekModel final : public Model {
   }
 
  private:
+  // The up-projected form for this step: FATHOM_MLA_PREFILL=up (read per step: tests switch it) on a step with
+  // prefill tokens (a decode step of one token per sequence keeps the absorbed form, and graphs record only those).
+  static bool UpProjectedPrefill(const AttentionMetadata& meta) {
+    const char* v = std::getenv("FATHOM_MLA_PREFILL");
+    return v != nullptr && std::string_view(v) == "up" && meta.num_tokens > meta.num_seqs && meta.total_seq_len > 0;
+  }
+
   struct Layer {
     TensorView input_norm, post_norm, q_a_norm, kv_a_norm;
     LinearWeight q_a, q_b, kv_a, o;
     std::array<LinearWeight, 2> attn_in;  // {q_a or q_b, kv_a}: the projections of the normed input
+    LinearWeight kv_b;                    // [n_heads * (nope + v_head_dim), kv_lora]: the up-projected prefill's
     TensorView w_uk_t;                    // [n_heads, kv_lora, nope]: W_UK transposed, per head
     TensorView w_uv;                      // [n_heads, v_head_dim, kv_lora]
     bool moe = false;

@@ -110,6 +110,7 @@ BatchOnDevice BatchOnDevice::View(const ForwardBatch& b, const TensorView& packe
   m.num_tokens = b.num_tokens();
   m.block_size = b.block_size;
   m.max_seq_len = b.max_seq_len();
+  for (int32_t len : b.seq_lens) m.total_seq_len += len;
   return out;
 }
 

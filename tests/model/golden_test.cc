@@ -180,6 +180,23 @@ TEST_P(GoldenTest, GreedyContinuationBatched) {
   for (size_t c = 0; c < n; ++c) EXPECT_EQ(generated[c], golden_.cases[c].greedy) << "case" << c;
 }
 
+// MLA's up-projected prefill (FATHOM_MLA_PREFILL=up): the context gathered from the latent cache, kv_b over it, and
+// MHA per head, against the oracle: the four cases as whole prompts in one step, and in uneven chunks (later chunks
+// read their cached prefix back through GatherContext; steps of one token per sequence keep the absorbed form).
+class MlaPrefillGoldenTest : public GoldenTest {
+ protected:
+  void SetUp() override {
+    GoldenTest::SetUp();
+    setenv("FATHOM_MLA_PREFILL", "up", 1);
+  }
+  void TearDown() override { unsetenv("FATHOM_MLA_PREFILL"); }
+};
+
+TEST_P(MlaPrefillGoldenTest, UpProjectedPrefillMatchesTheOracle) {
+  ExpectMatchesOracle(RunChunked({0}), "up-projected, batched whole prompts");
+  ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "up-projected, uneven chunks");
+}
+
 std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   std::replace(s.begin(), s.end(), '-', '_');
@@ -221,6 +238,9 @@ INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest,
 // MLA over the latent paged cache, MoE routing (V2 softmax greedy, V3 sigmoid noaux_tc), and V3's FP8 weights
 // (the oracle ran on the dequantized weights, so the float32 tolerance holds there too).
 INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, GoldenTest,
+                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+                         FixtureName);
+INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, MlaPrefillGoldenTest,
                          ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
                          FixtureName);
 

@@ -805,6 +805,50 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
   });
 }
 
+void CudaBackend::GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) {
+  FATHOM_CHECK(out.dim(0) == meta.total_seq_len && out.dim(1) == cache.dim(3) && out.stride(1) == 1);
+  Launch("GatherContext", [&] {
+    return cuda::LaunchGatherContext(Cache(cache), cache.dim(3), meta.seq_lens.data<int32_t>(),
+                                     meta.block_table_start.data<int32_t>(), meta.block_tables.data<int32_t>(),
+                                     meta.num_seqs, meta.block_size, meta.total_seq_len, out.data<float>(),
+                                     out.stride(0), stream_);
+  });
+}
+
+void CudaBackend::MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
+                                      const TensorView& v, const AttentionMetadata& meta, float scale,
+                                      const TensorView& out) {
+  FATHOM_CHECK(q.stride(2) == 1 && k_nope.stride(2) == 1 && k_rope.stride(1) == 1 && v.stride(2) == 1 &&
+               out.stride(2) == 1);
+  FATHOM_CHECK_EQ(q.dim(2), k_nope.dim(2) + k_rope.dim(1));
+  cuda::MlaContextArgs a{};
+  a.q = q.data<float>();
+  a.qs0 = q.stride(0);
+  a.qs1 = q.stride(1);
+  a.k_nope = k_nope.data<float>();
+  a.kns0 = k_nope.stride(0);
+  a.kns1 = k_nope.stride(1);
+  a.k_rope = k_rope.data<float>();
+  a.krs0 = k_rope.stride(0);
+  a.v = v.data<float>();
+  a.vs0 = v.stride(0);
+  a.vs1 = v.stride(1);
+  a.out = out.data<float>();
+  a.os0 = out.stride(0);
+  a.os1 = out.stride(1);
+  a.n = q.dim(0);
+  a.heads = q.dim(1);
+  a.nope = k_nope.dim(2);
+  a.rope = k_rope.dim(1);
+  a.v_dim = v.dim(2);
+  a.num_seqs = meta.num_seqs;
+  a.query_start = meta.query_start.data<int32_t>();
+  a.seq_lens = meta.seq_lens.data<int32_t>();
+  a.positions = meta.positions.data<int32_t>();
+  a.scale = scale;
+  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, stream_); });
+}
+
 void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
                            const TensorView& ids, const TensorView& weights) {
   FATHOM_CHECK(logits.stride(1) == 1 && ids.is_contiguous() && weights.is_contiguous());

@@ -57,6 +57,9 @@ class CudaBackend final : public Backend {
                    const KvLayerView& cache) override;
   void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& out) override;
+  void GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) override;
+  void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
+                           const AttentionMetadata& meta, float scale, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;

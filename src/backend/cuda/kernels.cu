@@ -1664,6 +1664,77 @@ int LaunchQuantizeF8(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64
   return Done();
 }
 
+// Block per output row: the row's sequence and position from a scan of seq_lens (sequences are few), then its slot.
+__global__ void GatherContextKernel(CacheView cache, int64_t d, const int32_t* seq_lens, const int32_t* bts,
+                                    const int32_t* bt, int64_t num_seqs, int64_t bs, float* out, int64_t os) {
+  const int64_t row = blockIdx.x;
+  int64_t s = 0, start = 0;
+  while (s + 1 < num_seqs && start + seq_lens[s] <= row) start += seq_lens[s++];
+  const int64_t j = row - start;
+  const int64_t block = bt[bts[s] + j / bs], off = j % bs;
+  const int64_t base = block * cache.s0 + off * cache.s1;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * os + i] = Load(cache.data, cache.dtype, base + i);
+}
+
+int LaunchGatherContext(CacheView cache, int64_t d, const int32_t* seq_lens, const int32_t* block_table_start,
+                        const int32_t* block_tables, int64_t num_seqs, int64_t block_size, int64_t total_rows,
+                        float* out, int64_t os, Stream s) {
+  if (total_rows == 0) return 0;
+  if (num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  GatherContextKernel<<<static_cast<unsigned>(total_rows), 128, 0, S(s)>>>(cache, d, seq_lens, block_table_start,
+                                                                           block_tables, num_seqs, block_size, out, os);
+  return Done();
+}
+
+constexpr int kCtxWarps = 4, kCtxMaxV = 256;
+// One warp per (token, head): keys 0 .. position of the token's sequence in order, an online softmax, the values
+// accumulated in registers (v_dim / 32 per lane).
+__global__ void __launch_bounds__(kCtxWarps * 32) MlaContextAttentionKernel(MlaContextArgs a) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t t = blockIdx.x, h = static_cast<int64_t>(blockIdx.y) * kCtxWarps + threadIdx.x / 32;
+  if (h >= a.heads) return;
+  int64_t s = 0, base = 0;
+  while (s + 1 < a.num_seqs && a.query_start[s + 1] <= t) base += a.seq_lens[s++];
+  const int64_t ctx = min(static_cast<int64_t>(a.positions[t]) + 1, static_cast<int64_t>(a.seq_lens[s]));
+  const float* q = a.q + t * a.qs0 + h * a.qs1;
+  float acc[kCtxMaxV / 32];
+#pragma unroll
+  for (int i = 0; i < kCtxMaxV / 32; ++i) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < ctx; ++j) {
+    const float* kn = a.k_nope + (base + j) * a.kns0 + h * a.kns1;
+    const float* kr = a.k_rope + (base + j) * a.krs0;
+    float dot = 0.0f;
+    for (int64_t i = lane; i < a.nope; i += 32) dot += q[i] * kn[i];
+    for (int64_t i = lane; i < a.rope; i += 32) dot += q[a.nope + i] * kr[i];
+    dot = WarpSum(dot) * a.scale;
+    const float m_new = fmaxf(m, dot), c = expf(m - m_new), p = expf(dot - m_new);
+    l = l * c + p;
+    const float* vr = a.v + (base + j) * a.vs0 + h * a.vs1;
+#pragma unroll
+    for (int i = 0; i < kCtxMaxV / 32; ++i) {
+      const int64_t col = lane + 32 * i;
+      if (col < a.v_dim) acc[i] = acc[i] * c + p * vr[col];
+    }
+    m = m_new;
+  }
+  float* o = a.out + t * a.os0 + h * a.os1;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kCtxMaxV / 32; ++i) {
+    const int64_t col = lane + 32 * i;
+    if (col < a.v_dim) o[col] = acc[i] * inv;
+  }
+}
+
+int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s) {
+  if (a.n == 0 || a.heads == 0) return 0;
+  if (a.v_dim > kCtxMaxV || a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((a.heads + kCtxWarps - 1) / kCtxWarps));
+  MlaContextAttentionKernel<<<grid, kCtxWarps * 32, 0, S(s)>>>(a);
+  return Done();
+}
+
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s) {
   if (rows == 0) return 0;
   ToBf16Kernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(x, xs, cols, static_cast<__nv_bfloat16*>(out));

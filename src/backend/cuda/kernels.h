@@ -115,6 +115,36 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s);
 int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a);
 int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
 
+// Every sequence's cached rows 0 .. seq_len - 1, sequence after sequence, from head 0 of `cache` (d values a row) into
+// out f32 [sum of seq_lens, d] (rows os apart). seq_lens, block_table_start, block_tables: device, as in
+// AttentionArgs.
+int LaunchGatherContext(CacheView cache, int64_t d, const int32_t* seq_lens, const int32_t* block_table_start,
+                        const int32_t* block_tables, int64_t num_seqs, int64_t block_size, int64_t total_rows,
+                        float* out, int64_t os, Stream s);
+
+// Backend::MlaContextAttention: q [n, heads, nope + rope] (strides qs0, qs1), k_nope [ctx, heads, nope] (kns0, kns1),
+// k_rope [ctx, rope] (krs0), v [ctx, heads, v_dim] (vs0, vs1), out [n, heads, v_dim] (os0, os1); all float32 with
+// unit inner strides. One warp per (token, head), keys in order with an online softmax (CUDA cores). Needs v_dim <=
+// 256.
+struct MlaContextArgs {
+  const float* q;
+  int64_t qs0, qs1;
+  const float* k_nope;
+  int64_t kns0, kns1;
+  const float* k_rope;
+  int64_t krs0;
+  const float* v;
+  int64_t vs0, vs1;
+  float* out;
+  int64_t os0, os1;
+  int64_t n, heads, nope, rope, v_dim, num_seqs;
+  const int32_t* query_start;  // [num_seqs + 1]
+  const int32_t* seq_lens;     // [num_seqs]
+  const int32_t* positions;    // [n]
+  float scale;
+};
+int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s);
+
 // out (contiguous bf16 [rows, cols]) = x (float32, row stride xs), rounded to nearest even.
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s);
 // out (contiguous bf16 [m, k]) = W (f8 e4m3 [m, k], rows ws apart) times its block scales [ceil(m / bn),
