@@ -1727,9 +1727,198 @@ __global__ void __launch_bounds__(kCtxWarps * 32) MlaContextAttentionKernel(MlaC
   }
 }
 
+// The tensor-core form of MlaContextAttention for DeepSeek's head sizes (nope 128, rope 64, v 128), flash-attention
+// style: a block takes 64 query rows of one sequence and one head (4 warps x 16 rows) and walks the sequence's keys in
+// tiles of 64 up to its last row's position. Q (pre-scaled by scale * log2 e) stays in registers as mma A fragments;
+// each tile's keys [k_nope | k_rope] and values are rounded to bf16 into shared memory; S = Q K^T and O += P V by
+// mma.m16n8k16 (P from S's accumulators, V's fragments by ldmatrix.trans), with an online softmax per row.
+constexpr int kCtxQK = 192, kCtxNope = 128, kCtxV = 128, kCtxTile = 64, kCtxMmaWarps = 4;
+constexpr int kCtxQRow = kCtxQK + 8, kCtxVRow = kCtxV + 8;  // shared row strides (elements): 16 bytes of padding
+constexpr int kCtxSmemBytes = (2 * kCtxTile * kCtxQRow + kCtxTile * kCtxVRow) * 2;
+
+bool MlaContextMmaFits(const MlaContextArgs& a) {
+  if (a.nope != kCtxNope || a.nope + a.rope != kCtxQK || a.v_dim != kCtxV) return false;
+  for (int64_t st : {a.qs0, a.qs1, a.kns0, a.kns1, a.krs0, a.vs0, a.vs1}) {
+    if (st % 4 != 0) return false;
+  }
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k_nope),
+                        static_cast<const void*>(a.k_rope), static_cast<const void*>(a.v)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+__global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaContextArgs a) {
+  extern __shared__ __align__(16) unsigned char ctx_smem[];
+  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(ctx_smem);  // [kCtxTile][kCtxQRow]: Q rows
+  __nv_bfloat16* sk = sq + kCtxTile * kCtxQRow;                    // [kCtxTile][kCtxQRow]: the tile's keys
+  __nv_bfloat16* sv = sk + kCtxTile * kCtxQRow;                    // [kCtxTile][kCtxVRow]: the tile's values
+  // This block's sequence and query tile.
+  int64_t s = 0, base = 0, tile = blockIdx.x;
+  for (;;) {
+    if (s >= a.num_seqs) return;  // past the last tile
+    const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
+    const int64_t tiles = (q_len + kCtxTile - 1) / kCtxTile;
+    if (tile < tiles) break;
+    tile -= tiles;
+    base += a.seq_lens[s];
+    ++s;
+  }
+  const int64_t h = blockIdx.y, row0 = a.query_start[s] + tile * kCtxTile;
+  const int64_t rows = min(static_cast<int64_t>(kCtxTile), static_cast<int64_t>(a.query_start[s + 1]) - row0);
+  const int64_t len = a.seq_lens[s];
+  const int64_t last_pos = min(static_cast<int64_t>(a.positions[row0 + rows - 1]), len - 1);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = a.scale * kLog2e;
+  for (int e = tid; e < kCtxTile * (kCtxQK / 4); e += blockDim.x) {
+    const int r = e / (kCtxQK / 4), d = (e % (kCtxQK / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < rows) v = *reinterpret_cast<const float4*>(a.q + (row0 + r) * a.qs0 + h * a.qs1 + d);
+    __nv_bfloat16* dst = sq + r * kCtxQRow + d;
+    dst[0] = __float2bfloat16(v.x * qscale);
+    dst[1] = __float2bfloat16(v.y * qscale);
+    dst[2] = __float2bfloat16(v.z * qscale);
+    dst[3] = __float2bfloat16(v.w * qscale);
+  }
+  __syncthreads();
+  uint32_t qf[kCtxQK / 16][4];
+#pragma unroll
+  for (int kt = 0; kt < kCtxQK / 16; ++kt) {
+    LdMatrixX4(qf[kt], sq + (warp * 16 + (lane & 15)) * kCtxQRow + kt * 16 + (lane >> 4) * 8, false);
+  }
+  // Positions of this thread's two rows (g and g + 8 of the warp's 16); rows past the tile take the last one's.
+  int64_t pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = warp * 16 + g + 8 * i;
+    pos[i] = r < rows ? static_cast<int64_t>(a.positions[row0 + r]) : last_pos;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kCtxV / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kCtxV / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  for (int64_t kb = 0; kb <= last_pos; kb += kCtxTile) {
+    __syncthreads();  // the previous tile is consumed
+    for (int e = tid; e < kCtxTile * ((kCtxQK + kCtxV) / 4); e += blockDim.x) {
+      const int r = e / ((kCtxQK + kCtxV) / 4), c = (e % ((kCtxQK + kCtxV) / 4)) * 4;
+      const int64_t j = kb + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      __nv_bfloat16* dst;
+      if (c < kCtxNope) {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.k_nope + (base + j) * a.kns0 + h * a.kns1 + c);
+        dst = sk + r * kCtxQRow + c;
+      } else if (c < kCtxQK) {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.k_rope + (base + j) * a.krs0 + (c - kCtxNope));
+        dst = sk + r * kCtxQRow + c;
+      } else {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.v + (base + j) * a.vs0 + h * a.vs1 + (c - kCtxQK));
+        dst = sv + r * kCtxVRow + (c - kCtxQK);
+      }
+      dst[0] = __float2bfloat16(v.x);
+      dst[1] = __float2bfloat16(v.y);
+      dst[2] = __float2bfloat16(v.z);
+      dst[3] = __float2bfloat16(v.w);
+    }
+    __syncthreads();
+    float sc[kCtxTile / 8][4];  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < kCtxQK / 16; ++kt) {
+#pragma unroll
+      for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+        const __nv_bfloat16* kr = sk + (nt * 8 + g) * kCtxQRow + kt * 16 + 2 * tq;
+        Mma16816<__nv_bfloat16>(sc[nt], qf[kt], *reinterpret_cast<const uint32_t*>(kr),
+                                *reinterpret_cast<const uint32_t*>(kr + 8));
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int64_t key = kb + nt * 8 + 2 * tq + (e & 1);
+        if (key > pos[i] || key >= len) sc[nt][e] = -INFINITY;
+        tile_max[i] = fmaxf(tile_max[i], sc[nt][e]);
+      }
+    }
+    float cf[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float nm = fmaxf(m[i], tile_max[i]);  // finite: key 0 is in every row's first tile
+      cf[i] = exp2f(m[i] - nm);
+      m[i] = nm;
+      l[i] *= cf[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kCtxV / 8; ++nt) {
+      o[nt][0] *= cf[0];
+      o[nt][1] *= cf[0];
+      o[nt][2] *= cf[1];
+      o[nt][3] *= cf[1];
+    }
+    uint32_t pa[kCtxTile / 16][4];  // P as A fragments, 16 keys each
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+      const float p0 = exp2f(sc[nt][0] - m[0]), p1 = exp2f(sc[nt][1] - m[0]);
+      const float p2 = exp2f(sc[nt][2] - m[1]), p3 = exp2f(sc[nt][3] - m[1]);
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      const int kt = nt / 2, half = nt % 2;
+      pa[kt][2 * half] = Pack2(__float2bfloat16(p0), __float2bfloat16(p1));
+      pa[kt][2 * half + 1] = Pack2(__float2bfloat16(p2), __float2bfloat16(p3));
+    }
+#pragma unroll
+    for (int kt = 0; kt < kCtxTile / 16; ++kt) {
+#pragma unroll
+      for (int nt = 0; nt < kCtxV / 8; nt += 2) {
+        uint32_t vf[4];
+        LdMatrixX4(vf, sv + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kCtxVRow + nt * 8 + ((lane >> 4) & 1) * 8,
+                   true);
+        Mma16816<__nv_bfloat16>(o[nt], pa[kt], vf[0], vf[1]);
+        Mma16816<__nv_bfloat16>(o[nt + 1], pa[kt], vf[2], vf[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = warp * 16 + g + 8 * i;
+    if (r >= rows) continue;
+    float* out = a.out + (row0 + r) * a.os0 + h * a.os1;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int nt = 0; nt < kCtxV / 8; ++nt) {
+      out[nt * 8 + 2 * tq] = o[nt][2 * i] * inv;
+      out[nt * 8 + 2 * tq + 1] = o[nt][2 * i + 1] * inv;
+    }
+  }
+}
+
 int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s) {
   if (a.n == 0 || a.heads == 0) return 0;
-  if (a.v_dim > kCtxMaxV || a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  // Opt-in until its GPU op test has passed: FATHOM_CUDA_MLA_CONTEXT_MMA=1 (read per call: the op test switches it).
+  const bool mma = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA") != nullptr;
+  if (mma && MlaContextMmaFits(a)) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(MlaContextMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtxSmemBytes);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    // Blocks for every query tile there can be; those past the last one return at once.
+    const int64_t tiles = a.n / kCtxTile + a.num_seqs;
+    MlaContextMmaKernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)), kCtxMmaWarps * 32,
+                          kCtxSmemBytes, S(s)>>>(a);
+    return Done();
+  }
+  if (a.v_dim > kCtxMaxV) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((a.heads + kCtxWarps - 1) / kCtxWarps));
   MlaContextAttentionKernel<<<grid, kCtxWarps * 32, 0, S(s)>>>(a);
   return Done();

@@ -848,8 +848,9 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
 
 // MLA's up-projected prefill ops at V2-Lite's sizes (16 heads, nope 128, rope 64, v 128, latent 512 + 64) on a bf16
 // latent cache: GatherContext copies every sequence's cached rows exactly, and MlaContextAttention agrees with the CPU
-// within float32 rounding, for a step that prefills chunks after cached prefixes (40 fresh tokens at position 0, 3
-// after 1000 cached) next to one-token steps.
+// within float32 rounding (the plain kernel) or 1e-2 (the opt-in tensor-core kernel, FATHOM_CUDA_MLA_CONTEXT_MMA=1, on
+// bf16 operands), for a step that prefills chunks after cached prefixes (40 fresh tokens at position 0, 3 after 1000
+// cached) next to one-token steps.
 TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -886,11 +887,20 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
     const float scale = 0.0721f;
     cpu.MlaContextAttention(q, kv_up.view().Slice(2, 0, nope), lat_cpu.view().Slice(1, lora, lora + rope),
                             kv_up.view().Slice(2, nope, nope + vd), mc->meta(), scale, out_cpu);
-    gpu->MlaContextAttention(qd, kvd.view().Slice(2, 0, nope), lat_gpu.view().Slice(1, lora, lora + rope),
-                             kvd.view().Slice(2, nope, nope + vd), mg->meta(), scale, out_gpu);
-    ASSERT_TRUE(gpu->Synchronize().ok());
-    auto h = Host(*gpu, out_gpu);
-    EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * vd), 1e-4f);
+    for (const bool mma : {false, true}) {  // the plain kernel (float32), the tensor-core one (bf16 operands)
+      if (mma) {
+        setenv("FATHOM_CUDA_MLA_CONTEXT_MMA", "1", 1);
+      } else {
+        unsetenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
+      }
+      gpu->MlaContextAttention(qd, kvd.view().Slice(2, 0, nope), lat_gpu.view().Slice(1, lora, lora + rope),
+                               kvd.view().Slice(2, nope, nope + vd), mg->meta(), scale, out_gpu);
+      ASSERT_TRUE(gpu->Synchronize().ok());
+      auto h = Host(*gpu, out_gpu);
+      EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * vd), mma ? 1e-2f : 1e-4f)
+          << (mma ? "tensor-core kernel" : "plain kernel");
+    }
+    unsetenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
   }
 }
 
