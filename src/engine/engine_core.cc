@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/logging.h"
+#include "core/thread_pool.h"
 #include "obs/trace.h"
 
 namespace fathom {
@@ -476,12 +477,53 @@ Status EngineCore::Step() {
     return status;
   }
   sched_.OnStepDone(plan);
+  // The rows the host sampler takes (no device argmax, no fork this step) are sampled first, in parallel: each
+  // sample has its own RNG, and a sampled row of a 129k vocabulary costs about 1.4 ms. They are emitted in row order
+  // below, with the others.
+  struct HostSample {
+    int64_t row;
+    const sched::ScheduledSeq* seq;
+    SampleResult result;
+  };
+  std::vector<HostSample> host_samples;
+  std::vector<int64_t> host_sample_of_row;
+  if (!device_argmax) {
+    int64_t r = 0;
+    for (const sched::ScheduledSeq& seq : plan.seqs) {
+      if (!seq.samples) continue;
+      const int64_t this_row = r++;
+      host_sample_of_row.push_back(-1);
+      auto sit = samples_.find(seq.id);
+      if (sit == samples_.end()) continue;
+      const ReqState* rq = sit->second->req;
+      if (rq->sampling.n > 1 && !rq->forked) continue;
+      host_sample_of_row.back() = static_cast<int64_t>(host_samples.size());
+      host_samples.push_back({this_row, &seq, {}});
+    }
+    DefaultThreadPool().ParallelFor(static_cast<int64_t>(host_samples.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        HostSample& h = host_samples[static_cast<size_t>(i)];
+        SampleState& st = *samples_.at(h.seq->id);
+        const sched::Request* sr = sched_.Find(h.seq->id);
+        std::span<const int32_t> all(sr->tokens);
+        std::span<const float> logits_row(host_logits_.data() + h.row * vocab, static_cast<size_t>(vocab));
+        h.result = Sample(logits_row, st.req->sampling,
+                          {all.first(static_cast<size_t>(sr->prompt_len)),
+                           all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
+                          st.rng);
+      }
+    });
+  }
   int64_t row = 0;
   for (const sched::ScheduledSeq& seq : plan.seqs) {
     if (!seq.samples) continue;
     const int64_t this_row = row++;
     auto sit = samples_.find(seq.id);
     if (sit == samples_.end()) continue;
+    if (!device_argmax && host_sample_of_row[static_cast<size_t>(this_row)] >= 0) {
+      EmitToken(seq.id, host_samples[static_cast<size_t>(host_sample_of_row[static_cast<size_t>(this_row)])].result);
+      continue;
+    }
     if (device_argmax) {
       SampleResult r;
       r.token = host_ids_[static_cast<size_t>(this_row)];
@@ -512,11 +554,7 @@ Status EngineCore::Step() {
       for (size_t i = 0; i < ids.size(); ++i) EmitToken(ids[i], results[i]);
       continue;
     }
-    const SampleResult r = Sample(logits_row, rq->sampling,
-                                  {all.first(static_cast<size_t>(sr->prompt_len)),
-                                   all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
-                                  s.rng);
-    EmitToken(seq.id, r);
+    FATHOM_CHECK(false, "row {} of {} was neither sampled ahead nor forked", this_row, seq.id);
   }
   const auto t3 = sched::SteadyClock::now();
   if (obs::TracingEnabled()) {
