@@ -538,8 +538,9 @@ bool CudaBackend::LinearFp8(const TensorView& x, const LinearWeight& w, const Te
   const int64_t n_pad = (n + 3) / 4 * 4;  // cuBLASLt's block-scaled GEMM needs whole groups of 4 tokens
   const size_t xq_bytes = static_cast<size_t>((n_pad * k + 255) / 256 * 256);
   const size_t scale_bytes = static_cast<size_t>((n_pad * (k / 128) * 4 + 255) / 256 * 256);
-  // Whole groups of 4 rows, and (measured on the H200: an 80-token prefill of deepseek-v3-fp8-tiny went wrong) rows
-  // m apart: else into the workspace first.
+  // cuBLASLt writes whole groups of 4 rows m apart here; other outputs (padded rows, or rows of a wider tensor) go
+  // through the workspace and a copy, the case Fp8LinearMatchesCpuAtV3Sizes checks (a direct write with a larger
+  // leading dimension has not been tried on the GPU).
   const bool padded = n_pad != n || out.stride(0) != m;
   const size_t out_bytes = padded ? static_cast<size_t>(n_pad * m * 4) : 0;
   char* ws = static_cast<char*>(Workspace(xq_bytes + scale_bytes + out_bytes));
