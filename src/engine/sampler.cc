@@ -110,18 +110,24 @@ std::vector<float> LogSoftmax(std::span<const float> logits) {
   return out;
 }
 
-std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingParams& p) {
-  FATHOM_CHECK(!p.greedy());
-  const size_t vocab = logits.size();
-  std::vector<float> probs(vocab);
+std::vector<float> TemperatureProbs(std::span<const float> logits, float temperature) {
+  FATHOM_CHECK(temperature > 0.0f);
+  std::vector<float> probs(logits.size());
   const float mx = *std::max_element(logits.begin(), logits.end());
   double sum = 0.0;
-  for (size_t i = 0; i < vocab; ++i) {
-    const double e = std::exp((static_cast<double>(logits[i]) - mx) / p.temperature);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double e = std::exp((static_cast<double>(logits[i]) - mx) / temperature);
     probs[i] = static_cast<float>(e);
     sum += e;
   }
   for (float& x : probs) x = static_cast<float>(x / sum);
+  return probs;
+}
+
+std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingParams& p) {
+  FATHOM_CHECK(!p.greedy());
+  const size_t vocab = logits.size();
+  const std::vector<float> probs = TemperatureProbs(logits, p.temperature);
 
   // Candidates by decreasing probability (ties: lower id first). Only as long a head of that order as the filters
   // read is sorted (a full sort of a 129k vocabulary took 12 ms a row): order[0, sorted) is the exact head.
@@ -161,7 +167,8 @@ std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingPa
     keep = std::max<size_t>(n, 1);
     sort_head(keep);
   }
-  std::vector<float> out(vocab, 0.0f);
+  // The kept ids: order[0, keep) once that head is sorted; else (no top-k or top-p) every id at or above `floor`.
+  float floor = 0.0f;
   if (p.min_p > 0.0f) {
     sort_head(1);
     const float threshold = p.min_p * probs[order[0]];
@@ -169,24 +176,19 @@ std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingPa
       size_t n = 1;
       while (n < keep && probs[order[n]] >= threshold) ++n;
       keep = n;
-    } else {  // no other filter: every id at or above the threshold (the same set as the sorted prefix)
-      double kept = 0.0;
-      for (size_t i = 0; i < vocab; ++i) {
-        if (probs[i] >= threshold) kept += probs[i];
-      }
-      for (size_t i = 0; i < vocab; ++i) {
-        if (probs[i] >= threshold) out[i] = static_cast<float>(probs[i] / kept);
-      }
-      return out;
+    } else {
+      floor = threshold;  // the same set as the sorted prefix would keep
     }
   }
-  if (keep == vocab && sorted < vocab) {  // no filter: every id
-    double kept = 0.0;
-    for (float x : probs) kept += x;
-    for (size_t i = 0; i < vocab; ++i) out[i] = static_cast<float>(probs[i] / kept);
+  std::vector<float> out(vocab, 0.0f);
+  double kept = 0.0;
+  if (sorted < keep) {
+    for (float x : probs) kept += x >= floor ? x : 0.0f;
+    for (size_t i = 0; i < vocab; ++i) {
+      if (probs[i] >= floor) out[i] = static_cast<float>(probs[i] / kept);
+    }
     return out;
   }
-  double kept = 0.0;
   for (size_t i = 0; i < keep; ++i) kept += probs[order[i]];
   for (size_t i = 0; i < keep; ++i) out[order[i]] = static_cast<float>(probs[order[i]] / kept);
   return out;

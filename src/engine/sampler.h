@@ -82,6 +82,8 @@ bool IsPlainGreedy(const SamplingParams& p, const SamplingContext& ctx);
 
 // min_tokens masking, logit_bias, then repetition / presence / frequency penalties, in place. logits [vocab]
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx);
+// softmax(logits / temperature), each value exp'd in double and normalized by their double sum. temperature > 0.
+std::vector<float> TemperatureProbs(std::span<const float> logits, float temperature);
 // Probabilities after temperature, top-k, top-p and min-p (masked tokens get 0). Requires temperature > 0.
 std::vector<float> SamplingProbs(std::span<const float> logits, const SamplingParams& p);
 // log_softmax(logits). [vocab]

@@ -321,7 +321,7 @@ class DeepseekModel final : public Model {
     TensorView input_norm, post_norm, q_a_norm, kv_a_norm;
     LinearWeight q_a, q_b, kv_a, o;
     std::array<LinearWeight, 2> attn_in;  // {q_a or q_b, kv_a}: the projections of the normed input
-    LinearWeight kv_b;                    // [n_heads * (nope + v_head_dim), kv_lora]: the up-projected prefill's
+    LinearWeight kv_b;                    // [n_heads * (nope + v_head_dim), kv_lora]: up-projects the prefill context
     TensorView w_uk_t;                    // [n_heads, kv_lora, nope]: W_UK transposed, per head
     TensorView w_uv;                      // [n_heads, v_head_dim, kv_lora]
     bool moe = false;

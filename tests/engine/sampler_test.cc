@@ -116,15 +116,7 @@ TEST(SamplerTest, MinPDropsTokensBelowAShareOfTheMostLikely) {
 // SamplingProbs before it sorted only the head it reads: a full stable sort, then the filters in order.
 std::vector<float> FullSortSamplingProbs(std::span<const float> logits, const SamplingParams& p) {
   const size_t vocab = logits.size();
-  std::vector<float> probs(vocab);
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (size_t i = 0; i < vocab; ++i) {
-    const double e = std::exp((static_cast<double>(logits[i]) - mx) / p.temperature);
-    probs[i] = static_cast<float>(e);
-    sum += e;
-  }
-  for (float& x : probs) x = static_cast<float>(x / sum);
+  const std::vector<float> probs = TemperatureProbs(logits, p.temperature);
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });

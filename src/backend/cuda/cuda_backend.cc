@@ -55,7 +55,8 @@ struct CudaBackend::Pool {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free;  // size class -> blocks
   std::set<void*> live;                       // blocks handed out
-  std::map<void*, void*> f32_copies;          // live block -> its float32 copy (CudaBackend::F32Bias)
+  // live block -> a copy derived from it (a float32 bias: F32Bias; padded FP8 scales: Fp8GemmScales)
+  std::map<void*, void*> f32_copies;
   ~Pool() {
     for (auto& [bytes, blocks] : free) {
       for (void* p : blocks) cudaFree(p);
