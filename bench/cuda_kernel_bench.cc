@@ -12,28 +12,37 @@
 //   - with --fp8 1 instead: DeepSeek-V3's block-scaled FP8 weights: the W8A8 GEMM (activation quantization plus
 //     cuBLASLt's block-scaled FP8) against our bf16 GEMM at V3's prefill shapes in TFLOP/s, the f8 GEMV against the
 //     bf16 one at V3's decode shapes in TB/s, and the routed experts with V3's 256 f8 experts (2048 x 7168, top 8).
+//   - with --sample 1 instead: sampling at DeepSeek-V3's 129k vocabulary, per step of 1-256 rows: the device sampler
+//     (sample_kernels.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
+//     Sample() on the thread pool, as the engine does), in ms.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
 //   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
 //   cuda_kernel_bench --mla 1 [--block-size 64]
 //   cuda_kernel_bench --moe 1
 //   cuda_kernel_bench --fp8 1
+//   cuda_kernel_bench --sample 1
 // Prints one JSON object per line.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/sample_kernels.h"
+#include "core/thread_pool.h"
+#include "engine/sampler.h"
 
 namespace {
 
@@ -58,7 +67,7 @@ constexpr int kBf16 = 2, kF32 = 0, kF8 = 3;  // fathom::DType values
 
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
-  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0;
+  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0;
 };
 
 // Device buffer filled with small random bf16 (as uint16) or f32 values.
@@ -506,6 +515,77 @@ void* DummyDevice(int dtype, int64_t elems, uint64_t key, cudaStream_t s) {
   return p;
 }
 
+void SampleBench(Lt& lt) {
+  constexpr int64_t kVocab = 129280;
+  struct Mode {
+    const char* name;
+    fathom::SamplingParams p;
+  };
+  const std::vector<Mode> modes = {
+      {"temperature", {.temperature = 0.7f}},
+      {"top_p", {.temperature = 1.0f, .top_p = 0.9f}},
+      {"top_k_top_p", {.temperature = 0.7f, .top_k = 50, .top_p = 0.95f}},
+      {"min_p", {.temperature = 1.0f, .min_p = 0.05f}},
+      {"top_p_logprobs", {.temperature = 0.7f, .top_p = 0.9f, .logprobs = true, .top_logprobs = 5}},
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  for (int64_t rows : {1, 16, 64, 256}) {
+    std::vector<float> host(static_cast<size_t>(rows * kVocab));
+    for (float& v : host) v = d(rng);
+    float* logits = nullptr;
+    CK(cudaMalloc(&logits, host.size() * 4));
+    CK(cudaMemcpy(logits, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    for (const Mode& m : modes) {
+      std::vector<fathom::SampleRowSpec> specs;
+      std::vector<fathom::LogitAdjust> adjust;
+      std::vector<fathom::SamplerRng> rngs;
+      for (int64_t r = 0; r < rows; ++r) {
+        rngs.emplace_back(static_cast<uint64_t>(r));
+        specs.push_back(fathom::DeviceSampleRow(m.p, {}, rngs.back(), kVocab, adjust));
+      }
+      void *d_specs = nullptr, *d_out = nullptr;
+      float* d_saved = nullptr;
+      CK(cudaMalloc(&d_specs, specs.size() * sizeof(fathom::SampleRowSpec)));
+      CK(cudaMalloc(&d_out, static_cast<size_t>(rows) * sizeof(fathom::SampledToken)));
+      CK(cudaMalloc(&d_saved, 4));
+      CK(cudaMemcpy(d_specs, specs.data(), specs.size() * sizeof(fathom::SampleRowSpec), cudaMemcpyHostToDevice));
+      const auto launch = [&](int) {
+        if (fathom::cuda::LaunchSampleRows(logits, kVocab, rows, kVocab,
+                                           static_cast<const fathom::SampleRowSpec*>(d_specs), nullptr, d_saved,
+                                           static_cast<fathom::SampledToken*>(d_out), lt.s) != 0) {
+          std::exit(9);
+        }
+      };
+      const double device_ms = TimeUs(lt.s, 20, launch) / 1e3;
+      // The host path: the rows to pageable host memory, then Sample() per row on the thread pool.
+      std::vector<float> copy(host.size());
+      const auto t0 = std::chrono::steady_clock::now();
+      constexpr int kHostReps = 3;
+      for (int rep = 0; rep < kHostReps; ++rep) {
+        CK(cudaMemcpy(copy.data(), logits, copy.size() * 4, cudaMemcpyDeviceToHost));
+        fathom::DefaultThreadPool().ParallelFor(rows, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            fathom::SamplerRng rr(static_cast<uint64_t>(r));
+            fathom::Sample(std::span<const float>(copy.data() + r * kVocab, kVocab), m.p, {}, rr);
+          }
+        });
+      }
+      const double host_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kHostReps;
+      fmt::print(
+          "{{\"bench\": \"sample\", \"mode\": \"{}\", \"rows\": {}, \"vocab\": {}, \"device_ms\": {:.4f}, "
+          "\"host_path_ms\": {:.3f}, \"host_threads\": {}, \"speedup\": {:.1f}}}\n",
+          m.name, rows, kVocab, device_ms, host_ms, fathom::DefaultThreadPool().num_threads(), host_ms / device_ms);
+      std::fflush(stdout);
+      CK(cudaFree(d_specs));
+      CK(cudaFree(d_out));
+      CK(cudaFree(d_saved));
+    }
+    CK(cudaFree(logits));
+  }
+}
+
 void Fp8Bench(Lt& lt) {
   fathom::CublasLtGemm gemm;
   if (!gemm.Init(lt.s).ok()) std::exit(8);
@@ -663,6 +743,8 @@ int main(int argc, char** argv) {
       s.moe = v;
     else if (f == "--fp8")
       s.fp8 = v;
+    else if (f == "--sample")
+      s.sample = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;
@@ -672,6 +754,11 @@ int main(int argc, char** argv) {
   LK(cublasLtCreate(&lt.h));
   CK(cudaMalloc(&lt.ws, lt.ws_bytes));
   CK(cudaStreamCreate(&lt.s));
+  if (s.sample != 0) {
+    fmt::print(stderr, "sampling at a 129k vocabulary ...\n");
+    SampleBench(lt);
+    return 0;
+  }
   if (s.fp8 != 0) {
     fmt::print(stderr, "FP8 GEMM, GEMV and experts at DeepSeek-V3 shapes ...\n");
     Fp8Bench(lt);

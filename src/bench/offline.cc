@@ -33,14 +33,15 @@ struct Pass {
 };
 
 StatusOr<Pass> RunPass(EngineCore& core, const std::vector<std::vector<int32_t>>& prompts, int32_t output_len,
-                       const std::string& tag) {
+                       float temperature, const std::string& tag) {
   const size_t b = prompts.size();
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (size_t i = 0; i < b; ++i) {
     const std::string id = fmt::format("{}-{}", tag, i);
     auto stream = std::make_shared<RequestStream>(id, 1);
     SamplingParams sp;
-    sp.temperature = 0;
+    sp.temperature = temperature;
+    sp.seed = i;
     sp.max_tokens = output_len;
     sp.ignore_eos = true;
     FATHOM_RETURN_IF_ERROR(core.AddRequest({.id = id, .prompt = prompts[i], .sampling = sp}, stream));
@@ -135,10 +136,10 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
     return p;
   };
   for (int32_t w = 0; w < o.warmup; ++w) {
-    FATHOM_ASSIGN_OR_RETURN(Pass ignored, RunPass(*core, make_prompts(), 2, fmt::format("warmup{}", w)));
+    FATHOM_ASSIGN_OR_RETURN(Pass ignored, RunPass(*core, make_prompts(), 2, o.temperature, fmt::format("warmup{}", w)));
     (void)ignored;
   }
-  FATHOM_ASSIGN_OR_RETURN(Pass pass, RunPass(*core, make_prompts(), o.output_len, "bench"));
+  FATHOM_ASSIGN_OR_RETURN(Pass pass, RunPass(*core, make_prompts(), o.output_len, o.temperature, "bench"));
 
   OfflineLevel r;
   r.batch_size = batch_size;

@@ -25,6 +25,7 @@ struct OfflineOptions {
   int32_t output_len = 8;  // >= 2: the first token comes from the prefill step
   int32_t warmup = 1;      // warm-up passes (prefill + 2 tokens) before the measured one
   uint64_t seed = 0;       // prompt tokens
+  float temperature = 0;   // > 0: sampled (request i seeded with i), so that the step time includes the sampler's
   // Raise the engine's limits to fit the batch: max_num_seqs always; the token budget (one prefill step for the
   // whole batch) and the KV blocks unless the user set them.
   bool fit_token_budget = true;

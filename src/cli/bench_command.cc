@@ -113,9 +113,9 @@ StatusOr<std::vector<double>> ParseRateList(const std::string& text) {
 
 Status CheckFlags(const CLI::App& cmd, bool offline) {
   static const std::vector<std::string> kOnlineOnly = {
-      "--base-url",        "--endpoint",   "--api-key",      "--concurrency",   "--request-rate",      "--burstiness",
-      "--max-concurrency", "--timeout",    "--slo",          "--dataset",       "--shared-prefix-len", "--range-ratio",
-      "--prompt-format",   "--extra-body", "--num-requests", "--save-detailed", "--temperature"};
+      "--base-url",        "--endpoint",   "--api-key",      "--concurrency",  "--request-rate",      "--burstiness",
+      "--max-concurrency", "--timeout",    "--slo",          "--dataset",      "--shared-prefix-len", "--range-ratio",
+      "--prompt-format",   "--extra-body", "--num-requests", "--save-detailed"};
   static const std::vector<std::string> kOfflineOnly = {"--batch-size",
                                                         "--peak-bandwidth",
                                                         "--peak-flops",
@@ -369,6 +369,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   oo.output_len = o.output_len;
   oo.warmup = o.warmup;
   oo.seed = o.seed;
+  oo.temperature = static_cast<float>(o.temperature);
   oo.fit_token_budget = fit_token_budget;
   oo.fit_kv_blocks = fit_kv_blocks;
   std::vector<bench::OfflineLevel> levels;
@@ -432,7 +433,10 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--prompt-format", o->prompt_format, "text | ids (completions prompt as token ids)")
       ->capture_default_str()
       ->group(wl);
-  cmd->add_option("--temperature", o->temperature, "Sampling temperature sent")->capture_default_str()->group(wl);
+  cmd->add_option("--temperature", o->temperature,
+                  "Sampling temperature (sent online; offline, seeded sampling in the engine)")
+      ->capture_default_str()
+      ->group(wl);
   cmd->add_option("--extra-body", o->extra_body, "JSON object merged into every request body")->group(wl);
   cmd->add_option("--seed", o->seed, "Seed of prompts, lengths and arrivals")->capture_default_str()->group(wl);
   cmd->add_option("--warmup", o->warmup,

@@ -69,6 +69,9 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
   cmd->add_flag("--enforce-eager", o.enforce_eager,
                 "Run every step op by op: no CUDA graphs for decode steps (for debugging and profiling)")
       ->group(engine_group);
+  cmd->add_flag("--host-sampling", o.host_sampling,
+                "Sample on the host even where the backend samples on the device (copies each logits row to the host)")
+      ->group(engine_group);
 }
 
 StatusOr<int64_t> ParseBytes(const std::string& text, const std::string& flag) {
@@ -106,22 +109,13 @@ std::string ModelFolder(const std::string& model) {
 
 namespace {
 
-// Before loading onto a GPU: the weights must fit its free memory within the utilization budget.
-Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilization) {
+// Before loading onto a GPU: the utilization budget must have been free at startup and hold the weights.
+Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilization, int64_t start_free_bytes) {
   const DeviceMemoryInfo mem = backend.MemoryInfo();
   if (mem.total_bytes <= 0) return OkStatus();
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
   const int64_t weights = ComputeWeightStats(arch->weight_specs(cfg), nullptr).total_bytes;
-  const int64_t in_use = mem.total_bytes - mem.free_bytes;
-  const int64_t budget = static_cast<int64_t>(utilization * static_cast<double>(mem.total_bytes)) - in_use;
-  if (weights > budget) {
-    return ResourceExhaustedError(fmt::format(
-        "the weights need {} but {} of the GPU's {} leaves {} ({} already in use): {} short. Use a smaller model or "
-        "raise --gpu-memory-utilization",
-        FormatBytes(weights), utilization, FormatBytes(mem.total_bytes), FormatBytes(std::max<int64_t>(budget, 0)),
-        FormatBytes(in_use), FormatBytes(weights - std::max<int64_t>(budget, 0))));
-  }
-  return OkStatus();
+  return CheckBudgetFits(mem.total_bytes, mem.free_bytes, start_free_bytes, utilization, weights);
 }
 
 }  // namespace
@@ -142,10 +136,13 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
   }
 
   FATHOM_ASSIGN_OR_RETURN(m.backend, MakeBackend(o.device));
-  FATHOM_RETURN_IF_ERROR(CheckWeightsFit(m.config, *m.backend, o.gpu_memory_utilization));
+  const DeviceMemoryInfo start = m.backend->MemoryInfo();
+  if (start.total_bytes > 0) m.start_free_bytes = start.free_bytes;
+  FATHOM_RETURN_IF_ERROR(CheckWeightsFit(m.config, *m.backend, o.gpu_memory_utilization, m.start_free_bytes));
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.weights_seed;
+  lo.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(m.model, LoadModel(m.folder, m.config, lo, *m.backend));
   return m;
 }
@@ -184,6 +181,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
       MemoryPlanInput in;
       in.total_bytes = mem.total_bytes;
       in.free_bytes = mem.free_bytes;
+      in.start_free_bytes = m.start_free_bytes;
       in.utilization = o.gpu_memory_utilization;
       in.max_batched_tokens = o.max_num_batched_tokens;
       in.activation_bytes = ActivationReserveBytes(m.config, o.max_num_batched_tokens, o.max_num_seqs);
@@ -199,6 +197,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.policy = o.scheduling_policy;
   ec.enforce_eager = o.enforce_eager;
+  ec.host_sampling = o.host_sampling;
   ec.scheduler.max_model_len = o.max_model_len;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;

@@ -45,6 +45,7 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   std::string scheduling_policy = "priority";
   bool enforce_eager = false;
+  bool host_sampling = false;
   std::string kv_cache_dtype = "auto";
 };
 
@@ -58,6 +59,7 @@ struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when not needed and absent
+  int64_t start_free_bytes = -1;         // device memory free once the backend existed, before the weights
 };
 
 // "1073741824", "512MiB", "2G", "256k": bytes (K/M/G are powers of 1024). `flag` names the option in errors.

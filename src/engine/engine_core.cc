@@ -459,11 +459,41 @@ Status EngineCore::Step() {
         IsPlainGreedy(rq->sampling, {all.first(static_cast<size_t>(sr->prompt_len)),
                                      all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids});
   }
+  // Otherwise the backend samples every row on the device where it can (the host sampler's rule, at each sample's
+  // Philox draw), unless a row forks into its n samples this step: such a step copies the logits rows to the host.
+  bool device_sample =
+      !device_argmax && batch.num_logits() > 0 && !config_.host_sampling && backend_.SupportsSampling();
+  for (const sched::ScheduledSeq& seq : plan.seqs) {
+    if (!device_sample) break;
+    auto sit = samples_.find(seq.id);
+    if (seq.samples && sit != samples_.end() && sit->second->req->sampling.n > 1 && !sit->second->req->forked) {
+      device_sample = false;
+    }
+  }
   if (status.ok() && device_argmax) {
     Tensor ids = backend_.Alloc(DType::kI32, {batch.num_logits()});
     backend_.ArgMax(logits, ids);
     host_ids_.resize(static_cast<size_t>(batch.num_logits()));
     status = backend_.CopyToHost(ids, host_ids_.data());
+  } else if (status.ok() && device_sample) {
+    device_rows_.clear();
+    device_adjust_.clear();
+    for (const sched::ScheduledSeq& seq : plan.seqs) {
+      if (!seq.samples) continue;
+      auto sit = samples_.find(seq.id);
+      const sched::Request* sr = sched_.Find(seq.id);
+      if (sit == samples_.end() || sr == nullptr) {
+        device_rows_.push_back({});  // a row nobody reads: greedy
+        continue;
+      }
+      const std::span<const int32_t> all(sr->tokens);
+      device_rows_.push_back(DeviceSampleRow(sit->second->req->sampling,
+                                             {all.first(static_cast<size_t>(sr->prompt_len)),
+                                              all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
+                                             sit->second->rng, vocab, device_adjust_));
+    }
+    device_sampled_.assign(device_rows_.size(), SampledToken{});
+    status = backend_.SampleRows(logits, device_rows_, device_adjust_, device_sampled_);
   } else if (status.ok()) {
     host_logits_.resize(static_cast<size_t>(batch.num_logits() * vocab));
     status = backend_.CopyToHost(logits, host_logits_.data());
@@ -487,7 +517,7 @@ Status EngineCore::Step() {
   };
   std::vector<HostSample> host_samples;
   std::vector<int64_t> host_sample_of_row;
-  if (!device_argmax) {
+  if (!device_argmax && !device_sample) {
     int64_t r = 0;
     for (const sched::ScheduledSeq& seq : plan.seqs) {
       if (!seq.samples) continue;
@@ -520,7 +550,7 @@ Status EngineCore::Step() {
     const int64_t this_row = row++;
     auto sit = samples_.find(seq.id);
     if (sit == samples_.end()) continue;
-    if (!device_argmax && host_sample_of_row[static_cast<size_t>(this_row)] >= 0) {
+    if (!device_argmax && !device_sample && host_sample_of_row[static_cast<size_t>(this_row)] >= 0) {
       EmitToken(seq.id, host_samples[static_cast<size_t>(host_sample_of_row[static_cast<size_t>(this_row)])].result);
       continue;
     }
@@ -528,6 +558,12 @@ Status EngineCore::Step() {
       SampleResult r;
       r.token = host_ids_[static_cast<size_t>(this_row)];
       EmitToken(seq.id, r);
+      continue;
+    }
+    if (device_sample) {
+      SampleState& st = *sit->second;
+      if (!st.req->sampling.greedy()) st.rng.Skip();  // the device took this sample's next draw
+      EmitToken(seq.id, FromDevice(device_sampled_[static_cast<size_t>(this_row)], st.req->sampling));
       continue;
     }
     std::span<const float> logits_row(host_logits_.data() + this_row * vocab, static_cast<size_t>(vocab));

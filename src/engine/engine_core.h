@@ -37,6 +37,7 @@ struct EngineConfig {
   std::vector<int64_t> eos_token_ids;   // empty: the model config's
   std::optional<uint64_t> seed;         // seeds requests that have none; unset: random
   bool enforce_eager = false;           // --enforce-eager: no decode graphs (CUDA graphs) on a GPU
+  bool host_sampling = false;           // --host-sampling: copy logits rows to the host sampler even on a GPU
   std::optional<DType> kv_cache_dtype;  // --kv-cache-dtype; unset: the backend's kv_cache_dtype()
 };
 
@@ -133,6 +134,10 @@ class EngineCore {
   std::vector<std::string> finished_ids_;
   std::vector<float> host_logits_;
   std::vector<int32_t> host_ids_;  // argmax ids of a step whose rows are all plain greedy
+  // Backend::SampleRows's inputs and outputs, one per logits row.
+  std::vector<SampleRowSpec> device_rows_;
+  std::vector<LogitAdjust> device_adjust_;
+  std::vector<SampledToken> device_sampled_;
   EngineStats stats_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: eager only (CPU, --enforce-eager, or a model without support)
 };

@@ -17,20 +17,62 @@ std::string MemoryPlan::Describe() const {
       FormatBytes(activation_bytes), FormatBytes(kv_bytes), kv_tokens, FormatBytes(kv_bytes_per_token));
 }
 
+namespace {
+
+int64_t Budget(int64_t total_bytes, double utilization) {
+  return static_cast<int64_t>(std::floor(utilization * static_cast<double>(total_bytes)));
+}
+
+Status CheckStartFree(int64_t total_bytes, int64_t start_free_bytes, double utilization) {
+  const int64_t budget = Budget(total_bytes, utilization);
+  if (start_free_bytes >= 0 && start_free_bytes < budget) {
+    return ResourceExhaustedError(fmt::format(
+        "--gpu-memory-utilization {} asks for {} of the GPU's {}, but only {} was free at startup (other processes "
+        "and this one's CUDA context hold {}): {} short. Lower --gpu-memory-utilization or free the GPU",
+        utilization, FormatBytes(budget), FormatBytes(total_bytes), FormatBytes(start_free_bytes),
+        FormatBytes(total_bytes - start_free_bytes), FormatBytes(budget - start_free_bytes)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckBudgetFits(int64_t total_bytes, int64_t free_bytes, int64_t start_free_bytes, double utilization,
+                       int64_t weight_bytes) {
+  if (!(utilization > 0.0 && utilization <= 1.0)) {
+    return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", utilization));
+  }
+  FATHOM_RETURN_IF_ERROR(CheckStartFree(total_bytes, start_free_bytes, utilization));
+  const int64_t in_use = start_free_bytes >= 0 ? start_free_bytes - free_bytes : total_bytes - free_bytes;
+  const int64_t budget = Budget(total_bytes, utilization) - in_use;
+  if (weight_bytes > budget) {
+    return ResourceExhaustedError(fmt::format(
+        "the weights need {} but {} of the GPU's {} leaves {} ({} already in use): {} short. Use a smaller model or "
+        "raise --gpu-memory-utilization",
+        FormatBytes(weight_bytes), utilization, FormatBytes(total_bytes), FormatBytes(std::max<int64_t>(budget, 0)),
+        FormatBytes(in_use), FormatBytes(weight_bytes - std::max<int64_t>(budget, 0))));
+  }
+  return OkStatus();
+}
+
 StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
   if (!(in.utilization > 0.0 && in.utilization <= 1.0)) {
     return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", in.utilization));
   }
   if (in.total_bytes <= 0 || in.free_bytes < 0 || in.free_bytes > in.total_bytes || in.kv_bytes_per_token <= 0 ||
-      in.block_size <= 0) {
+      in.block_size <= 0 || in.start_free_bytes > in.total_bytes) {
     return InvalidArgumentError(fmt::format("cannot plan device memory: total {} B, free {} B, {} B per token",
                                             in.total_bytes, in.free_bytes, in.kv_bytes_per_token));
   }
   MemoryPlan p;
   p.total_bytes = in.total_bytes;
   p.utilization = in.utilization;
-  p.budget_bytes = static_cast<int64_t>(std::floor(in.utilization * static_cast<double>(in.total_bytes)));
-  p.in_use_bytes = in.total_bytes - in.free_bytes;
+  FATHOM_RETURN_IF_ERROR(CheckStartFree(in.total_bytes, in.start_free_bytes, in.utilization));
+  p.budget_bytes = Budget(in.total_bytes, in.utilization);
+  // Only this process's use since startup counts against the budget; the budget was free then, so what it leaves
+  // is free now too.
+  p.in_use_bytes = in.start_free_bytes >= 0 ? std::max<int64_t>(in.start_free_bytes - in.free_bytes, 0)
+                                            : in.total_bytes - in.free_bytes;
   p.activation_bytes = in.activation_bytes;
   p.kv_bytes_per_token = in.kv_bytes_per_token;
   p.max_batched_tokens = in.max_batched_tokens;
@@ -68,8 +110,12 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
   const int64_t q = cfg.num_heads * head;
   const int64_t kv = std::max(2 * cfg.num_kv_heads * cfg.head_dim, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim);
   // MLA's absorbed attention: per head a query over the latent (kv_lora_rank + rope) and an output of kv_lora_rank.
-  const int64_t mla =
-      cfg.mla.kv_lora_rank > 0 ? cfg.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) : 0;
+  // The up-projected prefill: per context row (at most max_batched_tokens of them) the gathered latent row and its
+  // per-head k_nope and v.
+  const int64_t mla = cfg.mla.kv_lora_rank > 0 ? cfg.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) +
+                                                     cfg.num_heads * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim) +
+                                                     cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
+                                               : 0;
   const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter + mla) + 2 * std::max(h, inter);
   const int64_t logits = std::min(max_seqs, max_batched_tokens) * cfg.vocab_size * 4;
   // Block-scaled f8 weights: a prefill-sized linear dequantizes its weight into the workspace (bf16, the widest

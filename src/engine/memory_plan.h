@@ -16,9 +16,13 @@
 namespace fathom {
 
 struct MemoryPlanInput {
-  int64_t total_bytes = 0;         // the device's memory
-  int64_t free_bytes = 0;          // free now, with the weights loaded
-  double utilization = 0.9;        // the share of total_bytes fathom may use (--gpu-memory-utilization)
+  int64_t total_bytes = 0;  // the device's memory
+  int64_t free_bytes = 0;   // free now, with the weights loaded
+  // Free when fathom started (after creating its CUDA context), before the weights. Other processes' memory then
+  // does not count against fathom's budget, as with vLLM's per-instance --gpu-memory-utilization, but the budget
+  // must have been free. < 0: unknown, and all memory in use counts as fathom's.
+  int64_t start_free_bytes = -1;
+  double utilization = 0.9;        // the share of total_bytes this instance may use (--gpu-memory-utilization)
   int64_t activation_bytes = 0;    // one step's activations and kernel workspaces
   int64_t max_batched_tokens = 0;  // for the messages
   int64_t kv_bytes_per_token = 0;  // K and V of every layer
@@ -29,7 +33,7 @@ struct MemoryPlanInput {
 struct MemoryPlan {
   int64_t total_bytes = 0;
   int64_t budget_bytes = 0;  // utilization x total
-  int64_t in_use_bytes = 0;  // weights, CUDA context and library workspaces: total - free at planning time
+  int64_t in_use_bytes = 0;  // weights and library workspaces: start_free - free (or total - free) at planning time
   int64_t activation_bytes = 0;
   int64_t kv_bytes = 0;   // whole blocks only
   int64_t kv_tokens = 0;  // the most tokens the KV cache holds (all sequences together)
@@ -40,9 +44,15 @@ struct MemoryPlan {
   std::string Describe() const;
 };
 
-// Fails with kResourceExhausted, naming what does not fit and by how many bytes, when the budget is already spent
-// by the weights and activations, or when the KV cache would hold fewer than max_model_len tokens.
+// Fails with kResourceExhausted, naming what does not fit and by how many bytes, when the budget was not free at
+// startup, when it is already spent by the weights and activations, or when the KV cache would hold fewer than
+// max_model_len tokens.
 StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in);
+
+// Before the weights load: kResourceExhausted when utilization x total was not free at startup (other processes
+// hold it) or cannot hold `weight_bytes`. start_free_bytes < 0: only total - free_bytes counts as in use.
+Status CheckBudgetFits(int64_t total_bytes, int64_t free_bytes, int64_t start_free_bytes, double utilization,
+                       int64_t weight_bytes);
 
 // A conservative reserve for one forward step of `max_batched_tokens` tokens and `max_seqs` logits rows with
 // float32 activations: the per-token activations of a layer (residual, norms, q/k/v, attention output, MLP

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <unordered_map>
 
@@ -230,6 +231,68 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& p, cons
                         [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
       for (size_t i = 0; i < k; ++i) r.top.push_back({idx[i], lp[idx[i]]});
     }
+  }
+  return r;
+}
+
+SampleRowSpec DeviceSampleRow(const SamplingParams& p, const SamplingContext& ctx, const SamplerRng& rng, int64_t vocab,
+                              std::vector<LogitAdjust>& adjust) {
+  SampleRowSpec row{.temperature = p.greedy() ? 0.0f : p.temperature,
+                    .top_k = p.top_k,
+                    .top_p = p.top_p,
+                    .min_p = p.min_p,
+                    .repetition_penalty = p.repetition_penalty,
+                    .seed = rng.seed(),
+                    .draw = rng.draws(),
+                    .adjust_begin = static_cast<int32_t>(adjust.size()),
+                    .top_logprobs = p.top_logprobs,
+                    .logprob = p.logprobs || p.top_logprobs > 0 ? 1 : 0};
+  // ApplyLogitsProcessors's effects, one entry per id (std::map: ids in order, so the entries are too).
+  std::map<int32_t, LogitAdjust> by_id;
+  const auto entry = [&](int32_t id) -> LogitAdjust& {
+    LogitAdjust& a = by_id[id];
+    a.id = id;
+    return a;
+  };
+  if (static_cast<int32_t>(ctx.output.size()) < p.min_tokens) {
+    if (!p.ignore_eos) {
+      for (int64_t id : ctx.eos_ids) {
+        if (id >= 0 && id < vocab) entry(static_cast<int32_t>(id)).flags |= kAdjustMask;
+      }
+    }
+    for (int32_t id : p.stop_token_ids) {
+      if (id >= 0 && id < vocab) entry(id).flags |= kAdjustMask;
+    }
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id >= 0 && id < vocab) entry(id).bias += bias;
+  }
+  if (p.repetition_penalty != 1.0f) {
+    for (auto toks : {ctx.prompt, ctx.output}) {
+      for (int32_t t : toks) {
+        if (t >= 0 && t < vocab) entry(t).flags |= kAdjustRepetition;
+      }
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int32_t t : ctx.output) {
+      if (t >= 0 && t < vocab) ++counts[t];
+    }
+    for (const auto& [t, c] : counts)
+      entry(t).subtract = p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
+  }
+  for (const auto& [id, a] : by_id) adjust.push_back(a);
+  row.adjust_count = static_cast<int32_t>(by_id.size());
+  return row;
+}
+
+SampleResult FromDevice(const SampledToken& t, const SamplingParams& p) {
+  SampleResult r;
+  r.token = t.token;
+  if (p.logprobs || p.top_logprobs > 0) {
+    r.logprob = t.logprob;
+    for (int32_t i = 0; i < t.top_count; ++i) r.top.push_back({t.top_ids[i], t.top_logprobs[i]});
   }
   return r;
 }

@@ -12,13 +12,14 @@
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/philox.h"
 #include "core/status.h"
+#include "model/sample_rows.h"
 
 namespace fathom {
 
@@ -45,14 +46,19 @@ struct SamplingParams {
   Status Validate(int64_t vocab_size) const;
 };
 
-// A request's random stream: 64-bit Mersenne Twister, uniform doubles from its top 53 bits (portable).
+// A request's random stream: the n-th draw is PhiloxUniform(seed, n) (core/philox.h), counter-based, so a backend
+// that samples on the device computes the same draw from (seed(), draws()) and the host then calls Skip().
 class SamplerRng {
  public:
-  explicit SamplerRng(uint64_t seed) : engine_(seed) {}
-  double Uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
+  explicit SamplerRng(uint64_t seed) : seed_(seed) {}
+  double Uniform() { return PhiloxUniform(seed_, draws_++); }
+  void Skip() { ++draws_; }  // the draw was taken on the device
+  uint64_t seed() const { return seed_; }
+  uint64_t draws() const { return draws_; }
 
  private:
-  std::mt19937_64 engine_;
+  uint64_t seed_;
+  uint64_t draws_ = 0;
 };
 
 struct SamplingContext {
@@ -91,5 +97,12 @@ std::vector<float> LogSoftmax(std::span<const float> logits);
 // The greedy or sampled next token. `logits` [vocab] are the raw model logits of one row.
 SampleResult Sample(std::span<const float> logits, const SamplingParams& p, const SamplingContext& ctx,
                     SamplerRng& rng);
+
+// Sample() on the device (Backend::SampleRows): the row's spec, its logits processors appended to `adjust` as one
+// entry per id. The backend then takes what Sample() would at draw rng.draws(); the caller Skip()s the RNG for a
+// non-greedy row and converts the result with FromDevice.
+SampleRowSpec DeviceSampleRow(const SamplingParams& p, const SamplingContext& ctx, const SamplerRng& rng, int64_t vocab,
+                              std::vector<LogitAdjust>& adjust);
+SampleResult FromDevice(const SampledToken& t, const SamplingParams& p);
 
 }  // namespace fathom

@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "model/moe_route.h"
+#include "model/sample_rows.h"
 
 namespace fathom {
 
@@ -67,6 +68,7 @@ struct AttentionMetadata {
   int64_t block_size = 16;
   int64_t max_seq_len = 0;
   int64_t total_seq_len = 0;  // the sum of seq_lens: the rows of GatherContext's output
+  int64_t causal_pairs = 0;   // (query, key) pairs that causal attention scores this step, over all sequences
 };
 
 // A device's memory: zero totals mean host memory, which fathom does not plan.
@@ -202,6 +204,16 @@ class Backend {
   // choice). Greedy decoding reads ids instead of copying whole logits rows to the host.
   // logits f32 [n, vocab]; ids i32 [n]
   virtual void ArgMax(const TensorView& logits, const TensorView& ids) = 0;
+
+  // One token per row of `logits` f32 [n, vocab] (host memory in `rows`, `adjust` and `out`; out.size() == n), by
+  // the host sampler's rule (engine/sampler.cc Sample(), the reference this op is tested against): the row's
+  // LogitAdjust entries, then greedy, or temperature, top-k, top-p, min-p and the inverse CDF in id order at the
+  // Philox draw; logprobs from the raw logits. May change `logits`. Synchronizes; returns the first error.
+  virtual bool SupportsSampling() const { return false; }
+  virtual Status SampleRows(const TensorView& /*logits*/, std::span<const SampleRowSpec> /*rows*/,
+                            std::span<const LogitAdjust> /*adjust*/, std::span<SampledToken> /*out*/) {
+    return UnimplementedError(std::string(name()) + " samples on the host");
+  }
 
   // dst = src for same-shaped 2-d or 3-d views (strided, unit inner stride).
   virtual void Copy(const TensorView& src, const TensorView& dst) = 0;

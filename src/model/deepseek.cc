@@ -7,11 +7,12 @@
 //   out[h]   = W_UV[h] (sum_j p_j c_kv_j)                  -> o_proj
 // where kv_b_proj = [W_UK[0]; W_UV[0]; W_UK[1]; W_UV[1]; ...] row blocks of qk_nope_head_dim and v_head_dim.
 //
-// MLA, up-projected form (prefill, FATHOM_MLA_PREFILL=up): each sequence's whole context of cache rows is gathered
-// (GatherContext) and up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe]
-// (MlaContextAttention) gives out[h] directly. Fewer FLOPs per (query, key) pair than the absorbed form (nope + rope +
-// v_head_dim against 2 kv_lora + rope), plus one kv_b GEMM over the context. The absorbed form stays the default
-// until the GPU's crossover is measured.
+// MLA, up-projected form (prefill): each sequence's whole context of cache rows is gathered (GatherContext) and
+// up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe] (MlaContextAttention) gives
+// out[h] directly. Fewer FLOPs per (query, key) pair than the absorbed form (nope + rope + v_head_dim against
+// 2 kv_lora + rope), plus one kv_b GEMM over the context. A step takes it when the pairs' saving exceeds the kv_b
+// GEMM's FLOPs (UpProjectedPrefill); on the H200 (V2-Lite) the up-projected step took 0.95x the absorbed one's time
+// at a 512-token prompt, 0.80x at 4 x 2048 and 0.61x at 8192. FATHOM_MLA_PREFILL=up or =absorbed forces a form.
 #include <fmt/format.h>
 
 #include <array>
@@ -19,11 +20,21 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "model/mla.h"
 #include "model/moe.h"
 #include "model/registry.h"
 #include "model/rope.h"
 
 namespace fathom {
+
+bool MlaUpProjectedPays(const MlaConfig& m, int64_t causal_pairs, int64_t context_rows) {
+  const int64_t lora = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim, vd = m.v_head_dim;
+  // Per head: scores and values over the latent against over [k_nope, k_pe] and v; kv_b's output per row.
+  const double saved_per_pair = static_cast<double>(2 * (lora + rope) + 2 * lora - (2 * (nope + rope) + 2 * vd));
+  const double kv_b_per_row = static_cast<double>(2 * lora * (nope + vd));
+  return static_cast<double>(causal_pairs) * saved_per_pair >=
+         kMlaUpProjectedMinRatio * static_cast<double>(context_rows) * kv_b_per_row;
+}
 
 namespace {
 
@@ -220,6 +231,7 @@ class DeepseekModel final : public Model {
   // otherwise (FP8 experts on the GPU, for now) MoeExperts reads the routing on the host, so no graph can record a
   // step, and the engine runs decode steps eagerly.
   bool SupportsForwardOnDevice() const override { return experts_on_device_; }
+  void set_max_batched_tokens(int64_t n) override { max_batched_tokens_ = n; }
 
   Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override {
     Backend& be = backend_;
@@ -310,11 +322,18 @@ class DeepseekModel final : public Model {
   }
 
  private:
-  // The up-projected form for this step: FATHOM_MLA_PREFILL=up (read per step: tests switch it) on a step with
-  // prefill tokens (a decode step of one token per sequence keeps the absorbed form, and graphs record only those).
-  static bool UpProjectedPrefill(const AttentionMetadata& meta) {
+  // The up-projected form for this step: only on a step with prefill tokens (a decode step of one token per
+  // sequence keeps the absorbed form, and graphs record only those), and when the FLOPs it saves on the step's
+  // (query, key) pairs exceed those of up-projecting every context row: a long prompt, not a short chunk next to
+  // long decode contexts. FATHOM_MLA_PREFILL=up or =absorbed overrides the rule (read per step: tests switch it).
+  bool UpProjectedPrefill(const AttentionMetadata& meta) const {
+    if (meta.num_tokens <= meta.num_seqs || meta.total_seq_len == 0) return false;
+    // Its context rows are step activations: the memory plan reserves them for max_batched_tokens rows.
+    if (max_batched_tokens_ > 0 && meta.total_seq_len > max_batched_tokens_) return false;
     const char* v = std::getenv("FATHOM_MLA_PREFILL");
-    return v != nullptr && std::string_view(v) == "up" && meta.num_tokens > meta.num_seqs && meta.total_seq_len > 0;
+    if (v != nullptr && std::string_view(v) == "up") return true;
+    if (v != nullptr && std::string_view(v) == "absorbed") return false;
+    return MlaUpProjectedPays(cfg_.mla, meta.causal_pairs, meta.total_seq_len);
   }
 
   struct Layer {
@@ -430,6 +449,7 @@ class DeepseekModel final : public Model {
   }
 
   ModelConfig cfg_;
+  int64_t max_batched_tokens_ = 0;  // UpProjectedPrefill's bound on context rows (0: none)
   std::unique_ptr<WeightStore> weights_;
   Backend& backend_;
   RouterConfig router_;

@@ -110,7 +110,11 @@ BatchOnDevice BatchOnDevice::View(const ForwardBatch& b, const TensorView& packe
   m.num_tokens = b.num_tokens();
   m.block_size = b.block_size;
   m.max_seq_len = b.max_seq_len();
-  for (int32_t len : b.seq_lens) m.total_seq_len += len;
+  for (size_t s = 0; s < b.seq_lens.size(); ++s) {
+    const int64_t len = b.seq_lens[s], q = b.query_start[s + 1] - b.query_start[s];
+    m.total_seq_len += len;
+    m.causal_pairs += q * (len - q) + q * (q + 1) / 2;  // query j of q sees len - q + 1 + j keys
+  }
   return out;
 }
 

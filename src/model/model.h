@@ -71,6 +71,11 @@ class Model {
   virtual Status ForwardOnDevice(const BatchOnDevice& /*dev*/, KvCache& /*kv*/, Tensor* /*logits*/) {
     return UnimplementedError("this model has no device-only forward");
   }
+
+  // The token count the memory plan reserves step activations for (engine/memory_plan.h; 0: no limit). A model whose
+  // step scratch can grow with more than the step's tokens (MLA's up-projected prefill gathers every context row)
+  // keeps it within this many rows.
+  virtual void set_max_batched_tokens(int64_t /*n*/) {}
 };
 
 // The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block

@@ -15,12 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
-// Inlined on the GPU too: the router kernel keeps every scratch array in its own frame.
-#if defined(__CUDACC__)
-#define FATHOM_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FATHOM_HOST_DEVICE inline
-#endif
+#include "core/host_device.h"
 
 namespace fathom::moe_route {
 

@@ -29,7 +29,9 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const M
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
   std::vector<WeightSpec> specs = arch->weight_specs(cfg);
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<WeightStore> weights, LoadWeights(model_dir, specs, options, backend));
-  return arch->create(cfg, std::move(weights), backend);
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, arch->create(cfg, std::move(weights), backend));
+  model->set_max_batched_tokens(options.max_batched_tokens);
+  return model;
 }
 
 }  // namespace fathom

@@ -47,6 +47,7 @@ struct LoadOptions {
   LoadFormat format = LoadFormat::kAuto;
   uint64_t seed = 0;  // dummy weights
   bool show_progress = true;
+  int64_t max_batched_tokens = 0;  // Model::set_max_batched_tokens (0: no limit)
 };
 
 class WeightStore {

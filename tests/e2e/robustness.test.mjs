@@ -24,7 +24,7 @@ before(async () => {
     {triggerId: kAssistant, text: 'The answer is 4.', end: 'eos'},
     {trigger: 'Count:', text: ' one two three four five six seven eight nine ten', end: 'eos'},
     {trigger: 'Loop', text: ' tick tock', end: 'cycle'},
-  ]);
+  ], {maxPositions: 1 << 17});  // room for 'Loop' requests that outlast a shutdown at any decode speed
   srv = await startServer(['--model', model.dir, '--max-model-len', '4096', '--max-request-bytes', '65536',
                            '--header-timeout-s', '5', '--max-num-seqs', '256', '--max-num-batched-tokens', '4096',
                            '--http-threads', '2', '--threads', '2']);
@@ -168,7 +168,7 @@ test('SIGTERM under load: in-flight requests finish or end with abort, and the e
   const streams = Array.from({length: 4}, async () => {
     const r = await fetch(local.url + '/v1/completions', {
       method: 'POST', headers: {'content-type': 'application/json'},
-      body: JSON.stringify({prompt: 'Loop', max_tokens: 4000, stream: true}),
+      body: JSON.stringify({prompt: 'Loop', max_tokens: 100000, stream: true}),
     });
     const events = await readSse(r);
     return events;
@@ -203,7 +203,9 @@ test('overload: 429 with Retry-After when the queue is full, 503 after the queue
   try {
   const body = (max) => JSON.stringify({prompt: 'Loop', max_tokens: max});
   const post = (max) => fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'}, body: body(max)});
-  const running = post(3000);  // occupies the only sequence slot for a while
+  // Occupies the only sequence slot until the shutdown. Its body is read as it arrives (a client that stops reading
+  // stalls the server's write of a long body past the shutdown's flush); a failure is kept for the check below.
+  const running = post(100000).then(async (r) => ({status: r.status, body: await r.json()})).catch((e) => e);
   await sleep(300);
   const queued = post(2);      // waits in the queue; times out after 1.5 s
   await sleep(300);
@@ -219,8 +221,11 @@ test('overload: 429 with Retry-After when the queue is full, 503 after the queue
   assert.equal(m['fathom_requests_rejected_total{reason="queue_timeout"}'], 1);
   assert.equal(await local.stop('SIGINT'), 0, local.stderr);
   const r = await running;
+  if (r instanceof Error) {
+    throw new Error(`the running request got no response (${r.message}); server log:\n${local.stderr.slice(-3000)}`);
+  }
   assert.equal(r.status, 200);
-  assert.equal((await r.json()).choices[0].finish_reason, 'abort');  // cut short by the shutdown
+  assert.equal(r.body.choices[0].finish_reason, 'abort');  // cut short by the shutdown
   } finally {
     await local.stop('SIGKILL');
   }

@@ -52,6 +52,46 @@ TEST(MemoryPlanTest, WeightsAndActivationsOverTheBudgetSayByHowMuch) {
   EXPECT_NE(m.find("--gpu-memory-utilization"), std::string::npos) << m;
 }
 
+// --gpu-memory-utilization is per instance (as in vLLM): memory other processes held at startup does not count
+// against the budget, but the budget must have been free then.
+TEST(MemoryPlanTest, OtherProcessesDoNotCountAgainstThisInstancesBudget) {
+  MemoryPlanInput in = H200Like();
+  in.utilization = 0.5;              // 70 GiB
+  in.start_free_bytes = 100 * kGiB;  // 40 GiB held by another server
+  in.free_bytes = 84 * kGiB;         // 16 GiB of our weights since
+  in.max_model_len = 4096;
+  auto plan = PlanDeviceMemory(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->in_use_bytes, 16 * kGiB);
+  const int64_t block = 114688 * 16;
+  EXPECT_EQ(plan->kv_bytes, (52 * kGiB) / block * block);  // 70 - 16 - 2
+  EXPECT_LE(plan->kv_bytes + plan->activation_bytes, in.free_bytes);
+
+  in.start_free_bytes = 60 * kGiB;  // less than the 70 GiB asked for
+  in.free_bytes = 44 * kGiB;
+  plan = PlanDeviceMemory(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+  const std::string m = plan.status().message();
+  EXPECT_NE(m.find("asks for 70.00 GiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("only 60.00 GiB was free at startup"), std::string::npos) << m;
+  EXPECT_NE(m.find("10.00 GiB short"), std::string::npos) << m;
+}
+
+TEST(MemoryPlanTest, CheckBudgetFitsTheWeightsBeforeLoading) {
+  // 140 GiB GPU, 0.5 of it: 70 GiB; 40 GiB held by others at startup.
+  EXPECT_TRUE(CheckBudgetFits(140 * kGiB, 100 * kGiB, 100 * kGiB, 0.5, 69 * kGiB).ok());
+  Status st = CheckBudgetFits(140 * kGiB, 100 * kGiB, 100 * kGiB, 0.5, 71 * kGiB);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("1.00 GiB short"), std::string::npos) << st.message();
+  st = CheckBudgetFits(140 * kGiB, 60 * kGiB, 60 * kGiB, 0.5, 1 * kGiB);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("was free at startup"), std::string::npos) << st.message();
+  // Unknown start: everything in use counts (the old rule).
+  EXPECT_FALSE(CheckBudgetFits(140 * kGiB, 100 * kGiB, -1, 0.5, 31 * kGiB).ok());
+  EXPECT_EQ(CheckBudgetFits(140 * kGiB, 100 * kGiB, -1, 1.5, 1).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(MemoryPlanTest, ContextThatDoesNotFitTheKvCacheIsRefused) {
   MemoryPlanInput in = H200Like();
   in.utilization = 0.2;  // 28 GiB budget: 28 - 16 - 2 = 10 GiB = 93,616 tokens < 131,072
@@ -90,7 +130,7 @@ TEST(MemoryPlanTest, ActivationReserveGrowsWithTheBatchedTokens) {
   EXPECT_EQ(large, reserve + reserve / 4 + 288 * kMiB);
 }
 
-// DeepSeek-V3: MLA's absorbed attention per head, and room to dequantize the widest f8 weight (the dense MLP's
+// DeepSeek-V3: MLA's attention per head (both forms), and room to dequantize the widest f8 weight (the dense MLP's
 // 18432 x 7168 gate) to bf16 next to its input.
 TEST(MemoryPlanTest, ActivationReserveCoversMlaAndFp8Dequantization) {
   ModelConfig cfg;
@@ -111,8 +151,9 @@ TEST(MemoryPlanTest, ActivationReserveCoversMlaAndFp8Dequantization) {
   // The input staged as bf16: 2048 tokens of the widest input (the routed experts' 8 + 1 shared x 2048 columns).
   const int64_t dequant = int64_t{2} * 18432 * 7168 + int64_t{2} * 2048 * 18432;
   EXPECT_NEAR(static_cast<double>(with_fp8 - plain), static_cast<double>(dequant + dequant / 4), 1.0);
-  // 2048 tokens x 4 B x 128 heads x (2 x 512 + 64) of MLA alone, with the 25% margin.
-  EXPECT_GT(plain, int64_t{2048} * 4 * 128 * (2 * 512 + 64) * 5 / 4);
+  // 2048 tokens x 4 B x (128 heads x (2 x 512 + 64) of the absorbed form, and per context row of the up-projected
+  // prefill the latent row (576) and 128 heads x (k_nope 128 + v 128)), with the 25% margin.
+  EXPECT_GT(plain, int64_t{2048} * 4 * (128 * (2 * 512 + 64) + 128 * 256 + 576) * 5 / 4);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -229,6 +231,92 @@ TEST(SamplerTest, LogprobsComeFromTheRawLogits) {
   EXPECT_EQ(r.top[0].token, 1);
   EXPECT_NEAR(r.top[0].logprob, std::log(0.6f), 1e-5f);
   EXPECT_EQ(r.top[1].token, 2);
+}
+
+// The device form of the processors (DeviceSampleRow's LogitAdjust entries, applied as the CUDA kernel applies them)
+// gives the same bits as ApplyLogitsProcessors, over random contexts and every processor mix.
+TEST(SamplerTest, DeviceSampleRowEntriesReproduceTheProcessorsExactly) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 4.0f);
+  constexpr int64_t kVocab = 300;
+  const std::vector<int64_t> eos = {1, 7};
+  for (int trial = 0; trial < 200; ++trial) {
+    SamplingParams p{.temperature = trial % 4 == 0 ? 0.0f : 0.8f};
+    if (trial % 2 == 0) p.repetition_penalty = 1.1f + static_cast<float>(trial % 5) * 0.2f;
+    if (trial % 3 == 0) p.presence_penalty = 0.3f * static_cast<float>(trial % 7) - 0.9f;
+    if (trial % 5 != 0) p.frequency_penalty = 0.17f * static_cast<float>(trial % 11) - 0.8f;
+    if (trial % 7 < 3) p.logit_bias = {{static_cast<int32_t>(rng() % kVocab), 3.5f}, {7, -2.25f}};
+    if (trial % 6 == 0) {
+      p.min_tokens = 50;
+      p.stop_token_ids = {static_cast<int32_t>(rng() % kVocab)};
+      p.ignore_eos = trial % 12 == 0;
+    }
+    std::vector<int32_t> prompt, output;
+    for (int i = 0; i < 40; ++i) prompt.push_back(static_cast<int32_t>(rng() % kVocab));
+    for (int i = 0; i < trial % 30; ++i) output.push_back(static_cast<int32_t>(rng() % 40));
+    std::vector<float> logits(kVocab);
+    for (float& l : logits) l = d(rng);
+    const SamplingContext ctx{prompt, output, eos};
+
+    std::vector<LogitAdjust> adjust = {{.id = 99}};  // an earlier row's entry: this row's start after it
+    SamplerRng r(5);
+    r.Skip();
+    const SampleRowSpec row = DeviceSampleRow(p, ctx, r, kVocab, adjust);
+    EXPECT_EQ(row.adjust_begin, 1);
+    EXPECT_EQ(row.seed, 5u);
+    EXPECT_EQ(row.draw, 1u);
+    EXPECT_EQ(row.temperature, p.greedy() ? 0.0f : p.temperature);
+    std::vector<float> device = logits;
+    std::vector<bool> seen(kVocab, false);
+    for (int32_t j = 0; j < row.adjust_count; ++j) {
+      const LogitAdjust& a = adjust[static_cast<size_t>(row.adjust_begin + j)];
+      ASSERT_FALSE(seen[static_cast<size_t>(a.id)]) << "two entries for id " << a.id;
+      seen[static_cast<size_t>(a.id)] = true;
+      float& l = device[static_cast<size_t>(a.id)];
+      if ((a.flags & kAdjustMask) != 0) {
+        l = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      l += a.bias;
+      if ((a.flags & kAdjustRepetition) != 0) l = l > 0 ? l / row.repetition_penalty : l * row.repetition_penalty;
+      l -= a.subtract;
+    }
+    std::vector<float> host = logits;
+    ApplyLogitsProcessors(host, p, ctx);
+    for (int64_t i = 0; i < kVocab; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(device[static_cast<size_t>(i)]),
+                std::bit_cast<uint32_t>(host[static_cast<size_t>(i)]))
+          << "trial " << trial << " id " << i << ": " << device[static_cast<size_t>(i)] << " vs "
+          << host[static_cast<size_t>(i)];
+    }
+  }
+}
+
+TEST(SamplerTest, FromDeviceKeepsLogprobsOnlyWhenAskedFor) {
+  SampledToken t{.token = 4, .logprob = -0.5f, .top_count = 2};
+  t.top_ids[0] = 4;
+  t.top_ids[1] = 9;
+  t.top_logprobs[0] = -0.5f;
+  t.top_logprobs[1] = -1.5f;
+  const SampleResult plain = FromDevice(t, SamplingParams{});
+  EXPECT_EQ(plain.token, 4);
+  EXPECT_EQ(plain.logprob, 0.0f);
+  EXPECT_TRUE(plain.top.empty());
+  const SampleResult lp = FromDevice(t, SamplingParams{.logprobs = true, .top_logprobs = 2});
+  EXPECT_EQ(lp.logprob, -0.5f);
+  ASSERT_EQ(lp.top.size(), 2u);
+  EXPECT_EQ(lp.top[1], (TokenLogprob{9, -1.5f}));
+}
+
+// The RNG is counter-based: draw n is PhiloxUniform(seed, n), and Skip() (a draw taken on the device) moves on by one.
+TEST(SamplerTest, RngDrawsAreCounterBased) {
+  SamplerRng a(77), b(77);
+  const double first = a.Uniform();
+  EXPECT_EQ(first, PhiloxUniform(77, 0));
+  b.Skip();
+  EXPECT_EQ(b.draws(), 1u);
+  EXPECT_EQ(a.Uniform(), b.Uniform());
+  EXPECT_EQ(a.draws(), 2u);
 }
 
 TEST(SamplerTest, ValidateRejectsBadParameters) {

@@ -57,6 +57,9 @@ TEST(ForwardBatchTest, BatchOnDevicePacksEveryArrayOnce) {
   EXPECT_EQ(m.num_seqs, 2);
   EXPECT_EQ(m.num_tokens, 6);
   EXPECT_EQ(m.max_seq_len, 10);
+  EXPECT_EQ(m.total_seq_len, 15);
+  // 5 fresh tokens see 1..5 keys (15 pairs); 1 token after 9 cached sees 10.
+  EXPECT_EQ(m.causal_pairs, 25);
   // Moving the batch keeps its views valid (the CPU backend's views point into its host buffer).
   BatchOnDevice moved = std::move(dev).value();
   EXPECT_EQ(values(moved.token_ids()), b.token_ids);

@@ -197,6 +197,13 @@ TEST_P(MlaPrefillGoldenTest, UpProjectedPrefillMatchesTheOracle) {
   ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "up-projected, uneven chunks");
 }
 
+// The absorbed form forced on prefill steps too (the shape rule picks the up-projected one for long prompts).
+TEST_P(MlaPrefillGoldenTest, AbsorbedPrefillMatchesTheOracle) {
+  setenv("FATHOM_MLA_PREFILL", "absorbed", 1);
+  ExpectMatchesOracle(RunChunked({0}), "absorbed, batched whole prompts");
+  ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "absorbed, uneven chunks");
+}
+
 std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   std::replace(s.begin(), s.end(), '-', '_');

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/sample_kernels.h"
 
 namespace fathom {
 
@@ -955,6 +956,45 @@ void CudaBackend::ArgMax(const TensorView& logits, const TensorView& ids) {
     return cuda::LaunchArgMax(logits.data<float>(), logits.stride(0), logits.dim(0), logits.dim(1), ids.data<int32_t>(),
                               stream_);
   });
+}
+
+Status CudaBackend::SampleRows(const TensorView& logits, std::span<const SampleRowSpec> rows,
+                               std::span<const LogitAdjust> adjust, std::span<SampledToken> out) {
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  if (logits.dtype() != DType::kF32 || logits.stride(1) != 1 || static_cast<int64_t>(rows.size()) != n ||
+      out.size() != rows.size()) {
+    return InvalidArgumentError(fmt::format(
+        "SampleRows: {} rows of f32 logits with unit inner stride, {} specs, {} outputs", n, rows.size(), out.size()));
+  }
+  if (vocab >= (int64_t{1} << 31)) return InvalidArgumentError("SampleRows: the vocabulary exceeds 2^31 ids");
+  if (capturing_) return FailedPreconditionError("SampleRows synchronizes and cannot be captured in a graph");
+  for (const SampleRowSpec& r : rows) {
+    if (r.adjust_begin < 0 || r.adjust_count < 0 ||
+        static_cast<int64_t>(r.adjust_begin) + r.adjust_count > static_cast<int64_t>(adjust.size()) ||
+        r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+      return InvalidArgumentError("SampleRows: a row's adjustments or top_logprobs are out of range");
+    }
+  }
+  for (const LogitAdjust& a : adjust) {
+    if (a.id < 0 || a.id >= vocab)
+      return InvalidArgumentError(fmt::format("SampleRows: adjusted id {} >= vocab", a.id));
+  }
+  if (n == 0) return OkStatus();
+  // Device copies of the host arrays, in 4-byte words (every struct is a multiple of 4 bytes).
+  const auto words = [](size_t bytes) { return static_cast<int64_t>(std::max<size_t>(bytes, 4) / 4); };
+  Tensor d_rows = Alloc(DType::kI32, {words(rows.size_bytes())});
+  Tensor d_adjust = Alloc(DType::kI32, {words(adjust.size_bytes())});
+  Tensor d_saved = Alloc(DType::kF32, {std::max<int64_t>(static_cast<int64_t>(adjust.size()), 1)});
+  Tensor d_out = Alloc(DType::kI32, {words(out.size_bytes())});
+  FATHOM_RETURN_IF_ERROR(CopyFromHost(rows.data(), d_rows.view()));
+  if (!adjust.empty()) FATHOM_RETURN_IF_ERROR(CopyFromHost(adjust.data(), d_adjust.view()));
+  Launch("SampleRows", [&] {
+    return cuda::LaunchSampleRows(
+        logits.data<float>(), logits.stride(0), n, vocab, reinterpret_cast<const SampleRowSpec*>(d_rows.view().raw()),
+        reinterpret_cast<const LogitAdjust*>(d_adjust.view().raw()), d_saved.view().data<float>(),
+        reinterpret_cast<SampledToken*>(d_out.view().raw()), stream_);
+  });
+  return CopyToHost(d_out.view(), out.data());
 }
 
 void CudaBackend::Copy(const TensorView& src, const TensorView& dst) {

@@ -69,6 +69,9 @@ class CudaBackend final : public Backend {
   Status MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids, const TensorView& weights,
                     const TensorView& out) override;
   void ArgMax(const TensorView& logits, const TensorView& ids) override;
+  bool SupportsSampling() const override { return true; }
+  Status SampleRows(const TensorView& logits, std::span<const SampleRowSpec> rows, std::span<const LogitAdjust> adjust,
+                    std::span<SampledToken> out) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
   Status CopyFromHost(const void* src, const TensorView& dst) override;
@@ -79,6 +82,7 @@ class CudaBackend final : public Backend {
   // CUDA graphs: captured in relaxed mode on the backend's stream; not with FATHOM_CUDA_PROFILE (its events would
   // be captured too).
   bool SupportsGraphs() const override { return profile_ == nullptr; }
+  void* stream() const { return stream_; }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
   Status BeginCapture() override;
   StatusOr<int64_t> EndCapture() override;
   Status ReplayGraph(int64_t graph) override;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/device_util.cuh"
@@ -1906,8 +1907,10 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
 int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s) {
   if (a.n == 0 || a.heads == 0) return 0;
   if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
-  // Opt-in until its GPU op test has passed: FATHOM_CUDA_MLA_CONTEXT_MMA=1 (read per call: the op test switches it).
-  const bool mma = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA") != nullptr;
+  // The tensor-core kernel where its tiles fit; FATHOM_CUDA_MLA_CONTEXT_MMA=0 takes the plain float32 one (read per
+  // call: the op test switches it).
+  const char* env = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
+  const bool mma = env == nullptr || std::string_view(env) != "0";
   if (mma && MlaContextMmaFits(a)) {
     static const cudaError_t attr =
         cudaFuncSetAttribute(MlaContextMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtxSmemBytes);

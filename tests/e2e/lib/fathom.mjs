@@ -47,7 +47,8 @@ function bf16(x) {
 // scripts: [{trigger, text, end: 'eos' | 'cycle'}]: after a prompt whose last token is the trigger's last token,
 // the model writes `text`, then EOS ('eos') or `text` again forever ('cycle'). Tokens that start no script lead to
 // EOS. The special token <｜Assistant｜> may be a trigger (chat prompts end with it).
-export function buildScriptedModel(dir, scripts) {
+// maxPositions: the config's max_position_embeddings (the server's default --max-model-len).
+export function buildScriptedModel(dir, scripts, {maxPositions = 4096} = {}) {
   fs.mkdirSync(dir, {recursive: true});
   writeTokenizer(dir);
   const hidden = 64, vocab = 129280, eos = 1, inter = 64;
@@ -116,7 +117,7 @@ export function buildScriptedModel(dir, scripts) {
   const config = {
     architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: vocab, hidden_size: hidden,
     intermediate_size: inter, num_hidden_layers: 1, num_attention_heads: 1, num_key_value_heads: 1,
-    hidden_act: 'silu', max_position_embeddings: 4096, rms_norm_eps: 1e-6, rope_theta: 10000,
+    hidden_act: 'silu', max_position_embeddings: maxPositions, rms_norm_eps: 1e-6, rope_theta: 10000,
     tie_word_embeddings: false, bos_token_id: 0, eos_token_id: eos, torch_dtype: 'bfloat16',
   };
   fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config, null, 2));

@@ -1,0 +1,25 @@
+// The sampling kernel: one token per logits row on the device, by the host sampler's rule (engine/sampler.cc), so
+// that non-greedy rows need not copy their 4 x vocab bytes to the host. Launchers follow kernels.h: pointers, strides
+// and a stream in, a cudaError_t (as int) out, no allocation.
+//
+//   // logits [rows, vocab] (row stride ls); specs, adjust, saved and out on the device.
+//   cuda::LaunchSampleRows(logits, ls, rows, vocab, specs, adjust, saved, out, stream);
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+#include "model/sample_rows.h"
+
+namespace fathom::cuda {
+
+// One block per row. The row's LogitAdjust entries change `logits` in place (their raw values go to saved[j], for
+// the chosen token's logprob); specs [rows]; adjust and saved [total entries]; out [rows].
+int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, const SampleRowSpec* specs,
+                     const LogitAdjust* adjust, float* saved, SampledToken* out, Stream s);
+
+// For the test that pins core/philox.h to cuRAND: r[i] = cuRAND's curand_Philox4x32_10(c[i], k[i]) (4 words), then
+// core/philox.h's Philox4x32 computed on the device (4 words). c [n][4]; k [n][2]; r [n][8]. Device pointers.
+int LaunchCurandPhilox(const uint32_t* c, const uint32_t* k, int64_t n, uint32_t* r, Stream s);
+
+}  // namespace fathom::cuda

@@ -1,0 +1,26 @@
+// The GPU tests' device: a CudaBackend on device 0, or a skipped test (with a message) where there is none.
+//
+//   TEST(CudaFooTest, Bar) {
+//     REQUIRE_GPU(gpu);   // std::unique_ptr<CudaBackend> gpu
+//     ...
+//   }
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace fathom::testing {
+
+inline std::unique_ptr<CudaBackend> MakeGpu() {
+  auto gpu = CudaBackend::Create(0);
+  return gpu.ok() ? std::move(gpu).value() : nullptr;
+}
+
+}  // namespace fathom::testing
+
+#define REQUIRE_GPU(gpu)                   \
+  auto gpu = ::fathom::testing::MakeGpu(); \
+  if (!gpu) GTEST_SKIP() << "no CUDA device on this machine"
