@@ -23,7 +23,11 @@ int64_t Budget(int64_t total_bytes, double utilization) {
   return static_cast<int64_t>(std::floor(utilization * static_cast<double>(total_bytes)));
 }
 
-Status CheckStartFree(int64_t total_bytes, int64_t start_free_bytes, double utilization) {
+// The utilization's range, then whether its budget was free at startup.
+Status CheckUtilization(int64_t total_bytes, int64_t start_free_bytes, double utilization) {
+  if (!(utilization > 0.0 && utilization <= 1.0)) {
+    return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", utilization));
+  }
   const int64_t budget = Budget(total_bytes, utilization);
   if (start_free_bytes >= 0 && start_free_bytes < budget) {
     return ResourceExhaustedError(fmt::format(
@@ -39,10 +43,7 @@ Status CheckStartFree(int64_t total_bytes, int64_t start_free_bytes, double util
 
 Status CheckBudgetFits(int64_t total_bytes, int64_t free_bytes, int64_t start_free_bytes, double utilization,
                        int64_t weight_bytes) {
-  if (!(utilization > 0.0 && utilization <= 1.0)) {
-    return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", utilization));
-  }
-  FATHOM_RETURN_IF_ERROR(CheckStartFree(total_bytes, start_free_bytes, utilization));
+  FATHOM_RETURN_IF_ERROR(CheckUtilization(total_bytes, start_free_bytes, utilization));
   const int64_t in_use = start_free_bytes >= 0 ? start_free_bytes - free_bytes : total_bytes - free_bytes;
   const int64_t budget = Budget(total_bytes, utilization) - in_use;
   if (weight_bytes > budget) {
@@ -56,9 +57,6 @@ Status CheckBudgetFits(int64_t total_bytes, int64_t free_bytes, int64_t start_fr
 }
 
 StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
-  if (!(in.utilization > 0.0 && in.utilization <= 1.0)) {
-    return InvalidArgumentError(fmt::format("--gpu-memory-utilization must be in (0, 1], got {}", in.utilization));
-  }
   if (in.total_bytes <= 0 || in.free_bytes < 0 || in.free_bytes > in.total_bytes || in.kv_bytes_per_token <= 0 ||
       in.block_size <= 0 || in.start_free_bytes > in.total_bytes) {
     return InvalidArgumentError(fmt::format("cannot plan device memory: total {} B, free {} B, {} B per token",
@@ -67,7 +65,7 @@ StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in) {
   MemoryPlan p;
   p.total_bytes = in.total_bytes;
   p.utilization = in.utilization;
-  FATHOM_RETURN_IF_ERROR(CheckStartFree(in.total_bytes, in.start_free_bytes, in.utilization));
+  FATHOM_RETURN_IF_ERROR(CheckUtilization(in.total_bytes, in.start_free_bytes, in.utilization));
   p.budget_bytes = Budget(in.total_bytes, in.utilization);
   // Only this process's use since startup counts against the budget; the budget was free then, so what it leaves
   // is free now too.

@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <numeric>
-#include <unordered_map>
 
 namespace fathom {
 
@@ -61,43 +59,53 @@ bool IsPlainGreedy(const SamplingParams& p, const SamplingContext& ctx) {
          static_cast<int64_t>(ctx.output.size()) >= static_cast<int64_t>(p.min_tokens);
 }
 
-void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx) {
-  const int64_t vocab = static_cast<int64_t>(logits.size());
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+void AppendLogitAdjustments(const SamplingParams& p, const SamplingContext& ctx, int64_t vocab,
+                            std::vector<LogitAdjust>& adjust) {
+  // Every id a processor touches, tagged, then folded per id (a sorted vector: this runs per row and step, over the
+  // whole prompt when a repetition penalty is set).
+  constexpr uint32_t kCounted = 4;  // an output occurrence, for the frequency and presence penalties
+  const size_t begin = adjust.size();
+  const auto tag = [&](int64_t id, uint32_t flags, float bias) {
+    if (id >= 0 && id < vocab) adjust.push_back({static_cast<int32_t>(id), flags, bias, 0.0f});
+  };
   if (static_cast<int32_t>(ctx.output.size()) < p.min_tokens) {
     if (!p.ignore_eos) {
-      for (int64_t id : ctx.eos_ids) {
-        if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] = kNegInf;
-      }
+      for (int64_t id : ctx.eos_ids) tag(id, kAdjustMask, 0.0f);
     }
-    for (int32_t id : p.stop_token_ids) {
-      if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] = kNegInf;
-    }
+    for (int32_t id : p.stop_token_ids) tag(id, kAdjustMask, 0.0f);
   }
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (id >= 0 && id < vocab) logits[static_cast<size_t>(id)] += bias;
-  }
+  for (const auto& [id, bias] : p.logit_bias) tag(id, 0, bias);
   if (p.repetition_penalty != 1.0f) {
-    std::vector<bool> seen(static_cast<size_t>(vocab), false);
-    for (auto toks : {ctx.prompt, ctx.output}) {
-      for (int32_t t : toks) {
-        if (t >= 0 && t < vocab) seen[static_cast<size_t>(t)] = true;
-      }
-    }
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (!seen[static_cast<size_t>(i)]) continue;
-      float& l = logits[static_cast<size_t>(i)];
-      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-    }
+    for (int32_t t : ctx.prompt) tag(t, kAdjustRepetition, 0.0f);
   }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int32_t> counts;
-    for (int32_t t : ctx.output) {
-      if (t >= 0 && t < vocab) ++counts[t];
+  const bool counted = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  if (p.repetition_penalty != 1.0f || counted) {
+    for (int32_t t : ctx.output)
+      tag(t, (p.repetition_penalty != 1.0f ? kAdjustRepetition : 0) | (counted ? kCounted : 0), 0.0f);
+  }
+  const auto first = adjust.begin() + static_cast<int64_t>(begin);
+  std::stable_sort(first, adjust.end(), [](const LogitAdjust& a, const LogitAdjust& b) { return a.id < b.id; });
+  auto out = first;
+  for (auto it = first; it != adjust.end();) {
+    LogitAdjust merged{.id = it->id};
+    int32_t count = 0;
+    for (; it != adjust.end() && it->id == merged.id; ++it) {
+      merged.flags |= it->flags & ~kCounted;
+      merged.bias += it->bias;  // logit_bias entries in their order (one per id from the API's map)
+      count += (it->flags & kCounted) != 0 ? 1 : 0;
     }
-    for (const auto& [t, c] : counts) {
-      logits[static_cast<size_t>(t)] -= p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
-    }
+    if (count > 0) merged.subtract = p.frequency_penalty * static_cast<float>(count) + p.presence_penalty;
+    *out++ = merged;
+  }
+  adjust.erase(out, adjust.end());
+}
+
+void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx) {
+  std::vector<LogitAdjust> adjust;
+  AppendLogitAdjustments(p, ctx, static_cast<int64_t>(logits.size()), adjust);
+  for (const LogitAdjust& a : adjust) {
+    float& l = logits[static_cast<size_t>(a.id)];
+    l = AdjustedLogit(l, a, p.repetition_penalty);
   }
 }
 
@@ -247,43 +255,8 @@ SampleRowSpec DeviceSampleRow(const SamplingParams& p, const SamplingContext& ct
                     .adjust_begin = static_cast<int32_t>(adjust.size()),
                     .top_logprobs = p.top_logprobs,
                     .logprob = p.logprobs || p.top_logprobs > 0 ? 1 : 0};
-  // ApplyLogitsProcessors's effects, one entry per id (std::map: ids in order, so the entries are too).
-  std::map<int32_t, LogitAdjust> by_id;
-  const auto entry = [&](int32_t id) -> LogitAdjust& {
-    LogitAdjust& a = by_id[id];
-    a.id = id;
-    return a;
-  };
-  if (static_cast<int32_t>(ctx.output.size()) < p.min_tokens) {
-    if (!p.ignore_eos) {
-      for (int64_t id : ctx.eos_ids) {
-        if (id >= 0 && id < vocab) entry(static_cast<int32_t>(id)).flags |= kAdjustMask;
-      }
-    }
-    for (int32_t id : p.stop_token_ids) {
-      if (id >= 0 && id < vocab) entry(id).flags |= kAdjustMask;
-    }
-  }
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (id >= 0 && id < vocab) entry(id).bias += bias;
-  }
-  if (p.repetition_penalty != 1.0f) {
-    for (auto toks : {ctx.prompt, ctx.output}) {
-      for (int32_t t : toks) {
-        if (t >= 0 && t < vocab) entry(t).flags |= kAdjustRepetition;
-      }
-    }
-  }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int32_t> counts;
-    for (int32_t t : ctx.output) {
-      if (t >= 0 && t < vocab) ++counts[t];
-    }
-    for (const auto& [t, c] : counts)
-      entry(t).subtract = p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
-  }
-  for (const auto& [id, a] : by_id) adjust.push_back(a);
-  row.adjust_count = static_cast<int32_t>(by_id.size());
+  AppendLogitAdjustments(p, ctx, vocab, adjust);
+  row.adjust_count = static_cast<int32_t>(adjust.size()) - row.adjust_begin;
   return row;
 }
 

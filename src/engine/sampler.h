@@ -86,7 +86,13 @@ struct SampleResult {
 // argmax on the device and copies one id per row instead of the whole row.
 bool IsPlainGreedy(const SamplingParams& p, const SamplingContext& ctx);
 
-// min_tokens masking, logit_bias, then repetition / presence / frequency penalties, in place. logits [vocab]
+// The logits processors' effects on this row as LogitAdjust entries (model/sample_rows.h), appended to `adjust`: one
+// per id the processors touch, in id order. Both samplers apply these: the host's through ApplyLogitsProcessors, the
+// device's through Backend::SampleRows.
+void AppendLogitAdjustments(const SamplingParams& p, const SamplingContext& ctx, int64_t vocab,
+                            std::vector<LogitAdjust>& adjust);
+// min_tokens masking, logit_bias, then repetition / presence / frequency penalties, in place (AdjustedLogit over
+// AppendLogitAdjustments's entries). logits [vocab]
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& p, const SamplingContext& ctx);
 // softmax(logits / temperature), each value exp'd in double and normalized by their double sum. temperature > 0.
 std::vector<float> TemperatureProbs(std::span<const float> logits, float temperature);

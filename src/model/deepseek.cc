@@ -10,9 +10,10 @@
 // MLA, up-projected form (prefill): each sequence's whole context of cache rows is gathered (GatherContext) and
 // up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe] (MlaContextAttention) gives
 // out[h] directly. Fewer FLOPs per (query, key) pair than the absorbed form (nope + rope + v_head_dim against
-// 2 kv_lora + rope), plus one kv_b GEMM over the context. A step takes it when the pairs' saving exceeds the kv_b
-// GEMM's FLOPs (UpProjectedPrefill); on the H200 (V2-Lite) the up-projected step took 0.95x the absorbed one's time
-// at a 512-token prompt, 0.80x at 4 x 2048 and 0.61x at 8192. FATHOM_MLA_PREFILL=up or =absorbed forces a form.
+// 2 kv_lora + rope), plus one kv_b GEMM over the context. A step takes it when the pairs' saving reaches 0.75x the
+// kv_b GEMM's FLOPs (UpProjectedPrefill, model/mla.h); on the H200 (V2-Lite) the forms tie up to about 200 tokens and
+// the up-projected step took 0.95x the absorbed one's time at a 512-token prompt, 0.80x at 4 x 2048 and 0.61x at
+// 8192. FATHOM_MLA_PREFILL=up or =absorbed forces a form.
 #include <fmt/format.h>
 
 #include <array>

@@ -1,13 +1,16 @@
 // The plain structs of Backend::SampleRows (model/backend.h): one sampled token per logits row on the device, by the
-// host sampler's rule (engine/sampler.h), whose parameters the engine resolves into these. No includes beyond
-// <cstdint>, so that CUDA files use them as they are.
+// host sampler's rule (engine/sampler.h), whose parameters the engine resolves into these; and AdjustedLogit, the one
+// formula of the logits processors that the host sampler and the CUDA kernel both apply. Plain enough for CUDA files.
 //
 //   SampleRowSpec row{.temperature = 0.7f, .top_p = 0.9f, .seed = rng.seed(), .draw = rng.draws()};
-//   std::vector<LogitAdjust> adjust;   // min_tokens masks, logit_bias, penalties: engine/sampler.h BuildSampleRow
+//   std::vector<LogitAdjust> adjust;   // min_tokens masks, logit_bias, penalties: engine/sampler.h DeviceSampleRow
 //   FATHOM_RETURN_IF_ERROR(backend.SampleRows(logits, {&row, 1}, adjust, {&out, 1}));
 #pragma once
 
 #include <cstdint>
+#include <limits>
+
+#include "core/host_device.h"
 
 namespace fathom {
 
@@ -39,6 +42,16 @@ struct LogitAdjust {
   float bias = 0.0f;      // logit_bias
   float subtract = 0.0f;  // frequency_penalty * count + presence_penalty, as the host computes it in float
 };
+
+// The logit after its entry: -inf if masked, else (l + bias), divided by the repetition penalty if positive or
+// multiplied by it if not, minus `subtract`.
+FATHOM_HOST_DEVICE float AdjustedLogit(float l, const LogitAdjust& a, float repetition_penalty) {
+  if ((a.flags & kAdjustMask) != 0) return -std::numeric_limits<float>::infinity();
+  if (a.bias != 0.0f) l += a.bias;
+  if ((a.flags & kAdjustRepetition) != 0) l = l > 0 ? l / repetition_penalty : l * repetition_penalty;
+  if (a.subtract != 0.0f) l -= a.subtract;
+  return l;
+}
 
 struct SampledToken {
   int32_t token = 0;

@@ -302,19 +302,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // The logits processors, in the host's order (engine/sampler.cc ApplyLogitsProcessors). One entry per id.
+  // The logits processors: the host's formula (model/sample_rows.h AdjustedLogit). One entry per id.
   for (int j = threadIdx.x; j < sp.adjust_count; j += kThreads) {
     const LogitAdjust a = adjust[sp.adjust_begin + j];
-    float l = x[a.id];
+    const float l = x[a.id];
     saved[sp.adjust_begin + j] = l;
-    if ((a.flags & kAdjustMask) != 0) {
-      l = -INFINITY;
-    } else {
-      l += a.bias;
-      if ((a.flags & kAdjustRepetition) != 0) l = l > 0 ? l / sp.repetition_penalty : l * sp.repetition_penalty;
-      l -= a.subtract;
-    }
-    x[a.id] = l;
+    x[a.id] = AdjustedLogit(l, a, sp.repetition_penalty);
   }
   __syncthreads();
 
