@@ -20,26 +20,11 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "format/linear_weight.h"
 #include "model/moe_route.h"
 #include "model/sample_rows.h"
 
 namespace fathom {
-
-// A linear layer's weights: y = x W^T + b. `weight` [out, in] may be f32, f16, bf16, or f8_e4m3 with
-// block scales `scale_inv` [ceil(out/block_n), ceil(in/block_k)] (float32), as in DeepSeek-V3 checkpoints.
-struct LinearWeight {
-  TensorView weight;     // [out, in]
-  TensorView bias;       // [out] or empty
-  TensorView scale_inv;  // [ceil(out / block_n), ceil(in / block_k)] f32, only for f8 weights
-  int64_t block_n = 128;
-  int64_t block_k = 128;
-  // The activations keep float32 precision (a backend may otherwise round them to bf16 for tensor cores): DeepSeek's
-  // router, whose near-tied expert choices would move.
-  bool float32_inputs = false;
-
-  int64_t out_features() const { return weight.dim(0); }
-  int64_t in_features() const { return weight.dim(1); }
-};
 
 // The routed experts of one MoE layer: expert e computes down[e](silu(gate[e](x)) * up[e](x)). `device_state` is the
 // backend's (PrepareExperts), e.g. the GPU's tables of the experts' weight pointers.
@@ -112,7 +97,11 @@ class Backend {
   virtual void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                           const TensorView& out) = 0;
 
-  // out = x W^T + b.   x [n, in]; out [n, out]
+  // Prepares a linear layer's weights for this backend's kernels, once, at model load (a repacked layout, padded
+  // scales), kept in w.device_state. The default needs nothing.
+  virtual Status PrepareLinear(LinearWeight& /*w*/) { return OkStatus(); }
+
+  // out = x W^T + b, for W in any LinearFormat.   x [n, in]; out [n, out]
   virtual void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) = 0;
 
   // outs[i] = x W_i^T + b_i for several weights that share one input (q/k/v, gate/up). The GPU runs them as one

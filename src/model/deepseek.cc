@@ -357,6 +357,7 @@ class DeepseekModel final : public Model {
     LinearWeight w;
     w.weight = weights_->Get(prefix + ".weight");
     if (w.weight.dtype() == DType::kF8E4M3) {
+      w.format = LinearFormat::kFp8Block;
       w.scale_inv = weights_->Get(prefix + ".weight_scale_inv");
       w.block_n = cfg_.quant.block_n;
       w.block_k = cfg_.quant.block_k;
