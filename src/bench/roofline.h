@@ -2,7 +2,7 @@
 // touch, plus every sequence's KV cache at its context length) and compute (2 FLOPs per active matmul parameter per
 // token, plus attention over the context), against peak memory bandwidth and peak FLOP/s.
 //
-//   ModelCosts c = ComputeModelCosts(cfg, arch->weight_specs(cfg), /*dtypes=*/{}, kv_spec, DType::kF32);
+//   ModelCosts c = ComputeModelCosts(cfg, *arch->weight_specs(cfg), /*dtypes=*/{}, kv_spec, DType::kF32);
 //   Roofline r = DecodeRoofline(c, peaks, /*batch=*/8, /*context=*/1040, /*measured_step_s=*/0.021);
 //   r.mbu, r.mfu, r.theoretical_tokens_per_s (= min(compute-bound, bandwidth-bound))
 //

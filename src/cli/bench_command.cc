@@ -349,7 +349,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, /*need_tokenizer=*/false));
   FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(eo, m));
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(m.config.architecture));
-  const std::vector<WeightSpec> specs = arch->weight_specs(m.config);
+  FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(m.config));
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.engine.load_format));
   std::map<std::string, DType> dtypes;
   if (format != LoadFormat::kDummy) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/cli_util.h"
@@ -109,12 +110,23 @@ std::string ModelFolder(const std::string& model) {
 
 namespace {
 
+// FATHOM_MLA_PREFILL=up|absorbed forces MLA's prefill form (for measurements); unset or auto: the shape rule.
+StatusOr<MlaPrefill> MlaPrefillFromEnvironment() {
+  const char* v = std::getenv("FATHOM_MLA_PREFILL");
+  const std::string s = v == nullptr ? "" : v;
+  if (s.empty() || s == "auto") return MlaPrefill::kAuto;
+  if (s == "up") return MlaPrefill::kUpProjected;
+  if (s == "absorbed") return MlaPrefill::kAbsorbed;
+  return InvalidArgumentError(fmt::format("FATHOM_MLA_PREFILL='{}': use up, absorbed or auto", s));
+}
+
 // Before loading onto a GPU: the utilization budget must have been free at startup and hold the weights.
 Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilization, int64_t start_free_bytes) {
   const DeviceMemoryInfo mem = backend.MemoryInfo();
   if (mem.total_bytes <= 0) return OkStatus();
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
-  const int64_t weights = ComputeWeightStats(arch->weight_specs(cfg), nullptr).total_bytes;
+  FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(cfg));
+  const int64_t weights = ComputeWeightStats(specs, nullptr).total_bytes;
   return CheckBudgetFits(mem.total_bytes, mem.free_bytes, start_free_bytes, utilization, weights);
 }
 
@@ -142,7 +154,8 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.weights_seed;
-  lo.max_batched_tokens = o.max_num_batched_tokens;
+  lo.run.max_batched_tokens = o.max_num_batched_tokens;
+  FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
   FATHOM_ASSIGN_OR_RETURN(m.model, LoadModel(m.folder, m.config, lo, *m.backend));
   return m;
 }

@@ -127,7 +127,7 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
   FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.load_format));
-  const std::vector<WeightSpec> specs = arch->weight_specs(cfg);
+  FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(cfg));
   std::unique_ptr<WeightStore> store;
   CpuBackend cpu;
   if (format != LoadFormat::kDummy) {

@@ -391,6 +391,134 @@ void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) 
   FinishSample(sample_id, std::move(out), /*in_scheduler=*/true);
 }
 
+SamplingContext EngineCore::StepRow::context(const std::vector<int64_t>& eos_ids) const {
+  const std::span<const int32_t> all(request->tokens);
+  const size_t prompt_len = static_cast<size_t>(request->prompt_len);
+  return {all.first(prompt_len), all.subspan(prompt_len), eos_ids};
+}
+
+std::vector<EngineCore::StepRow> EngineCore::StepRows(const sched::SchedulerOutput& plan) {
+  std::vector<StepRow> rows;
+  int64_t r = 0;
+  for (const sched::ScheduledSeq& seq : plan.seqs) {
+    if (!seq.samples) continue;
+    StepRow row;
+    row.row = r++;
+    row.seq = &seq;
+    auto sit = samples_.find(seq.id);
+    const sched::Request* request = sched_.Find(seq.id);
+    if (sit != samples_.end() && request != nullptr) {
+      row.sample = sit->second.get();
+      row.request = request;
+      row.forks = row.sample->req->sampling.n > 1 && !row.sample->req->forked;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+EngineCore::SamplePath EngineCore::ChooseSamplePath(const std::vector<StepRow>& rows) const {
+  if (rows.empty()) return SamplePath::kHost;
+  bool forks = false, plain_greedy = true;
+  for (const StepRow& r : rows) {
+    if (!r.live()) continue;
+    forks = forks || r.forks;
+    plain_greedy = plain_greedy && IsPlainGreedy(r.sample->req->sampling, r.context(config_.eos_token_ids));
+  }
+  // A row that forks into its n samples draws them on the host from its logits row.
+  if (forks) return SamplePath::kHost;
+  // When every sampled row is plain greedy, only the argmax ids cross to the host (4 bytes a row, not 4 x vocab).
+  if (plain_greedy) return SamplePath::kDeviceArgMax;
+  // Otherwise the backend samples every row on the device where it can (the host sampler's rule, at each sample's
+  // Philox draw).
+  if (!config_.host_sampling && backend_.SupportsSampling()) return SamplePath::kDeviceSample;
+  return SamplePath::kHost;
+}
+
+Status EngineCore::SampleOnBackend(SamplePath path, const TensorView& logits, const std::vector<StepRow>& rows,
+                                   std::vector<SampleResult>* results) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  results->assign(rows.size(), SampleResult{});
+  switch (path) {
+    case SamplePath::kDeviceArgMax: {
+      Tensor ids = backend_.Alloc(DType::kI32, {n});
+      backend_.ArgMax(logits, ids);
+      host_ids_.resize(static_cast<size_t>(n));
+      FATHOM_RETURN_IF_ERROR(backend_.CopyToHost(ids, host_ids_.data()));
+      for (size_t i = 0; i < rows.size(); ++i) (*results)[i].token = host_ids_[i];
+      return OkStatus();
+    }
+    case SamplePath::kDeviceSample: {
+      const int64_t vocab = model_.config().vocab_size;
+      device_rows_.clear();
+      device_adjust_.clear();
+      for (const StepRow& r : rows) {
+        if (!r.live()) {
+          device_rows_.push_back({});  // a row nobody reads: greedy
+          continue;
+        }
+        device_rows_.push_back(DeviceSampleRow(r.sample->req->sampling, r.context(config_.eos_token_ids),
+                                               r.sample->rng, vocab, device_adjust_));
+      }
+      device_sampled_.assign(device_rows_.size(), SampledToken{});
+      FATHOM_RETURN_IF_ERROR(backend_.SampleRows(logits, device_rows_, device_adjust_, device_sampled_));
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (!rows[i].live()) continue;
+        SampleState& st = *rows[i].sample;
+        if (!st.req->sampling.greedy()) st.rng.Skip();  // the device took this sample's next draw
+        (*results)[i] = FromDevice(device_sampled_[i], st.req->sampling);
+      }
+      return OkStatus();
+    }
+    case SamplePath::kHost:
+      host_logits_.resize(static_cast<size_t>(n * model_.config().vocab_size));
+      return backend_.CopyToHost(logits, host_logits_.data());
+  }
+  return OkStatus();
+}
+
+void EngineCore::SampleOnHost(const std::vector<StepRow>& rows, std::vector<SampleResult>* results) {
+  // Each sample has its own RNG, and a sampled row of a 129k vocabulary costs about 1.4 ms: the rows run in parallel.
+  // Forking rows are sampled when they are emitted (EmitRows).
+  const int64_t vocab = model_.config().vocab_size;
+  DefaultThreadPool().ParallelFor(static_cast<int64_t>(rows.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const StepRow& r = rows[static_cast<size_t>(i)];
+      if (!r.live() || r.forks) continue;
+      std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
+      (*results)[static_cast<size_t>(i)] =
+          Sample(logits_row, r.sample->req->sampling, r.context(config_.eos_token_ids), r.sample->rng);
+    }
+  });
+}
+
+void EngineCore::EmitRows(const std::vector<StepRow>& rows, const std::vector<SampleResult>& results) {
+  const int64_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const StepRow& r = rows[i];
+    if (!r.live()) continue;
+    if (!r.forks) {
+      EmitToken(r.seq->id, results[i]);
+      continue;
+    }
+    // The first token of every sample comes from this row; the samples then share the prompt's blocks.
+    ReqState* rq = r.sample->req;
+    rq->forked = true;
+    const SamplingContext ctx = r.context(config_.eos_token_ids);
+    std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
+    std::vector<std::string> ids = {r.seq->id};
+    for (int32_t s = 1; s < rq->sampling.n; ++s) {
+      const std::string child = SampleId(rq->id, s);
+      Status fs = sched_.Fork(r.seq->id, child);
+      FATHOM_CHECK(fs.ok(), "{}", fs.ToString());
+      ids.push_back(child);
+    }
+    std::vector<SampleResult> forked;
+    for (const std::string& id : ids) forked.push_back(Sample(logits_row, rq->sampling, ctx, samples_.at(id)->rng));
+    for (size_t s = 0; s < ids.size(); ++s) EmitToken(ids[s], forked[s]);
+  }
+}
+
 Status EngineCore::Step() {
   const auto t0 = sched::SteadyClock::now();
   sched::SchedulerOutput plan = sched_.Schedule();
@@ -443,61 +571,10 @@ Status EngineCore::Step() {
     logits = eager_logits.view();
   }
   if (replayed) ++stats_.num_graph_steps;
-  const int64_t vocab = model_.config().vocab_size;
-  // When every sampled row is plain greedy, only the argmax ids cross to the host (4 bytes a row, not 4 x vocab).
-  bool device_argmax = batch.num_logits() > 0;
-  for (const sched::ScheduledSeq& seq : plan.seqs) {
-    if (!device_argmax) break;
-    if (!seq.samples) continue;
-    auto sit = samples_.find(seq.id);
-    const sched::Request* sr = sched_.Find(seq.id);
-    if (sit == samples_.end() || sr == nullptr) continue;
-    const ReqState* rq = sit->second->req;
-    const std::span<const int32_t> all(sr->tokens);
-    device_argmax =
-        !(rq->sampling.n > 1 && !rq->forked) &&
-        IsPlainGreedy(rq->sampling, {all.first(static_cast<size_t>(sr->prompt_len)),
-                                     all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids});
-  }
-  // Otherwise the backend samples every row on the device where it can (the host sampler's rule, at each sample's
-  // Philox draw), unless a row forks into its n samples this step: such a step copies the logits rows to the host.
-  bool device_sample =
-      !device_argmax && batch.num_logits() > 0 && !config_.host_sampling && backend_.SupportsSampling();
-  for (const sched::ScheduledSeq& seq : plan.seqs) {
-    if (!device_sample) break;
-    auto sit = samples_.find(seq.id);
-    if (seq.samples && sit != samples_.end() && sit->second->req->sampling.n > 1 && !sit->second->req->forked) {
-      device_sample = false;
-    }
-  }
-  if (status.ok() && device_argmax) {
-    Tensor ids = backend_.Alloc(DType::kI32, {batch.num_logits()});
-    backend_.ArgMax(logits, ids);
-    host_ids_.resize(static_cast<size_t>(batch.num_logits()));
-    status = backend_.CopyToHost(ids, host_ids_.data());
-  } else if (status.ok() && device_sample) {
-    device_rows_.clear();
-    device_adjust_.clear();
-    for (const sched::ScheduledSeq& seq : plan.seqs) {
-      if (!seq.samples) continue;
-      auto sit = samples_.find(seq.id);
-      const sched::Request* sr = sched_.Find(seq.id);
-      if (sit == samples_.end() || sr == nullptr) {
-        device_rows_.push_back({});  // a row nobody reads: greedy
-        continue;
-      }
-      const std::span<const int32_t> all(sr->tokens);
-      device_rows_.push_back(DeviceSampleRow(sit->second->req->sampling,
-                                             {all.first(static_cast<size_t>(sr->prompt_len)),
-                                              all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
-                                             sit->second->rng, vocab, device_adjust_));
-    }
-    device_sampled_.assign(device_rows_.size(), SampledToken{});
-    status = backend_.SampleRows(logits, device_rows_, device_adjust_, device_sampled_);
-  } else if (status.ok()) {
-    host_logits_.resize(static_cast<size_t>(batch.num_logits() * vocab));
-    status = backend_.CopyToHost(logits, host_logits_.data());
-  }
+  const std::vector<StepRow> rows = StepRows(plan);
+  const SamplePath path = ChooseSamplePath(rows);
+  std::vector<SampleResult> results;
+  if (status.ok()) status = SampleOnBackend(path, logits, rows, &results);
   const auto t2 = sched::SteadyClock::now();
   stats_.total_forward_s += Seconds(t1, t2);
   if (!status.ok()) {
@@ -507,91 +584,8 @@ Status EngineCore::Step() {
     return status;
   }
   sched_.OnStepDone(plan);
-  // The rows the host sampler takes (no device argmax, no fork this step) are sampled first, in parallel: each
-  // sample has its own RNG, and a sampled row of a 129k vocabulary costs about 1.4 ms. They are emitted in row order
-  // below, with the others.
-  struct HostSample {
-    int64_t row;
-    const sched::ScheduledSeq* seq;
-    SampleResult result;
-  };
-  std::vector<HostSample> host_samples;
-  std::vector<int64_t> host_sample_of_row;
-  if (!device_argmax && !device_sample) {
-    int64_t r = 0;
-    for (const sched::ScheduledSeq& seq : plan.seqs) {
-      if (!seq.samples) continue;
-      const int64_t this_row = r++;
-      host_sample_of_row.push_back(-1);
-      auto sit = samples_.find(seq.id);
-      if (sit == samples_.end()) continue;
-      const ReqState* rq = sit->second->req;
-      if (rq->sampling.n > 1 && !rq->forked) continue;
-      host_sample_of_row.back() = static_cast<int64_t>(host_samples.size());
-      host_samples.push_back({this_row, &seq, {}});
-    }
-    DefaultThreadPool().ParallelFor(static_cast<int64_t>(host_samples.size()), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        HostSample& h = host_samples[static_cast<size_t>(i)];
-        SampleState& st = *samples_.at(h.seq->id);
-        const sched::Request* sr = sched_.Find(h.seq->id);
-        std::span<const int32_t> all(sr->tokens);
-        std::span<const float> logits_row(host_logits_.data() + h.row * vocab, static_cast<size_t>(vocab));
-        h.result = Sample(logits_row, st.req->sampling,
-                          {all.first(static_cast<size_t>(sr->prompt_len)),
-                           all.subspan(static_cast<size_t>(sr->prompt_len)), config_.eos_token_ids},
-                          st.rng);
-      }
-    });
-  }
-  int64_t row = 0;
-  for (const sched::ScheduledSeq& seq : plan.seqs) {
-    if (!seq.samples) continue;
-    const int64_t this_row = row++;
-    auto sit = samples_.find(seq.id);
-    if (sit == samples_.end()) continue;
-    if (!device_argmax && !device_sample && host_sample_of_row[static_cast<size_t>(this_row)] >= 0) {
-      EmitToken(seq.id, host_samples[static_cast<size_t>(host_sample_of_row[static_cast<size_t>(this_row)])].result);
-      continue;
-    }
-    if (device_argmax) {
-      SampleResult r;
-      r.token = host_ids_[static_cast<size_t>(this_row)];
-      EmitToken(seq.id, r);
-      continue;
-    }
-    if (device_sample) {
-      SampleState& st = *sit->second;
-      if (!st.req->sampling.greedy()) st.rng.Skip();  // the device took this sample's next draw
-      EmitToken(seq.id, FromDevice(device_sampled_[static_cast<size_t>(this_row)], st.req->sampling));
-      continue;
-    }
-    std::span<const float> logits_row(host_logits_.data() + this_row * vocab, static_cast<size_t>(vocab));
-    SampleState& s = *sit->second;
-    ReqState* rq = s.req;
-    const sched::Request* sr = sched_.Find(seq.id);
-    std::span<const int32_t> all(sr->tokens);
-    if (rq->sampling.n > 1 && !rq->forked) {
-      // The first token of every sample comes from this row; the samples then share the prompt's blocks.
-      rq->forked = true;
-      std::vector<std::string> ids = {seq.id};
-      for (int32_t i = 1; i < rq->sampling.n; ++i) {
-        const std::string child = SampleId(rq->id, i);
-        Status fs = sched_.Fork(seq.id, child);
-        FATHOM_CHECK(fs.ok(), "{}", fs.ToString());
-        ids.push_back(child);
-      }
-      std::vector<SampleResult> results;
-      for (const std::string& id : ids) {
-        SampleState& si = *samples_.at(id);
-        results.push_back(Sample(logits_row, rq->sampling,
-                                 {all.first(static_cast<size_t>(sr->prompt_len)), {}, config_.eos_token_ids}, si.rng));
-      }
-      for (size_t i = 0; i < ids.size(); ++i) EmitToken(ids[i], results[i]);
-      continue;
-    }
-    FATHOM_CHECK(false, "row {} of {} was neither sampled ahead nor forked", this_row, seq.id);
-  }
+  if (path == SamplePath::kHost) SampleOnHost(rows, &results);
+  EmitRows(rows, results);
   const auto t3 = sched::SteadyClock::now();
   if (obs::TracingEnabled()) {
     auto ns = [](sched::TimePoint t) {

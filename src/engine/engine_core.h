@@ -120,6 +120,31 @@ class EngineCore {
   void FailRequest(const std::string& request_id, FinishReason reason, const Status& status);
   RequestOutput BaseOutput(const SampleState& s) const;
 
+  // One logits row of a step and the sample that reads it.
+  struct StepRow {
+    int64_t row = 0;  // in the step's logits
+    const sched::ScheduledSeq* seq = nullptr;
+    SampleState* sample = nullptr;  // null (with request) when nobody reads the row any more
+    const sched::Request* request = nullptr;
+    bool forks = false;  // the first token of an n > 1 request: its n samples all draw from this row
+
+    bool live() const { return sample != nullptr; }
+    // The prompt and the output so far.
+    SamplingContext context(const std::vector<int64_t>& eos_ids) const;
+  };
+  // Where a step's tokens are sampled: the argmax on the device (every row plain greedy), Backend::SampleRows, or
+  // the host sampler on copied logits (forks, --host-sampling, backends without SampleRows).
+  enum class SamplePath { kDeviceArgMax, kDeviceSample, kHost };
+  std::vector<StepRow> StepRows(const sched::SchedulerOutput& plan);
+  SamplePath ChooseSamplePath(const std::vector<StepRow>& rows) const;
+  // The device paths' tokens into `results` (one per row); the host path copies the logits rows to the host.
+  Status SampleOnBackend(SamplePath path, const TensorView& logits, const std::vector<StepRow>& rows,
+                         std::vector<SampleResult>* results);
+  // The host path's tokens for the rows that do not fork, in parallel.
+  void SampleOnHost(const std::vector<StepRow>& rows, std::vector<SampleResult>* results);
+  // Emits every live row's token in row order; a forking row forks its request and samples each child.
+  void EmitRows(const std::vector<StepRow>& rows, const std::vector<SampleResult>& results);
+
   Model& model_;
   Backend& backend_;
   EngineConfig config_;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/bytes.h"
+#include "format/linear_method.h"
 
 namespace fathom {
 
@@ -116,18 +117,20 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
                                                : 0;
   const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter + mla) + 2 * std::max(h, inter);
   const int64_t logits = std::min(max_seqs, max_batched_tokens) * cfg.vocab_size * 4;
-  // Block-scaled f8 weights: a prefill-sized linear dequantizes its weight into the workspace (bf16, the widest
-  // weight: a dense MLP's gate or up, or o_proj) next to its bf16 input.
-  int64_t fp8 = 0;
-  if (cfg.quant.fp8) {
+  // What the weight format needs beyond the activations to run a prefill-sized linear (block-scaled f8 dequantizes its
+  // weight into the workspace as bf16, next to its bf16 input): for the widest weight (a dense MLP's gate or up, or
+  // o_proj) and the widest input.
+  int64_t scratch = 0;
+  if (StatusOr<std::shared_ptr<const LinearMethod>> method = LinearMethodFor(cfg.quant, ""); method.ok()) {
     const int64_t v_dim = cfg.mla.v_head_dim > 0 ? cfg.mla.v_head_dim : cfg.head_dim;
     const int64_t widest_weight = std::max({cfg.intermediate_size * h, cfg.num_heads * v_dim * h,
                                             cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts * h,
                                             cfg.num_heads * head * cfg.mla.q_lora_rank,
                                             cfg.num_heads * (cfg.mla.qk_nope_head_dim + v_dim) * cfg.mla.kv_lora_rank});
-    fp8 = 2 * widest_weight + 2 * max_batched_tokens * std::max({h, inter, cfg.num_heads * v_dim});
+    scratch = (*method)->PrefillScratchBytes(widest_weight, std::max({h, inter, cfg.num_heads * v_dim}),
+                                             max_batched_tokens);
   }
-  const int64_t reserve = max_batched_tokens * per_token + logits + fp8;
+  const int64_t reserve = max_batched_tokens * per_token + logits + scratch;
   return reserve + reserve / 4 + (288ll << 20);
 }
 

@@ -7,11 +7,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/json_reader.h"
+#include "io/quant_config.h"
+
 namespace fathom {
 
 namespace {
 
 using json = nlohmann::json;
+using Reader = JsonReader;
 
 struct ArchInfo {
   const char* model_type;
@@ -32,65 +36,6 @@ std::string SupportedList() {
   }
   return s;
 }
-
-// Typed readers: a present key of the wrong type is an error; an absent or null key keeps the default.
-class Reader {
- public:
-  explicit Reader(const json& j, std::string where = "config.json") : j_(j), where_(std::move(where)) {}
-
-  Status Int(const char* key, int64_t* out, bool required = false) {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return Missing(key, required);
-    if (it->is_number_integer()) {
-      *out = it->get<int64_t>();
-      return OkStatus();
-    }
-    if (it->is_number_float() && it->get<double>() == static_cast<double>(static_cast<int64_t>(it->get<double>()))) {
-      *out = static_cast<int64_t>(it->get<double>());
-      return OkStatus();
-    }
-    return Error(key, "an integer", *it);
-  }
-  Status Double(const char* key, double* out, bool required = false) {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return Missing(key, required);
-    if (!it->is_number()) return Error(key, "a number", *it);
-    *out = it->get<double>();
-    return OkStatus();
-  }
-  Status OptDouble(const char* key, std::optional<double>* out) {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return OkStatus();
-    if (!it->is_number()) return Error(key, "a number", *it);
-    *out = it->get<double>();
-    return OkStatus();
-  }
-  Status Bool(const char* key, bool* out) {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return OkStatus();
-    if (!it->is_boolean()) return Error(key, "true or false", *it);
-    *out = it->get<bool>();
-    return OkStatus();
-  }
-  Status String(const char* key, std::string* out, bool required = false) {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return Missing(key, required);
-    if (!it->is_string()) return Error(key, "a string", *it);
-    *out = it->get<std::string>();
-    return OkStatus();
-  }
-
- private:
-  Status Missing(const char* key, bool required) {
-    if (!required) return OkStatus();
-    return InvalidArgumentError(fmt::format("{}: required key '{}' is missing", where_, key));
-  }
-  Status Error(const char* key, const char* want, const json& got) {
-    return InvalidArgumentError(fmt::format("{}: '{}' must be {}, got {}", where_, key, want, got.dump()));
-  }
-  const json& j_;
-  std::string where_;
-};
 
 StatusOr<RopeType> ParseRopeType(const std::string& s) {
   if (s == "default" || s.empty()) return RopeType::kDefault;
@@ -256,30 +201,6 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
           "n_shared_experts non-negative");
     }
   }
-  auto q = j.find("quantization_config");
-  if (q != j.end() && !q->is_null()) {
-    if (!q->is_object()) return InvalidArgumentError("config.json: 'quantization_config' must be an object");
-    Reader qr(*q, "config.json 'quantization_config'");
-    std::string method;
-    FATHOM_RETURN_IF_ERROR(qr.String("quant_method", &method));
-    if (method != "fp8") {
-      return UnimplementedError(
-          fmt::format("config.json: quantization method '{}' is not supported (supported: fp8 block-scaled)", method));
-    }
-    c->quant.fp8 = true;
-    FATHOM_RETURN_IF_ERROR(qr.String("fmt", &c->quant.fmt));
-    if (!c->quant.fmt.empty() && c->quant.fmt != "e4m3") {
-      return UnimplementedError(
-          fmt::format("config.json: fp8 format '{}' is not supported (supported: e4m3)", c->quant.fmt));
-    }
-    auto bs = q->find("weight_block_size");
-    if (bs == q->end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
-        !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0) {
-      return InvalidArgumentError("config.json: fp8 quantization_config needs weight_block_size [n, k] > 0");
-    }
-    c->quant.block_n = (*bs)[0].get<int64_t>();
-    c->quant.block_k = (*bs)[1].get<int64_t>();
-  }
   return OkStatus();
 }
 
@@ -438,6 +359,9 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
   } else {
     FATHOM_RETURN_IF_ERROR(ParseDeepseek(j, &c));
   }
+  if (auto q = j.find("quantization_config"); q != j.end()) {
+    FATHOM_ASSIGN_OR_RETURN(c.quant, ParseQuantizationConfig(*q, "config.json"));
+  }
   if (c.max_position_embeddings <= 0) c.max_position_embeddings = 4096;
   return c;
 }
@@ -459,7 +383,21 @@ StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
   if (!in) return NotFoundError(fmt::format("cannot read model config '{}'", p.string()));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseModelConfigText(ss.str(), p.string());
+  FATHOM_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfigText(ss.str(), p.string()));
+  if (c.quant.quantized()) return c;
+  // Older AWQ and GPTQ checkpoints keep their settings in a file of their own beside config.json.
+  for (const char* name : {"quant_config.json", "quantize_config.json"}) {
+    const fs::path legacy = p.parent_path() / name;
+    if (!fs::exists(legacy, ec)) continue;
+    std::ifstream lin(legacy);
+    std::stringstream ls;
+    ls << lin.rdbuf();
+    json lj = json::parse(ls.str(), nullptr, /*allow_exceptions=*/false);
+    if (lj.is_discarded()) return InvalidArgumentError(fmt::format("'{}' is not valid JSON", legacy.string()));
+    FATHOM_ASSIGN_OR_RETURN(c.quant, ParseLegacyQuantConfig(lj, legacy.string()));
+    break;
+  }
+  return c;
 }
 
 }  // namespace fathom

@@ -16,6 +16,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "io/quant_config.h"
 
 namespace fathom {
 
@@ -64,13 +65,6 @@ struct MoeConfig {
   double routed_scaling_factor = 1.0;
 };
 
-struct QuantConfig {
-  bool fp8 = false;
-  std::string fmt;        // "e4m3"
-  int64_t block_n = 128;  // weight_block_size[0]: output rows per scale
-  int64_t block_k = 128;  // weight_block_size[1]: input columns per scale
-};
-
 struct ModelConfig {
   std::string architecture;    // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
   std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3"
@@ -111,7 +105,8 @@ const std::vector<std::string>& SupportedModelTypes();
 
 StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& j);
 StatusOr<ModelConfig> ParseModelConfigText(const std::string& text, const std::string& source = "config.json");
-// `path` is a config.json file or a folder that holds one.
+// `path` is a config.json file or a folder that holds one. Without a `quantization_config`, the older
+// quant_config.json or quantize_config.json beside it is read instead, when present.
 StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 
 }  // namespace fathom

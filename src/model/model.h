@@ -1,7 +1,7 @@
 // A loaded model: runs one forward step of a ForwardBatch over a paged KV cache.
 //
 //   FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
-//   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, LoadOptions{}, backend));   // registry.h
+//   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, LoadOptions{}, backend));   // registry.h (one rank)
 //   FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, model->kv_cache_spec(), 64, 16));
 //   Tensor logits;                                                                       // [n_logits, vocab]
 //   FATHOM_RETURN_IF_ERROR(model->Forward(batch, kv, &logits));
@@ -11,11 +11,13 @@
 #include <span>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_config.h"
 #include "model/backend.h"
 #include "model/forward_batch.h"
+#include "model/run_options.h"
 #include "model/weights.h"
 
 namespace fathom {
@@ -56,6 +58,7 @@ class KvCache {
 
 class BatchOnDevice;
 
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -72,10 +75,8 @@ class Model {
     return UnimplementedError("this model has no device-only forward");
   }
 
-  // The token count the memory plan reserves step activations for (engine/memory_plan.h; 0: no limit). A model whose
-  // step scratch can grow with more than the step's tokens (MLA's up-projected prefill gathers every context row)
-  // keeps it within this many rows.
-  virtual void set_max_batched_tokens(int64_t /*n*/) {}
+  // Run-time choices (ModelRunOptions), which may change between steps.
+  virtual void set_run_options(const ModelRunOptions& /*options*/) {}
 };
 
 // The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block
@@ -93,11 +94,11 @@ void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indi
 StatusOr<TensorView> UploadConstant(Backend& be, std::span<const float> values, DType dtype,
                                     std::initializer_list<int64_t> shape, std::vector<Tensor>* keep);
 
-// Builds a model of type M (constructor (cfg, weights, backend), then Status Init()) for the registry.
+// Builds a model of type M (constructor (cfg, weights, backend, comm), then Status Init()) for the registry.
 template <typename M>
 StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
-                                             Backend& backend) {
-  auto m = std::make_unique<M>(cfg, std::move(weights), backend);
+                                             Backend& backend, Communicator& comm) {
+  auto m = std::make_unique<M>(cfg, std::move(weights), backend, comm);
   FATHOM_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<Model>(std::move(m));
 }

@@ -24,13 +24,18 @@ StatusOr<const Architecture*> FindArchitecture(const std::string& name) {
   return UnimplementedError(fmt::format("architecture '{}' is not supported; supported: {}", name, names));
 }
 
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, Architecture::SpecsFn specs,
+                    Architecture::KvSpecFn kv_spec, Architecture::CreateFn create) {
+  for (const char* name : names) out.push_back(Architecture{name, specs, kv_spec, create});
+}
+
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const ModelConfig& cfg,
-                                           const LoadOptions& options, Backend& backend) {
+                                           const LoadOptions& options, Backend& backend, Communicator& comm) {
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
-  std::vector<WeightSpec> specs = arch->weight_specs(cfg);
+  FATHOM_ASSIGN_OR_RETURN(std::vector<WeightSpec> specs, arch->weight_specs(cfg, comm.parallel()));
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<WeightStore> weights, LoadWeights(model_dir, specs, options, backend));
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, arch->create(cfg, std::move(weights), backend));
-  model->set_max_batched_tokens(options.max_batched_tokens);
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, arch->create(cfg, std::move(weights), backend, comm));
+  model->set_run_options(options.run);
   return model;
 }
 

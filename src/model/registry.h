@@ -1,8 +1,8 @@
 // The architecture registry, keyed by the HF `architectures` string, and the one-call model loader.
 //
 //   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture("Qwen2ForCausalLM"));
-//   std::vector<WeightSpec> specs = arch->weight_specs(cfg);
-//   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, backend));
+//   FATHOM_ASSIGN_OR_RETURN(std::vector<WeightSpec> specs, arch->weight_specs(cfg));   // one rank's; or (cfg, par)
+//   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, backend));       // or (..., backend, comm)
 //
 // To add an architecture: write model/<family>.cc with its weight specs, KV spec and Model subclass, declare
 // its Register function below and call it from Architectures() in registry.cc.
@@ -17,18 +17,34 @@
 namespace fathom {
 
 struct Architecture {
+  using SpecsFn = StatusOr<std::vector<WeightSpec>> (*)(const ModelConfig& cfg, const ParallelConfig& par);
+  using KvSpecFn = KvCacheSpec (*)(const ModelConfig& cfg, const ParallelConfig& par);
+  using CreateFn = StatusOr<std::unique_ptr<Model>> (*)(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
+                                                       Backend& backend, Communicator& comm);
   std::string name;  // "LlamaForCausalLM"
-  std::vector<WeightSpec> (*weight_specs)(const ModelConfig& cfg) = nullptr;
-  KvCacheSpec (*kv_cache_spec)(const ModelConfig& cfg) = nullptr;
-  StatusOr<std::unique_ptr<Model>> (*create)(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
-                                             Backend& backend) = nullptr;
+  SpecsFn specs = nullptr;
+  KvSpecFn kv_spec = nullptr;
+  CreateFn create = nullptr;
+
+  // The weights one rank of `par` loads (all of them for one rank); an unsupported weight format or a shape that does
+  // not split is an error naming it.
+  StatusOr<std::vector<WeightSpec>> weight_specs(const ModelConfig& cfg, const ParallelConfig& par = {}) const {
+    return specs(cfg, par);
+  }
+  KvCacheSpec kv_cache_spec(const ModelConfig& cfg, const ParallelConfig& par = {}) const { return kv_spec(cfg, par); }
 };
 
 const std::vector<Architecture>& Architectures();
 StatusOr<const Architecture*> FindArchitecture(const std::string& name);
 
+// Specs, weights and the model for the rank `comm` stands for (SingleRank(): the whole model).
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const ModelConfig& cfg,
-                                           const LoadOptions& options, Backend& backend);
+                                           const LoadOptions& options, Backend& backend,
+                                           Communicator& comm = SingleRank());
+
+// Registers one family's functions under each of its architecture names.
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, Architecture::SpecsFn specs,
+                    Architecture::KvSpecFn kv_spec, Architecture::CreateFn create);
 
 // Per-family registration hooks (one per model/<family>.cc).
 void RegisterLlamaFamily(std::vector<Architecture>& out);

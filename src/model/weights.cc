@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -56,6 +57,24 @@ void WeightStore::Put(const std::string& name, Tensor owned) {
   owned_.push_back(std::move(owned));
 }
 
+void WeightStore::AddLinear(std::shared_ptr<const LinearBinding> binding) {
+  const std::string prefix = binding->spec.prefix;
+  linears_[prefix] = std::move(binding);
+}
+
+const LinearBinding* WeightStore::FindLinear(const std::string& prefix) const {
+  auto it = linears_.find(prefix);
+  return it == linears_.end() ? nullptr : it->second.get();
+}
+
+StatusOr<LinearWeight> WeightStore::Linear(const std::string& prefix, Backend& backend) const {
+  const LinearBinding* b = FindLinear(prefix);
+  if (b == nullptr) return NotFoundError(fmt::format("no linear layer '{}' among the loaded weights", prefix));
+  FATHOM_ASSIGN_OR_RETURN(LinearWeight w, b->method->Bind(b->spec, [this](const std::string& n) { return Find(n); }));
+  FATHOM_RETURN_IF_ERROR(backend.PrepareLinear(w));
+  return w;
+}
+
 namespace {
 
 // What a dummy weight holds: a constant, or the uniform pattern `key` in [-scale, scale] (FillDummy).
@@ -77,12 +96,35 @@ DummyPattern PatternOf(const WeightSpec& spec, uint64_t seed) {
   return p;
 }
 
+// Element i of a rank's shard is element GlobalIndex(i) of the whole tensor (row-major), so that shards hold the
+// values of their part of the unsharded dummy tensor.
+struct ShardIndex {
+  int64_t inner = 1;       // elements of the shard per step of the dimensions before the shard's
+  int64_t full_inner = 1;  // the same in the whole tensor
+  int64_t offset = 0;      // where the shard starts within a full_inner run
+  int64_t operator()(int64_t i) const { return i / inner * full_inner + offset + i % inner; }
+};
+
+ShardIndex IndexOf(const WeightSpec& spec) {
+  ShardIndex m;
+  if (!spec.shard.sharded()) {
+    m.inner = m.full_inner = std::max<int64_t>(spec.numel(), 1);
+    return m;
+  }
+  const size_t d = static_cast<size_t>(spec.shard.dim);
+  for (size_t i = d; i < spec.shape.size(); ++i) m.inner *= spec.shape[i];
+  m.full_inner = m.inner * spec.shard.parts;
+  m.offset = m.inner * spec.shard.index;
+  return m;
+}
+
 }  // namespace
 
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
   const DummyPattern pattern = PatternOf(spec, seed);
+  const ShardIndex index = IndexOf(spec);
   if (pattern.constant) {
     const float v = *pattern.constant;
     DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
@@ -111,7 +153,7 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const uint64_t key = pattern.key;
   DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const uint64_t r = SplitMix64(key + static_cast<uint64_t>(i));
+      const uint64_t r = SplitMix64(key + static_cast<uint64_t>(index(i)));
       const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
       const float v = (2.0f * u - 1.0f) * a;
       switch (dt) {
@@ -134,6 +176,24 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   });
 }
 
+namespace {
+
+// A contiguous host copy of a strided view (a rank's column shard), for backends that upload contiguous memory.
+Tensor ContiguousCopy(const TensorView& v) {
+  Tensor out = Tensor::Empty(v.dtype(), v.shape());
+  const size_t elem = DTypeSize(v.dtype());
+  const int64_t rows = v.numel() / v.dim(v.ndim() - 1), cols = v.dim(v.ndim() - 1);
+  FATHOM_CHECK(v.ndim() <= 2 && v.stride(v.ndim() - 1) == 1, "a {}-d strided weight view", v.ndim());
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* src = static_cast<const char*>(v.raw()) + static_cast<size_t>(r * (v.ndim() == 2 ? v.stride(0) : 0)) * elem;
+    std::memcpy(static_cast<char*>(out.view().raw()) + static_cast<size_t>(r * cols) * elem, src,
+                static_cast<size_t>(cols) * elem);
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir, const std::vector<WeightSpec>& specs,
                                                    const LoadOptions& options, Backend& backend) {
   auto store = std::make_unique<WeightStore>();
@@ -146,29 +206,32 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
     format = LoadFormat::kSafetensors;
   }
   int64_t total_bytes = 0;
-  for (const WeightSpec& s : specs) total_bytes += Numel(s.shape) * static_cast<int64_t>(DTypeSize(s.dtype));
+  for (const WeightSpec& s : specs) total_bytes += s.numel() * static_cast<int64_t>(DTypeSize(s.dtype));
   std::optional<Progress> progress;
   if (options.show_progress) {
     progress.emplace(format == LoadFormat::kDummy ? "generating dummy weights" : "loading weights", total_bytes, "B");
   }
 
   for (const WeightSpec& s : specs) {
-    const int64_t spec_bytes = Numel(s.shape) * static_cast<int64_t>(DTypeSize(s.dtype));
+    if (s.linear) store->AddLinear(s.linear);
+    const int64_t spec_bytes = s.numel() * static_cast<int64_t>(DTypeSize(s.dtype));
     if (format == LoadFormat::kDummy) {
       if (!s.fallback.empty() && store->Has(s.fallback) && s.shares_storage) {
         store->PutView(s.name, store->Get(s.fallback));
         continue;
       }
-      if (backend.device() != Device::kCpu) {
-        // Made on the device: nothing crosses the bus (the same values as FillDummy's).
+      // Made on the device where the backend can (nothing crosses the bus; the same values as FillDummy's). A shard
+      // of the first dimension is a contiguous run of the whole tensor: its pattern is the whole one's, shifted.
+      if (backend.device() != Device::kCpu && s.shard.dim <= 0) {
         const DummyPattern pattern = PatternOf(s, options.seed);
+        const uint64_t shift = s.shard.sharded() ? static_cast<uint64_t>(s.shard.index * s.numel()) : 0;
         const DeviceMemoryInfo mem = backend.MemoryInfo();
         if (mem.total_bytes > 0 && mem.free_bytes < spec_bytes) {
           return ResourceExhaustedError(fmt::format("dummy weight '{}' needs {} bytes; the device has {} free", s.name,
                                                     spec_bytes, mem.free_bytes));
         }
         Tensor dev = backend.Alloc(s.dtype, s.shape);
-        const Status made = backend.FillDummy(dev, pattern.key, pattern.scale, pattern.constant);
+        const Status made = backend.FillDummy(dev, pattern.key + shift, pattern.scale, pattern.constant);
         if (made.ok()) {
           store->Put(s.name, std::move(dev));
           if (progress) progress->Advance(spec_bytes);
@@ -198,16 +261,25 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
       store->PutView(s.name, store->Get(source));
       continue;
     }
-    FATHOM_ASSIGN_OR_RETURN(TensorView view, ckpt->Get(source, std::nullopt, s.shape));
-    // Any float dtype can stand in for another (kernels convert), but fp8 weights need their scales and an fp8
-    // spec, so the two must agree.
-    if (IsFloating(s.dtype) != IsFloating(view.dtype()) ||
-        (s.dtype == DType::kF8E4M3) != (view.dtype() == DType::kF8E4M3)) {
+    FATHOM_ASSIGN_OR_RETURN(TensorView view, ckpt->Get(source, std::nullopt, s.full_shape()));
+    // Any float dtype can stand in for another (kernels convert); which one a weight format needs (f8 e4m3 and its
+    // f32 scales) is its method's check, when the layer is bound. Other dtypes must be the spec's.
+    if (IsFloating(s.dtype) ? !IsFloating(view.dtype()) : view.dtype() != s.dtype) {
       return InvalidArgumentError(fmt::format("tensor '{}' in '{}' has dtype {}, expected {}", source,
                                               ckpt->FileOf(source), DTypeSafetensorsName(view.dtype()),
                                               DTypeSafetensorsName(s.dtype)));
     }
+    Tensor copy;  // a rank's part of the tensor: a slice of the mmap, copied only where it is strided
+    if (s.shard.sharded()) {
+      const int64_t part = s.shape[static_cast<size_t>(s.shard.dim)];
+      view = view.Slice(s.shard.dim, s.shard.index * part, (s.shard.index + 1) * part);
+      if (!view.is_contiguous()) {
+        copy = ContiguousCopy(view);
+        view = copy.view();
+      }
+    }
     FATHOM_ASSIGN_OR_RETURN(Tensor dev, backend.Upload(view));
+    if (!copy.empty() && dev.view().raw() == copy.view().raw()) dev = std::move(copy);  // the CPU backend's view
     store->Put(s.name, std::move(dev));
     if (progress) progress->Advance(spec_bytes);
   }

@@ -1,8 +1,9 @@
 // Weight specs (what an architecture needs) and the loaded weights (what a Model reads).
 //
-//   std::vector<WeightSpec> specs = arch->weight_specs(cfg);          // names, shapes, dtypes, init
-//   FATHOM_ASSIGN_OR_RETURN(auto store, LoadWeights(cfg, specs, {.format = LoadFormat::kDummy}, backend));
-//   const TensorView& w = store->Get("model.layers.0.self_attn.q_proj.weight");
+//   FATHOM_ASSIGN_OR_RETURN(auto specs, arch->weight_specs(cfg, parallel));   // names, shapes, dtypes, init, shards
+//   FATHOM_ASSIGN_OR_RETURN(auto store, LoadWeights(dir, specs, {.format = LoadFormat::kDummy}, backend));
+//   const TensorView& norm = store->Get("model.layers.0.input_layernorm.weight");
+//   FATHOM_ASSIGN_OR_RETURN(LinearWeight q, store->Linear("model.layers.0.self_attn.q_proj", backend));
 //   WeightStats s = ComputeWeightStats(specs, store.get());           // for `fathom inspect`
 #pragma once
 
@@ -17,28 +18,12 @@
 #include "core/tensor.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "format/linear_method.h"
+#include "format/weight_spec.h"
 #include "model/backend.h"
+#include "model/run_options.h"
 
 namespace fathom {
-
-enum class WeightInit { kRandom, kOnes, kZeros, kConstant };
-
-struct WeightSpec {
-  std::string name;  // the HF tensor name
-  std::vector<int64_t> shape;
-  DType dtype = DType::kBF16;  // the dtype dummy weights get; checkpoints may hold another float dtype
-  WeightInit init = WeightInit::kRandom;
-  float init_value = 0.0f;  // for kConstant
-  // When the checkpoint lacks `name`, use this tensor instead (tied embeddings: lm_head -> embed_tokens).
-  std::string fallback;
-  // Share of this tensor that one decoded token reads: 1 for dense layers, k/n for routed experts, one row of an
-  // embedding table.
-  double read_fraction = 1.0;
-  // Parameters that take part in one token's forward pass (routed experts count k/n of theirs).
-  double active_fraction = 1.0;
-  // Counted once even though another spec points at the same storage (tied lm_head).
-  bool shares_storage = false;
-};
 
 enum class LoadFormat { kAuto, kSafetensors, kDummy };
 StatusOr<LoadFormat> ParseLoadFormat(const std::string& name);
@@ -47,7 +32,7 @@ struct LoadOptions {
   LoadFormat format = LoadFormat::kAuto;
   uint64_t seed = 0;  // dummy weights
   bool show_progress = true;
-  int64_t max_batched_tokens = 0;  // Model::set_max_batched_tokens (0: no limit)
+  ModelRunOptions run;  // Model::set_run_options after loading
 };
 
 class WeightStore {
@@ -62,20 +47,29 @@ class WeightStore {
   void PutView(const std::string& name, TensorView view) { tensors_[name] = view; }
   void KeepAlive(std::shared_ptr<void> resource) { resources_.push_back(std::move(resource)); }
 
+  // The linear layer `prefix` in its weight format (the method of its spec binds its tensors), prepared for
+  // `backend`'s kernels (Backend::PrepareLinear). Errors name the tensor.
+  StatusOr<LinearWeight> Linear(const std::string& prefix, Backend& backend) const;
+  void AddLinear(std::shared_ptr<const LinearBinding> binding);
+  // The binding of linear `prefix`, or null.
+  const LinearBinding* FindLinear(const std::string& prefix) const;
+
  private:
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::shared_ptr<const LinearBinding>> linears_;  // by prefix
   std::vector<Tensor> owned_;
   std::vector<std::shared_ptr<void>> resources_;
 };
 
 // Loads `specs` from the checkpoint at `model_dir` (safetensors) or fills them with deterministic random values
-// (dummy), then makes them usable on `backend`. Checks every tensor's shape; a missing tensor, a wrong shape or a
-// non-float dtype is an error naming the file and the tensor.
+// (dummy), then makes them usable on `backend`. A sharded spec reads its rank's part of the checkpoint's tensor (a
+// slice of the mmap). Checks every tensor's shape; a missing tensor, a wrong shape or a dtype of the wrong kind (an
+// integer for a float) is an error naming the file and the tensor; the weight formats check the rest at binding.
 StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir, const std::vector<WeightSpec>& specs,
                                                    const LoadOptions& options, Backend& backend);
 
 // Fills `out` (host memory) with the dummy values of `spec`: a counter-based generator, so the same name gives the
-// same values whatever the thread count.
+// same values whatever the thread count, and a rank's shard holds the values of its part of the whole tensor.
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out);
 
 struct WeightStats {

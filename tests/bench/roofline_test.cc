@@ -49,7 +49,7 @@ TEST(RooflineTest, Qwen15BCosts) {
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   auto arch = FindArchitecture(cfg->architecture);
   ASSERT_TRUE(arch.ok());
-  const auto specs = (*arch)->weight_specs(*cfg);
+  const auto specs = *(*arch)->weight_specs(*cfg);
   const ModelCosts c = ComputeModelCosts(*cfg, specs, {}, (*arch)->kv_cache_spec(*cfg), DType::kBF16);
   // 1.78 B parameters in bf16; decode reads all but the embedding table (one row) at batch 1.
   EXPECT_NEAR(c.weight_bytes / 2, 1.777e9, 0.01e9);

@@ -146,7 +146,7 @@ TEST(MemoryPlanTest, ActivationReserveCoversMlaAndFp8Dequantization) {
   cfg.moe.num_experts_per_tok = 8;
   cfg.moe.moe_intermediate_size = 2048;
   const int64_t plain = ActivationReserveBytes(cfg, 2048, 256);
-  cfg.quant.fp8 = true;
+  cfg.quant.method = "fp8";
   const int64_t with_fp8 = ActivationReserveBytes(cfg, 2048, 256);
   // The input staged as bf16: 2048 tokens of the widest input (the routed experts' 8 + 1 shared x 2048 columns).
   const int64_t dequant = int64_t{2} * 18432 * 7168 + int64_t{2} * 2048 * 18432;

@@ -58,7 +58,7 @@ TEST(ModelConfigTest, RealConfigs) {
   EXPECT_EQ(v3->mla.kv_lora_rank, 512);
   EXPECT_EQ(v3->moe.n_routed_experts, 256);
   EXPECT_EQ(v3->moe.topk_method, "noaux_tc");
-  EXPECT_TRUE(v3->quant.fp8);
+  EXPECT_EQ(v3->quant.method, "fp8");
   EXPECT_EQ(v3->quant.block_n, 128);
   EXPECT_EQ(v3->rope.type, RopeType::kYarn);
   auto r1 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-r1-distill-llama-8b.json");

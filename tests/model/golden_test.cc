@@ -180,16 +180,20 @@ TEST_P(GoldenTest, GreedyContinuationBatched) {
   for (size_t c = 0; c < n; ++c) EXPECT_EQ(generated[c], golden_.cases[c].greedy) << "case" << c;
 }
 
-// MLA's up-projected prefill (FATHOM_MLA_PREFILL=up): the context gathered from the latent cache, kv_b over it, and
+// MLA's up-projected prefill (MlaPrefill::kUpProjected): the context gathered from the latent cache, kv_b over it, and
 // MHA per head, against the oracle: the four cases as whole prompts in one step, and in uneven chunks (later chunks
 // read their cached prefix back through GatherContext; steps of one token per sequence keep the absorbed form).
 class MlaPrefillGoldenTest : public GoldenTest {
  protected:
   void SetUp() override {
     GoldenTest::SetUp();
-    setenv("FATHOM_MLA_PREFILL", "up", 1);
+    SetPrefill(MlaPrefill::kUpProjected);
   }
-  void TearDown() override { unsetenv("FATHOM_MLA_PREFILL"); }
+  void SetPrefill(MlaPrefill form) {
+    ModelRunOptions o;
+    o.mla_prefill = form;
+    model_->set_run_options(o);
+  }
 };
 
 TEST_P(MlaPrefillGoldenTest, UpProjectedPrefillMatchesTheOracle) {
@@ -199,7 +203,7 @@ TEST_P(MlaPrefillGoldenTest, UpProjectedPrefillMatchesTheOracle) {
 
 // The absorbed form forced on prefill steps too (the shape rule picks the up-projected one for long prompts).
 TEST_P(MlaPrefillGoldenTest, AbsorbedPrefillMatchesTheOracle) {
-  setenv("FATHOM_MLA_PREFILL", "absorbed", 1);
+  SetPrefill(MlaPrefill::kAbsorbed);
   ExpectMatchesOracle(RunChunked({0}), "absorbed, batched whole prompts");
   ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "absorbed, uneven chunks");
 }

@@ -25,7 +25,9 @@ TEST(RegistryTest, TiedLmHeadFallsBackToEmbedding) {
   c.head_dim = 2;
   c.tie_word_embeddings = true;
   auto arch = FindArchitecture("Qwen2ForCausalLM");
-  auto specs = (*arch)->weight_specs(c);
+  auto specs_or = (*arch)->weight_specs(c);
+  ASSERT_TRUE(specs_or.ok()) << specs_or.status().ToString();
+  const std::vector<WeightSpec>& specs = *specs_or;
   ASSERT_EQ(specs.back().name, "lm_head.weight");
   EXPECT_EQ(specs.back().fallback, "model.embed_tokens.weight");
   EXPECT_TRUE(specs.back().shares_storage);

@@ -63,7 +63,7 @@ TEST(WeightsTest, StatsForRealConfig) {
   ASSERT_TRUE(cfg.ok());
   auto arch = FindArchitecture(cfg->architecture);
   ASSERT_TRUE(arch.ok());
-  WeightStats st = ComputeWeightStats((*arch)->weight_specs(*cfg), nullptr);
+  WeightStats st = ComputeWeightStats(*(*arch)->weight_specs(*cfg), nullptr);
   EXPECT_EQ(st.total_params, 7615616512);  // Qwen2.5-7B: 7.62 B with the untied lm_head
   EXPECT_EQ(st.bytes_by_dtype.at(DType::kBF16), 2 * 7615616512);
   // Decode reads everything but the embedding table (one row of it).
@@ -81,7 +81,7 @@ TEST(WeightsTest, DeepseekTotalAndActiveParameters) {
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     auto arch = FindArchitecture(cfg->architecture);
     ASSERT_TRUE(arch.ok());
-    WeightStats st = ComputeWeightStats((*arch)->weight_specs(*cfg), nullptr);
+    WeightStats st = ComputeWeightStats(*(*arch)->weight_specs(*cfg), nullptr);
     EXPECT_NEAR(st.total_params / 1e9, w.total_b, 0.01) << w.config;
     EXPECT_NEAR(st.active_params / 1e9, w.active_b, 0.01) << w.config;
     EXPECT_EQ((*arch)->kv_cache_spec(*cfg).values_per_token() * 2,
@@ -161,7 +161,7 @@ TEST(WeightsTest, TiedEmbeddingsCountOnce) {
   auto cfg = LoadModelConfig(testing::ModelDir("qwen2-tied-tiny"));
   ASSERT_TRUE(cfg.ok());
   auto arch = FindArchitecture(cfg->architecture);
-  WeightStats st = ComputeWeightStats((*arch)->weight_specs(*cfg), nullptr);
+  WeightStats st = ComputeWeightStats(*(*arch)->weight_specs(*cfg), nullptr);
   EXPECT_EQ(st.total_params, 119360);  // the oracle's parameter count (oracle_log.txt)
 }
 
@@ -172,7 +172,7 @@ TEST(WeightsTest, ParameterCountsMatchTheOracle) {
     auto cfg = LoadModelConfig(testing::ModelDir(name));
     ASSERT_TRUE(cfg.ok());
     auto arch = FindArchitecture(cfg->architecture);
-    EXPECT_EQ(ComputeWeightStats((*arch)->weight_specs(*cfg), nullptr).total_params, params) << name;
+    EXPECT_EQ(ComputeWeightStats(*(*arch)->weight_specs(*cfg), nullptr).total_params, params) << name;
   }
 }
 

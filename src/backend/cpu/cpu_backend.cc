@@ -9,6 +9,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/thread_pool.h"
+#include "format/linear_method.h"
 
 namespace fathom {
 
@@ -29,16 +30,6 @@ char* CacheRow(const TensorView& cache, int64_t slot, int64_t block_size, int64_
   const int64_t block = slot / block_size, off = slot % block_size;
   const int64_t elem = block * cache.stride(0) + off * cache.stride(1) + head * cache.stride(2);
   return static_cast<char*>(cache.raw()) + elem * static_cast<int64_t>(DTypeSize(cache.dtype()));
-}
-
-// Loads row `r` of a linear weight into float32, applying fp8 block scales.
-void LoadWeightRow(const LinearWeight& w, int64_t r, float* dst) {
-  const int64_t in = w.in_features();
-  ConvertToF32(w.weight.raw(), w.weight.dtype(), r * w.weight.stride(0), in, dst);
-  if (w.weight.dtype() == DType::kF8E4M3) {
-    const float* scales = w.scale_inv.data<float>() + (r / w.block_n) * w.scale_inv.stride(0);
-    for (int64_t c = 0; c < in; ++c) dst[c] *= scales[c / w.block_k];
-  }
 }
 
 }  // namespace
@@ -132,7 +123,9 @@ void CpuBackend::Linear(const TensorView& x, const LinearWeight& w, const Tensor
   FATHOM_CHECK_EQ(out.dim(0), n);
   FATHOM_CHECK_EQ(out.dim(1), m);
   FATHOM_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "Linear needs unit inner strides");
-  if (w.weight.dtype() == DType::kF8E4M3) FATHOM_CHECK(!w.scale_inv.empty(), "fp8 weight without scale_inv");
+  FATHOM_CHECK(w.fp8_block() ? !w.scale_inv.empty() && w.weight.dtype() == DType::kF8E4M3
+                             : w.weight.dtype() != DType::kF8E4M3,
+               "a {} weight in format {}", DTypeName(w.weight.dtype()), static_cast<int>(w.format));
   std::vector<float> bias;
   if (!w.bias.empty()) {
     bias.resize(static_cast<size_t>(m));
@@ -147,7 +140,7 @@ void CpuBackend::Linear(const TensorView& x, const LinearWeight& w, const Tensor
     buf.resize(static_cast<size_t>(kTile * in));
     for (int64_t tile = b; tile < e; ++tile) {
       const int64_t r0 = tile * kTile, r1 = std::min(m, r0 + kTile);
-      for (int64_t r = r0; r < r1; ++r) LoadWeightRow(w, r, buf.data() + (r - r0) * in);
+      for (int64_t r = r0; r < r1; ++r) DequantizeRow(w, r, buf.data() + (r - r0) * in);
       for (int64_t t = 0; t < n; ++t) {
         const float* xr = x.data<float>() + t * x.stride(0);
         float* o = out.data<float>() + t * out.stride(0);

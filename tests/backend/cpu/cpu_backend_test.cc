@@ -96,6 +96,7 @@ TEST(CpuBackendTest, LinearFp8BlockScales) {
   Tensor s = Tensor::Empty(DType::kF32, {sn, sk});
   std::copy(sv.begin(), sv.end(), s.data<float>());
   LinearWeight lw;
+  lw.format = LinearFormat::kFp8Block;
   lw.weight = w;
   lw.scale_inv = s;
   lw.block_n = bn;

@@ -1,0 +1,52 @@
+// Collectives between the ranks of a parallel layout, beside the Backend: a model calls them where tensor
+// parallelism needs them (after a row-parallel linear's partial sums, for example). SingleRankCommunicator, for one
+// rank, does nothing; the multi-rank ones (NCCL on GPUs, a CPU test double) implement the same interface.
+//
+//   SingleRankCommunicator comm;
+//   be.Linear(attn, o_proj, proj);                         // each rank's partial sum  [n_tokens, hidden]
+//   FATHOM_RETURN_IF_ERROR(comm.AllReduceSum(proj));        // every rank holds the total
+//
+// Collectives run in stream order on the rank's backend device: their inputs are the outputs of ops already issued,
+// and they may be recorded in a graph.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "comm/parallel.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace fathom {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string_view name() const = 0;
+  virtual const ParallelConfig& parallel() const = 0;
+  int64_t rank() const { return parallel().tp_rank; }
+  int64_t size() const { return parallel().tp_size; }
+
+  // In place: `buf` (contiguous f32, the same shape on every rank) becomes the element-wise sum over the ranks.
+  virtual Status AllReduceSum(const TensorView& buf) = 0;
+  // In place: `buf` [size() * m, ...] (contiguous) holds this rank's m rows at [rank() * m, (rank() + 1) * m); after
+  // the call it holds every rank's rows.
+  virtual Status AllGather(const TensorView& buf) = 0;
+};
+
+// One rank: every collective is the identity.
+class SingleRankCommunicator final : public Communicator {
+ public:
+  std::string_view name() const override { return "single"; }
+  const ParallelConfig& parallel() const override { return parallel_; }
+  Status AllReduceSum(const TensorView& /*buf*/) override { return OkStatus(); }
+  Status AllGather(const TensorView& /*buf*/) override { return OkStatus(); }
+
+ private:
+  ParallelConfig parallel_;
+};
+
+// A process-wide single-rank communicator, for callers that run one rank.
+Communicator& SingleRank();
+
+}  // namespace fathom

@@ -1,0 +1,125 @@
+// The block-scaled FP8 weight format of DeepSeek-V3 (`quant_method: fp8`, `weight_block_size: [n, k]`): W [out, in]
+// in f8 e4m3 and `weight_scale_inv` [ceil(out / n), ceil(in / k)] float32, W[r, c] = f8[r, c] * scale_inv[r / n, c / k].
+// The CUDA side: backend/cuda/linear_fp8.cc (which path a layer takes) and fp8.cu (its kernels).
+#include <fmt/format.h>
+
+#include "format/methods.h"
+
+namespace fathom {
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+class Fp8BlockMethod final : public LinearMethod {
+ public:
+  Fp8BlockMethod(int64_t block_n, int64_t block_k) : block_n_(block_n), block_k_(block_k) {}
+
+  std::string_view name() const override { return "fp8 block-scaled"; }
+  LinearFormat format() const override { return LinearFormat::kFp8Block; }
+
+  Status AddSpecs(const LinearSpec& l, std::vector<WeightSpec>* specs) const override {
+    // A rank's shard holds whole blocks, so that its scales are a shard of the scales.
+    FATHOM_RETURN_IF_ERROR(l.CheckSplit(block_n_, block_k_));
+    WeightSpec w;
+    w.name = l.prefix + ".weight";
+    w.shape = {l.local_out(), l.local_in()};
+    w.dtype = DType::kF8E4M3;  // dummy weights: random codes of |value| <= 1.875, scaled by the dummy scales below
+    w.read_fraction = l.read_fraction;
+    w.active_fraction = l.active_fraction;
+    w.shard = l.ShardFor(0, 1);
+    specs->push_back(std::move(w));
+    WeightSpec s;
+    s.name = l.prefix + ".weight_scale_inv";
+    s.shape = {CeilDiv(l.local_out(), block_n_), CeilDiv(l.local_in(), block_k_)};
+    s.dtype = DType::kF32;
+    s.init = WeightInit::kConstant;
+    s.init_value = 0.02f;
+    s.read_fraction = l.read_fraction;
+    s.active_fraction = l.active_fraction;
+    s.shard = l.ShardFor(0, 1);
+    specs->push_back(std::move(s));
+    if (l.bias) {
+      WeightSpec b;
+      b.name = l.prefix + ".bias";
+      b.shape = {l.local_out()};
+      b.dtype = l.dtype;
+      b.shard = l.ShardFor(0, -1);
+      specs->push_back(std::move(b));
+    }
+    return OkStatus();
+  }
+
+  StatusOr<LinearWeight> Bind(const LinearSpec& l, const TensorLookup& find) const override {
+    const std::string name = l.prefix + ".weight", scale_name = l.prefix + ".weight_scale_inv";
+    const TensorView* w = find(name);
+    const TensorView* s = find(scale_name);
+    if (w == nullptr || s == nullptr) {
+      return NotFoundError(fmt::format("tensor '{}' was not loaded", w == nullptr ? name : scale_name));
+    }
+    if (w->dtype() != DType::kF8E4M3) {
+      return InvalidArgumentError(fmt::format("tensor '{}' has dtype {}, but the fp8 quantization_config needs F8_E4M3",
+                                              name, DTypeSafetensorsName(w->dtype())));
+    }
+    if (s->dtype() != DType::kF32) {
+      return InvalidArgumentError(
+          fmt::format("tensor '{}' has dtype {}, expected F32", scale_name, DTypeSafetensorsName(s->dtype())));
+    }
+    LinearWeight lw;
+    lw.format = LinearFormat::kFp8Block;
+    lw.weight = *w;
+    lw.scale_inv = *s;
+    lw.block_n = block_n_;
+    lw.block_k = block_k_;
+    FATHOM_ASSIGN_OR_RETURN(lw.bias, BindBias(l, find));
+    return lw;
+  }
+
+  void DequantizeRow(const LinearWeight& w, int64_t r, float* dst) const override {
+    const int64_t in = w.in_features();
+    ConvertToF32(w.weight.raw(), w.weight.dtype(), r * w.weight.stride(0), in, dst);
+    const float* scales = w.scale_inv.data<float>() + (r / w.block_n) * w.scale_inv.stride(0);
+    for (int64_t c = 0; c < in; ++c) dst[c] *= scales[c / w.block_k];
+  }
+
+  // A product of an e4m3 value and a float32 scale needs more bits than bf16 has.
+  DType ExactFloatDType(const LinearWeight& /*w*/) const override { return DType::kF32; }
+
+  // A prefill-sized layer dequantizes W into the workspace as bf16, next to its input staged as bf16 (W8A16).
+  int64_t PrefillScratchBytes(int64_t weight_elems, int64_t input_cols, int64_t tokens) const override {
+    return 2 * weight_elems + 2 * tokens * input_cols;
+  }
+
+ private:
+  int64_t block_n_, block_k_;
+};
+
+}  // namespace
+
+Status CheckFp8Config(const QuantConfig& q) {
+  if (!q.fmt.empty() && q.fmt != "e4m3") {
+    return UnimplementedError(fmt::format("{}: fp8 format '{}' is not supported (supported: e4m3)", q.source, q.fmt));
+  }
+  if (!q.activation_scheme.empty() && q.activation_scheme != "dynamic") {
+    return UnimplementedError(fmt::format(
+        "{}: fp8 activation_scheme '{}' is not supported (supported: dynamic; static input scales are not read)",
+        q.source, q.activation_scheme));
+  }
+  if (q.block_n <= 0 || q.block_k <= 0) {
+    return InvalidArgumentError(fmt::format("{}: fp8 needs weight_block_size [n, k] > 0", q.source));
+  }
+  return OkStatus();
+}
+
+std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q) {
+  return std::make_shared<Fp8BlockMethod>(q.block_n, q.block_k);
+}
+
+const LinearMethod& Fp8BlockMethodInstance() {
+  static const Fp8BlockMethod m(128, 128);  // run-time parts read the block sizes from the LinearWeight
+  return m;
+}
+
+}  // namespace fathom

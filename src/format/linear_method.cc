@@ -1,0 +1,69 @@
+#include "format/linear_method.h"
+
+#include <fmt/format.h>
+
+#include "format/methods.h"
+
+namespace fathom {
+
+WeightShard LinearSpec::ShardFor(int out_dim, int in_dim) const {
+  WeightShard s;
+  const int dim = split == LinearSplit::kColumns ? out_dim : split == LinearSplit::kRows ? in_dim : -1;
+  if (dim < 0 || parallel.single()) return s;
+  s.dim = dim;
+  s.parts = parallel.tp_size;
+  s.index = parallel.tp_rank;
+  return s;
+}
+
+Status LinearSpec::CheckSplit(int64_t granule_out, int64_t granule_in) const {
+  if (split == LinearSplit::kReplicated || parallel.single()) return OkStatus();
+  const bool cols = split == LinearSplit::kColumns;
+  const int64_t n = cols ? out : in, granule = cols ? granule_out : granule_in;
+  if (n % (parallel.tp_size * granule) == 0) return OkStatus();
+  return InvalidArgumentError(fmt::format(
+      "{}: its {} ({}) do not split into {} tensor-parallel parts{}", prefix, cols ? "output rows" : "input columns", n,
+      parallel.tp_size, granule > 1 ? fmt::format(" of whole {}-wide blocks", granule) : ""));
+}
+
+Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l, std::vector<WeightSpec>* specs) {
+  const size_t first = specs->size();
+  FATHOM_RETURN_IF_ERROR(m->AddSpecs(l, specs));
+  FATHOM_CHECK(specs->size() > first, "{} added no tensors for {}", m->name(), l.prefix);
+  auto binding = std::make_shared<LinearBinding>();
+  binding->spec = l;
+  binding->method = std::move(m);
+  (*specs)[first].linear = std::move(binding);
+  return OkStatus();
+}
+
+Status CheckQuantConfig(const QuantConfig& q) {
+  if (!q.quantized()) return OkStatus();
+  if (q.method == "fp8") return CheckFp8Config(q);
+  return UnimplementedError(fmt::format("{}: quantization method '{}' is not supported yet (supported: fp8 with "
+                                        "block-scaled e4m3 weights, as DeepSeek-V3 ships)",
+                                        q.source, q.Describe()));
+}
+
+StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
+                                                               bool quantizable) {
+  FATHOM_RETURN_IF_ERROR(CheckQuantConfig(q));
+  bool dense = !q.quantized() || !quantizable;
+  for (const std::string& part : q.modules_to_not_convert) {
+    if (!part.empty() && prefix.find(part) != std::string_view::npos) dense = true;
+  }
+  if (dense) return std::shared_ptr<const LinearMethod>(std::shared_ptr<void>(), &MethodOf(LinearFormat::kDense));
+  return MakeFp8BlockMethod(q);
+}
+
+const LinearMethod& MethodOf(LinearFormat format) {
+  switch (format) {
+    case LinearFormat::kDense:
+      return DenseMethodInstance();
+    case LinearFormat::kFp8Block:
+      return Fp8BlockMethodInstance();
+  }
+  return DenseMethodInstance();
+}
+
+}  // namespace fathom

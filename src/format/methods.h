@@ -1,0 +1,25 @@
+// The weight formats' methods, for linear_method.cc's registry (internal to the format layer).
+//
+//   const LinearMethod& dense = DenseMethodInstance();
+//   FATHOM_ASSIGN_OR_RETURN(auto fp8, MakeFp8BlockMethod(cfg.quant));   // holds the config's block sizes
+#pragma once
+
+#include <memory>
+
+#include "format/linear_method.h"
+
+namespace fathom {
+
+// A layer's bias as every format stores it (f32, f16 or bf16 [local out]); empty without one, and on ranks other than
+// 0 of a row-parallel layer.
+StatusOr<TensorView> BindBias(const LinearSpec& l, const TensorLookup& find);
+
+// kDense: f32, f16 or bf16 weights as they are in the checkpoint (dense_linear.cc).
+const LinearMethod& DenseMethodInstance();
+
+// kFp8Block: e4m3 weights with float32 scale_inv per block_n x block_k block (fp8_block_linear.cc).
+Status CheckFp8Config(const QuantConfig& q);
+std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q);
+const LinearMethod& Fp8BlockMethodInstance();
+
+}  // namespace fathom
