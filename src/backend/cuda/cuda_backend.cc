@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstdlib>
 #include <set>
 
 #include "backend/cuda/kernels.h"
@@ -34,22 +33,44 @@ cuda::CacheView Cache(const TensorView& c) {
 }  // namespace
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  return Create(device, cuda::KernelOptions::FromEnvironment());
+}
+
+StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cuda::KernelOptions& options) {
   int count = 0;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (device < 0 || device >= count) {
     return InvalidArgumentError(fmt::format("CUDA device {} does not exist ({} found)", device, count));
   }
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  int sm_count = 0;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
+                                    "cudaDeviceGetAttribute(multiprocessors)"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  be->sm_count_ = sm_count;
+  be->options_ = options;
   be->pool_ = std::make_shared<Pool>();
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
-  if (std::getenv("FATHOM_CUDA_PROFILE") != nullptr) be->profile_ = std::make_unique<Profile>();
+  if (options.profile) be->profile_ = std::make_unique<Profile>();
   be->gemm_ = std::make_unique<CublasLtGemm>();
   FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
+  be->gemm_->set_tune(options.gemm_tune);
   return be;
+}
+
+void CudaBackend::set_kernel_options(const cuda::KernelOptions& options) {
+  FATHOM_CHECK(!capturing_, "kernel options cannot change while a graph is captured");
+  if (options.profile && !profile_) profile_ = std::make_unique<Profile>();
+  if (!options.profile && profile_) {  // the pending events are read (and destroyed) once the stream is done
+    Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "cudaStreamSynchronize");
+    CollectProfile();
+    profile_.reset();
+  }
+  if (gemm_) gemm_->set_tune(options.gemm_tune);
+  options_ = options;
 }
 
 struct CudaBackend::Pool {
@@ -246,7 +267,8 @@ Status CudaBackend::FillDummy(const TensorView& out, uint64_t key, float scale, 
                                 : F32ToF8E4M3(*constant);
   }
   Launch("FillDummy", [&] {
-    return cuda::LaunchFillDummy(out.raw(), Dt(out), out.numel(), key, scale, constant.has_value(), bits, stream_);
+    return cuda::LaunchFillDummy(out.raw(), Dt(out), out.numel(), key, scale, constant.has_value(), bits, sm_count_,
+                                 stream_);
   });
   return Synchronize();
 }
@@ -427,8 +449,7 @@ void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, co
 }
 
 bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
-  const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;  // read per call: tests switch it
-  return n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && !w.float32_inputs && gemm_ != nullptr;
+  return n > 8 && w.weight.dtype() == DType::kBF16 && !options_.f32_gemm && !w.float32_inputs && gemm_ != nullptr;
 }
 
 void* CudaBackend::StageBf16(const TensorView& x) {
@@ -499,24 +520,22 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
     return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
                               fp8 ? w.scale_inv.data<float>() : nullptr, fp8 ? w.scale_inv.stride(0) : 0, w.block_n,
                               w.block_k, w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
-                              out.data<float>(), out.stride(0), stream_);
+                              out.data<float>(), out.stride(0), options_.generic_linear, sm_count_, stream_);
   });
 }
 
 bool CudaBackend::UseFp8Gemm(int64_t n, const LinearWeight& w) const {
   if (w.weight.dtype() != DType::kF8E4M3 || w.float32_inputs || gemm_ == nullptr || fp8_gemm_unavailable_) return false;
-  if (std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr) return false;  // read per call: tests switch them
-  const char* v = std::getenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
-  if (v == nullptr || std::atoll(v) <= 0) return false;  // W8A8 is opt-in
+  if (options_.f32_gemm || options_.fp8_gemm_tokens <= 0) return false;  // W8A8 is opt-in
   const int64_t m = w.out_features(), k = w.in_features();
-  return n >= std::atoll(v) && m % 128 == 0 && k % 128 == 0 && w.block_n == 128 && w.block_k == 128 &&
+  return n >= options_.fp8_gemm_tokens && m % 128 == 0 && k % 128 == 0 && w.block_n == 128 && w.block_k == 128 &&
          w.scale_inv.ndim() == 2 && w.scale_inv.dim(0) == m / 128 && w.scale_inv.dim(1) == k / 128 &&
          w.scale_inv.is_contiguous() && w.weight.stride(1) == 1;
 }
 
 bool CudaBackend::UseDequantGemm(int64_t n, const LinearWeight& w) const {
-  return n > 8 && w.weight.dtype() == DType::kF8E4M3 && !w.float32_inputs && gemm_ != nullptr &&
-         std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr && w.weight.stride(1) == 1;
+  return n > 8 && w.weight.dtype() == DType::kF8E4M3 && !w.float32_inputs && gemm_ != nullptr && !options_.f32_gemm &&
+         w.weight.stride(1) == 1;
 }
 
 bool CudaBackend::LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out) {
@@ -629,8 +648,7 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
     one_launch = (w.weight.dtype() == DType::kBF16 || fp8) && outs[i].stride(1) == 1 &&
                  cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
   }
-  static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
-  if (!one_launch || force_generic || x.stride(1) != 1) {
+  if (!one_launch || options_.generic_linear || x.stride(1) != 1) {
     // Prefill-sized: x is rounded to bf16 once for all the weights that go to cuBLASLt; the others (float32
     // inputs, other dtypes) take Linear.
     void* xb = nullptr;
@@ -648,7 +666,7 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   }
   Launch("LinearFanOut", [&] {
     return cuda::LaunchGemvFanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
-                                  stream_);
+                                  sm_count_, stream_);
   });
 }
 
@@ -783,11 +801,13 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.scale = scale;
   // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
   // (token, head).
-  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a);
-  if (ws <= kMaxAttentionWorkspace && std::getenv("FATHOM_CUDA_NO_SPLIT_ATTENTION") == nullptr) {
+  const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(
+      a, cuda::SplitAttentionKernels{options_.mla_attention, options_.mma_attention, options_.gqa_attention});
+  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a, kind, sm_count_);
+  if (ws <= kMaxAttentionWorkspace && options_.split_attention) {
     void* w = ws > 0 ? Workspace(static_cast<size_t>(ws)) : nullptr;
     if (ws > 0 && w == nullptr) return;
-    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, w, stream_); });
+    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, kind, sm_count_, w, stream_); });
   } else {
     Launch("PagedAttention", [&] { return cuda::LaunchPagedAttention(a, stream_); });
   }
@@ -849,7 +869,7 @@ void CudaBackend::MlaContextAttention(const TensorView& q, const TensorView& k_n
   a.seq_lens = meta.seq_lens.data<int32_t>();
   a.positions = meta.positions.data<int32_t>();
   a.scale = scale;
-  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, stream_); });
+  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, options_.mla_context_mma, stream_); });
 }
 
 void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
@@ -910,14 +930,9 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
 Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                                const TensorView& weights, const TensorView& out) {
   const int64_t n = x.dim(0), k = ids.dim(1);
-  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (for measurements); FATHOM_CUDA_MOE_MMA_TOKENS=N moves the
-  // switch from grouped GEMVs to grouped tensor-core GEMMs (default: batches of kMoeMmaTokens tokens or more).
-  static const bool host_moe = std::getenv("FATHOM_CUDA_HOST_MOE") != nullptr;
-  static const int64_t mma_tokens = [] {
-    const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS");
-    return v != nullptr ? std::atoll(v) : kMoeMmaTokens;
-  }();
-  const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !host_moe &&
+  // KernelOptions::host_moe forces the host-sorted path (for measurements); moe_mma_tokens = N moves the switch from
+  // grouped GEMVs to grouped tensor-core GEMMs (default: batches of kMoeMmaTokens tokens or more).
+  const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !options_.host_moe &&
                            ids.is_contiguous() && weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
   if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
@@ -930,8 +945,8 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   a.table = static_cast<const void* const*>(experts.device_state.get());
   a.fp8 = experts.gate[0].weight.dtype() == DType::kF8E4M3;
   a.os = out.stride(0);
-  // FATHOM_CUDA_F32_GEMM (read per call: tests switch it) keeps the float32-input GEMVs for every batch.
-  a.tensor_cores = n >= mma_tokens && cuda::MoeTensorCoresFit(a) && std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr;
+  // KernelOptions::f32_gemm keeps the float32-input GEMVs for every batch.
+  a.tensor_cores = n >= options_.moe_mma_tokens && cuda::MoeTensorCoresFit(a) && !options_.f32_gemm;
   // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core path takes any batch, in slices of
   // that many pairs.
   if (!a.tensor_cores && n * k > cuda::kMaxMoePairs) return Backend::MoeExperts(x, experts, ids, weights, out);

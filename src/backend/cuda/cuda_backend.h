@@ -1,6 +1,8 @@
 // The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16/fp8 weights.
 // This first version is the correctness baseline (simple kernels, checked against CpuBackend and the oracle);
 // cuBLASLt GEMMs, fused kernels, bf16 activations and CUDA graphs replace its kernels behind the same launchers.
+// Which kernel variant an op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by
+// Create and changeable with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));
@@ -17,14 +19,23 @@
 #include <vector>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernel_options.h"
 #include "model/backend.h"
 
 namespace fathom {
 
 class CudaBackend final : public Backend {
  public:
+  // Kernel options from the environment (KernelOptions::FromEnvironment), or the given ones.
   static StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  static StatusOr<std::unique_ptr<CudaBackend>> Create(int device, const cuda::KernelOptions& options);
   ~CudaBackend() override;
+
+  // The kernel variants the ops take from now on (tests and benchmarks switch them; turning `profile` on or off
+  // starts or ends the timing). Not while a graph is being captured.
+  const cuda::KernelOptions& kernel_options() const { return options_; }
+  void set_kernel_options(const cuda::KernelOptions& options);
+  int sm_count() const { return sm_count_; }  // the GPU's multiprocessors (132 on an H200)
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
@@ -79,32 +90,32 @@ class CudaBackend final : public Backend {
   // f32, bf16 and f8 e4m3 (f16 and others: Unimplemented, filled on the host).
   Status FillDummy(const TensorView& out, uint64_t key, float scale, std::optional<float> constant) override;
 
-  // CUDA graphs: captured in relaxed mode on the backend's stream; not with FATHOM_CUDA_PROFILE (its events would
-  // be captured too).
+  // CUDA graphs: captured in relaxed mode on the backend's stream; not while profiling (KernelOptions::profile: its
+  // events would be captured too).
   bool SupportsGraphs() const override { return profile_ == nullptr; }
   void* stream() const { return stream_; }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
   Status BeginCapture() override;
   StatusOr<int64_t> EndCapture() override;
   Status ReplayGraph(int64_t graph) override;
 
-  // With FATHOM_CUDA_PROFILE set, every launch is timed with CUDA events; this returns the per-op table (total
-  // time, calls, time per call, share) since the backend was created. Empty when profiling is off.
+  // With KernelOptions::profile (FATHOM_CUDA_PROFILE), every launch is timed with CUDA events; this returns the
+  // per-op table (total time, calls, time per call, share) since profiling started. Empty when profiling is off.
   std::string ProfileReport();
   // Forgets what was timed so far (to time decode steps apart from the prefill).
   void ResetProfile();
 
-  // Batches of this many tokens or more run their routed experts as grouped tensor-core GEMMs, smaller ones as
-  // grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1 on the H200, V2-Lite's experts: at 8 tokens
-  // 186 us against 278, at 1 token even, 54 against 53).
-  static constexpr int64_t kMoeMmaTokens = 8;
+  // By default (KernelOptions::moe_mma_tokens) batches of this many tokens or more run their routed experts as
+  // grouped tensor-core GEMMs, smaller ones as grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1
+  // on the H200, V2-Lite's experts: at 8 tokens 186 us against 278, at 1 token even, 54 against 53).
+  static constexpr int64_t kMoeMmaTokens = cuda::KernelOptions::kDefaultMoeMmaTokens;
 
   // Linears on block-scaled f8 weights (DeepSeek-V3) are W8A16 by default: decode batches (n <= 8) stream the f8
   // weights through the GEMV on float32 activations; larger ones dequantize the weight to bf16 in the workspace and
   // take the bf16 cuBLASLt GEMM, as bf16 weights do. Both keep a token's result independent of its batch and follow
-  // the dequantized-weight oracle to bf16 tolerance. FATHOM_CUDA_FP8_GEMM_TOKENS=N (opt-in) runs batches of N tokens
-  // or more as cuBLASLt's block-scaled FP8 GEMM on activations quantized per token and 128 columns (W8A8, DeepSeek's
-  // own inference recipe): 1.7-1.9x the bf16 GEMM's TFLOP/s at V3's prefill shapes on the H200, and about 2.5% rms
-  // error per linear.
+  // the dequantized-weight oracle to bf16 tolerance. KernelOptions::fp8_gemm_tokens = N (FATHOM_CUDA_FP8_GEMM_TOKENS,
+  // opt-in) runs batches of N tokens or more as cuBLASLt's block-scaled FP8 GEMM on activations quantized per token
+  // and 128 columns (W8A8, DeepSeek's own inference recipe): 1.7-1.9x the bf16 GEMM's TFLOP/s at V3's prefill shapes
+  // on the H200, and about 2.5% rms error per linear.
 
  private:
   struct Profile {
@@ -141,9 +152,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Pool> pool_;
   // Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x rounded to bf16 once into the
   // workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's epilogue (a kernel where it has
-  // none for the shape). Decode-shaped ones stay on the
-  // float32-input GEMV, which is memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs
-  // (the exact reference path).
+  // none for the shape). Decode-shaped ones stay on the float32-input GEMV, which is memory-bound anyway.
+  // KernelOptions::f32_gemm keeps every GEMM on float32 inputs (the exact reference path).
   bool UseCublasLt(int64_t n, const LinearWeight& w) const;
   bool UseFp8Gemm(int64_t n, const LinearWeight& w) const;
   bool UseDequantGemm(int64_t n, const LinearWeight& w) const;
@@ -182,6 +192,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id
   int device_ = 0;
+  int sm_count_ = 0;
+  cuda::KernelOptions options_;
   void* stream_ = nullptr;  // cudaStream_t
   std::mutex mu_;
   Status first_error_;

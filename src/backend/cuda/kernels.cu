@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/device_util.cuh"
@@ -180,9 +178,9 @@ struct GemvParts {
   int count;
 };
 constexpr int kGemvWarps = 8;
-// Blocks that keep every SM of an H200 busy twice over: below it, the GEMV takes one token per warp (each token's
-// sum runs in the same order whatever the tokens per warp, so results do not depend on it).
-constexpr int64_t kGemvFill = 264;
+// Blocks per SM that keep every SM busy twice over: below kGemvFillPerSm * sm_count blocks, the GEMV takes one token
+// per warp (each token's sum runs in the same order whatever the tokens per warp, so results do not depend on it).
+constexpr int64_t kGemvFillPerSm = 2;
 
 template <int kT>
 __device__ __forceinline__ void GemvAccumulate(const uint4& raw, const float* x, int64_t xs, int64_t k, int64_t tn,
@@ -957,7 +955,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // that they keep one running maximum, each writes P^T (rounded) for its keys, and then each warp accumulates
 // O^T += V^T P^T over the whole tile for its 128 of the 512 value dims. Chunks and partial states are those of the
 // other split kernels (MergeAttentionKernel combines them).
-// FATHOM_CUDA_NO_MLA_ATTENTION=1 turns it off (the generic kernels then serve MLA).
+// KernelOptions::mla_attention = false (FATHOM_CUDA_NO_MLA_ATTENTION=1) turns it off: the generic kernels then
+// serve MLA.
 constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4;
 constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
 constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
@@ -1370,15 +1369,13 @@ int LaunchRmsNorm(float* x, int64_t xs, const float* add, int64_t as, const void
 
 int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* w, int wd, int64_t ws, int64_t m,
                  const float* scale, int64_t ss, int64_t bn, int64_t bk, const void* bias, int bd, float* out,
-                 int64_t os, Stream s) {
+                 int64_t os, bool generic, int sm_count, Stream s) {
   if (n == 0 || m == 0) return 0;
   constexpr int kWarps = 8;
   dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok));
   const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        in % 8 == 0 && ws % 8 == 0 && xs % 4 == 0;
-  // FATHOM_CUDA_GENERIC_LINEAR=1 forces the generic kernel, to measure one against the other.
-  static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
-  if ((wd == kBF16 || wd == kF8) && aligned && !force_generic) {
+  if ((wd == kBF16 || wd == kF8) && aligned && !generic) {
     GemvPart part{w, ws, m, bias, bd, out, os};
     if (wd == kF8) {
       part.scale = scale;
@@ -1386,7 +1383,7 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
       part.block_n = bn;
       part.block_k = bk;
     }
-    if (GemvFanOutFits(x, xs, n, in, part)) return LaunchGemvFanOut(x, xs, n, in, &part, 1, s);
+    if (GemvFanOutFits(x, xs, n, in, part)) return LaunchGemvFanOut(x, xs, n, in, &part, 1, sm_count, s);
   }
   LinearKernel<<<grid, kWarps * 32, 0, S(s)>>>(x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os, 0, 0,
                                                0);
@@ -1424,7 +1421,8 @@ bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const Gem
           (p.block_k >= 16 && p.block_k % 16 == 0 && ((p.block_k / 16) & (p.block_k / 16 - 1)) == 0 && p.block_n > 0));
 }
 
-int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, Stream s) {
+int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, int sm_count,
+                     Stream s) {
   if (n == 0 || count <= 0) return 0;
   if (count > kMaxGemvParts) return static_cast<int>(cudaErrorInvalidValue);
   GemvParts g{};
@@ -1443,7 +1441,7 @@ int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const Ge
     LaunchFanOut<2>(x, xs, n, in, g, S(s));
   } else if (n <= 4) {
     LaunchFanOut<4>(x, xs, n, in, g, S(s));
-  } else if (n <= 8 || blocks * ((n + 7) / 8) >= kGemvFill) {
+  } else if (n <= 8 || blocks * ((n + 7) / 8) >= kGemvFillPerSm * sm_count) {
     LaunchFanOut<8>(x, xs, n, in, g, S(s));
   } else {  // few rows (DeepSeek's float32 router) for many tokens: fewer tokens per warp, more blocks
     LaunchFanOut<1>(x, xs, n, in, g, S(s));
@@ -1493,25 +1491,34 @@ int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, in
 }
 
 namespace {
+
 int64_t Chunks(const AttentionArgs& a, int64_t chunk) {
   return (std::max<int64_t>(a.max_seq_len, 1) + chunk - 1) / chunk;
 }
-}  // namespace
 
-// Which split kernel runs: the tensor-core one for 16-bit caches, the GQA-packed one, or one block per head.
-enum class SplitKind { kMla, kMma, kGqa, kPerHead };
-SplitKind ChooseSplit(const AttentionArgs& a) {
-  // Read per call: the tests switch them.
-  if (MlaFits(a) && std::getenv("FATHOM_CUDA_NO_MLA_ATTENTION") == nullptr) return SplitKind::kMla;
-  if (MmaFits(a) && std::getenv("FATHOM_CUDA_NO_MMA_ATTENTION") == nullptr) return SplitKind::kMma;
-  if (GqaFits(a) && std::getenv("FATHOM_CUDA_NO_GQA_ATTENTION") == nullptr) return SplitKind::kGqa;
-  return SplitKind::kPerHead;
+using SplitKind = SplitAttentionKind;
+
+bool SplitFits(const AttentionArgs& a, SplitKind kind) {
+  switch (kind) {
+    case SplitKind::kMla:
+      return MlaFits(a);
+    case SplitKind::kMma:
+      return MmaFits(a);
+    case SplitKind::kGqa:
+      return GqaFits(a);
+    case SplitKind::kPerHead:
+      return true;
+  }
+  return false;
 }
 
-int64_t SplitChunk(const AttentionArgs& a, SplitKind kind) {
+// MLA's decode chunks aim at about two waves of blocks (two fit an SM): 4 blocks per SM in all.
+constexpr int64_t kMlaBlocksPerSm = 4;
+
+int64_t SplitChunk(const AttentionArgs& a, SplitKind kind, int sm_count) {
   if (kind == SplitKind::kMla) {  // about two waves of blocks (two fit an SM), in whole tiles
     const int64_t base = std::max<int64_t>(a.n * (a.heads / kMlaHeads), 1);
-    const int64_t want = std::max<int64_t>(528 / base, 1);
+    const int64_t want = std::max<int64_t>(kMlaBlocksPerSm * sm_count / base, 1);
     const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
     return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
   }
@@ -1524,18 +1531,26 @@ void LaunchMma(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm,
   LaunchGroup(MmaAttentionKernel<T, 64>, MmaAttentionKernel<T, 128>, kMmaWarps, a, chunk, chunks, pm, pl, pa, s);
 }
 
-int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a) {
-  const SplitKind kind = ChooseSplit(a);
-  const int64_t chunks = Chunks(a, SplitChunk(a, kind));
+}  // namespace
+
+SplitAttentionKind ChooseSplitAttention(const AttentionArgs& a, const SplitAttentionKernels& allowed) {
+  if (allowed.mla && MlaFits(a)) return SplitKind::kMla;
+  if (allowed.mma && MmaFits(a)) return SplitKind::kMma;
+  if (allowed.gqa && GqaFits(a)) return SplitKind::kGqa;
+  return SplitKind::kPerHead;
+}
+
+int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a, SplitAttentionKind kind, int sm_count) {
+  const int64_t chunks = Chunks(a, SplitChunk(a, kind, sm_count));
   if (kind != SplitKind::kPerHead && chunks == 1) return 0;
   return a.n * a.heads * chunks * (2 + a.v_dim) * static_cast<int64_t>(sizeof(float));
 }
 
-int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s) {
+int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm_count, void* workspace, Stream s) {
   if (a.n == 0) return 0;
-  const SplitKind kind = ChooseSplit(a);
+  if (!SplitFits(a, kind)) return static_cast<int>(cudaErrorInvalidValue);
   const bool gqa = kind != SplitKind::kPerHead;
-  const int64_t chunk = SplitChunk(a, kind);
+  const int64_t chunk = SplitChunk(a, kind, sm_count);
   const int64_t chunks = Chunks(a, chunk);
   float* part_m = static_cast<float*>(workspace);
   float* part_l = part_m + a.n * a.heads * chunks;
@@ -1904,13 +1919,10 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   }
 }
 
-int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s) {
+int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s) {
   if (a.n == 0 || a.heads == 0) return 0;
   if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
-  // The tensor-core kernel where its tiles fit; FATHOM_CUDA_MLA_CONTEXT_MMA=0 takes the plain float32 one (read per
-  // call: the op test switches it).
-  const char* env = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
-  const bool mma = env == nullptr || std::string_view(env) != "0";
+  // The tensor-core kernel where its tiles fit (`mma`: KernelOptions::mla_context_mma), else the plain float32 one.
   if (mma && MlaContextMmaFits(a)) {
     static const cudaError_t attr =
         cudaFuncSetAttribute(MlaContextMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtxSmemBytes);
@@ -1993,10 +2005,13 @@ __global__ void FillDummyKernel(void* out, int64_t n, uint64_t key, float scale,
   }
 }
 
+// The fill's grid-stride loop runs on at most this many blocks per SM.
+constexpr int64_t kFillBlocksPerSm = 64;
+
 int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, bool has_constant,
-                    uint32_t constant_bits, Stream s) {
+                    uint32_t constant_bits, int sm_count, Stream s) {
   if (n == 0) return 0;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 132 * 64));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, kFillBlocksPerSm * sm_count));
   switch (dtype) {
     case kF32:
       FillDummyKernel<kF32><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);

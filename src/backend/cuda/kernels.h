@@ -18,10 +18,12 @@ int LaunchEmbedding(const int32_t* ids, int64_t n, const void* table, int table_
 int LaunchRmsNorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const void* w, int w_dtype,
                   float eps, float* out, int64_t out_stride, int64_t rows, int64_t cols, Stream s);
 
-// out[t, r] = sum_c x[t, c] * W[r, c] (* scale_inv[r / bn, c / bk] for f8) + bias[r]
+// out[t, r] = sum_c x[t, c] * W[r, c] (* scale_inv[r / bn, c / bk] for f8) + bias[r]. bf16 and f8 weights with
+// 16-byte aligned rows take the GEMV (LaunchGemvFanOut, whose grid is sized by sm_count) unless `generic` forces the
+// generic kernel.
 int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const void* w, int w_dtype, int64_t w_stride,
                  int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk, const void* bias,
-                 int bias_dtype, float* out, int64_t out_stride, Stream s);
+                 int bias_dtype, float* out, int64_t out_stride, bool generic, int sm_count, Stream s);
 
 // out[t, h, r] = sum_c x[t, h, c] * W[h, r, c] for every head h: x [n, heads, in] strides (xs0, xs1, 1); W f32, f16
 // or bf16 [heads, m, in] contiguous; out [n, heads, m] strides (os0, os1, 1).
@@ -45,7 +47,10 @@ struct GemvPart {
 };
 constexpr int kMaxGemvParts = 4;
 bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);
-int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, Stream s);
+// sm_count: the GPU's multiprocessors. Batches of more than 8 tokens take one token per warp where fewer than two
+// blocks per SM would run otherwise (a token's result is the same either way).
+int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, int sm_count,
+                     Stream s);
 
 int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t rows, int64_t cols,
                      Stream s);
@@ -108,12 +113,23 @@ struct AttentionArgs {
 };
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.
 int LaunchPagedAttention(const AttentionArgs& a, Stream s);
-// Flash-decoding: each block takes a chunk of one sequence's keys, then a merge kernel combines the chunks. When
-// k_dim == v_dim is 64 or 128, the cache is f32/f16/bf16 with 16-byte aligned rows and heads / kv_heads <= 8, one
-// block serves all query heads of a KV head (GQA packing) and sizes its chunks to fill the GPU; otherwise chunks
-// of 64 keys per (token, head). Needs SplitAttentionWorkspaceBytes(a) of workspace (0 when no merge is needed).
-int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a);
-int LaunchSplitAttention(const AttentionArgs& a, void* workspace, Stream s);
+// The split kernels: MLA's (576/512 dims, one KV head, 16-bit cache), the tensor-core one (k_dim == v_dim of 64 or
+// 128, 16-bit caches with 16-byte aligned rows, heads / kv_heads <= 8), the GQA-packed one (the same shapes on
+// f32/f16/bf16 caches), each serving all query heads of a KV head per block with chunks sized to fill the GPU; or
+// chunks of 64 keys per (token, head) for any shape.
+enum class SplitAttentionKind { kMla, kMma, kGqa, kPerHead };
+// The kernels that may be chosen (KernelOptions' mla_attention, mma_attention, gqa_attention).
+struct SplitAttentionKernels {
+  bool mla = true, mma = true, gqa = true;
+};
+// The first allowed kernel, in the order above, whose conditions `a` meets.
+SplitAttentionKind ChooseSplitAttention(const AttentionArgs& a, const SplitAttentionKernels& allowed);
+// Flash-decoding with `kind` (one ChooseSplitAttention gives for `a`; cudaErrorInvalidValue for one that does not fit):
+// each block takes a chunk of one sequence's keys, then a merge kernel combines the chunks. sm_count (the GPU's
+// multiprocessors) sizes MLA's chunks. Needs SplitAttentionWorkspaceBytes(a, kind, sm_count) of workspace (0 when no
+// merge is needed).
+int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a, SplitAttentionKind kind, int sm_count);
+int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm_count, void* workspace, Stream s);
 
 // Every sequence's cached rows 0 .. seq_len - 1, sequence after sequence, from head 0 of `cache` (d values a row) into
 // out f32 [sum of seq_lens, d] (rows os apart). seq_lens, block_table_start, block_tables: device, as in
@@ -124,8 +140,9 @@ int LaunchGatherContext(CacheView cache, int64_t d, const int32_t* seq_lens, con
 
 // Backend::MlaContextAttention: q [n, heads, nope + rope] (strides qs0, qs1), k_nope [ctx, heads, nope] (kns0, kns1),
 // k_rope [ctx, rope] (krs0), v [ctx, heads, v_dim] (vs0, vs1), out [n, heads, v_dim] (os0, os1); all float32 with
-// unit inner strides. One warp per (token, head), keys in order with an online softmax (CUDA cores). Needs v_dim <=
-// 256.
+// unit inner strides. With `mma`, the tensor-core kernel where its tiles fit (nope 128, rope 64, v_dim 128, 16-byte
+// aligned rows); otherwise one warp per (token, head), keys in order with an online softmax (CUDA cores), which needs
+// v_dim <= 256.
 struct MlaContextArgs {
   const float* q;
   int64_t qs0, qs1;
@@ -143,7 +160,7 @@ struct MlaContextArgs {
   const int32_t* positions;    // [n]
   float scale;
 };
-int LaunchMlaContextAttention(const MlaContextArgs& a, Stream s);
+int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s);
 
 // out (contiguous bf16 [rows, cols]) = x (float32, row stride xs), rounded to nearest even.
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s);
@@ -169,9 +186,10 @@ int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, c
 int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s);
 // Dummy weights (model/weights.cc, FillDummy): element i of `out` (dtype 0 f32, bf16 or f8 e4m3; n elements) is
 // `constant_bits` when has_constant, else from r = SplitMix64(key + i): (2u - 1) * scale with u = (r >> 40) / 2^24,
-// rounded to nearest even for bf16; for f8 the code r & 0xbf. Bit-identical to the host fill.
+// rounded to nearest even for bf16; for f8 the code r & 0xbf. Bit-identical to the host fill. A grid-stride loop over
+// at most 64 blocks per SM (sm_count: the GPU's multiprocessors).
 int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, bool has_constant,
-                    uint32_t constant_bits, Stream s);
+                    uint32_t constant_bits, int sm_count, Stream s);
 // 3-d strided copy (a 2-d copy passes d1 = 1).
 int LaunchCopy(const float* src, int64_t s0, int64_t s1, float* dst, int64_t d0s, int64_t d1s, int64_t d0, int64_t d1,
                int64_t inner, Stream s);
