@@ -13,7 +13,7 @@
 //     cuBLASLt's block-scaled FP8) against our bf16 GEMM at V3's prefill shapes in TFLOP/s, the f8 GEMV against the
 //     bf16 one at V3's decode shapes in TB/s, and the routed experts with V3's 256 f8 experts (2048 x 7168, top 8).
 //   - with --sample 1 instead: sampling at DeepSeek-V3's 129k vocabulary, per step of 1-256 rows: the device sampler
-//     (sample_kernels.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
+//     (sampling.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
 //     Sample() on the thread pool, as the engine does), in ms.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
@@ -37,11 +37,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernel_options.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/moe_kernels.h"
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/sampling.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
 

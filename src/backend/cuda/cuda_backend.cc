@@ -8,9 +8,16 @@
 #include <bit>
 #include <set>
 
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/moe_kernels.h"
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/fp8.h"
+#include "backend/cuda/gather.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/mla.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/norm.h"
+#include "backend/cuda/rope_kv.h"
+#include "backend/cuda/sampling.h"
 
 namespace fathom {
 
@@ -624,9 +631,11 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
                                std::span<const TensorView> outs) {
   FATHOM_CHECK_EQ(ws.size(), outs.size());
   const int64_t n = x.dim(0), k = x.dim(1);
-  // Decode-sized batches with bf16 or f8 weights: one GEMV launch for all the weights. Otherwise one Linear each.
+  // Decode-sized batches with bf16 or f8 weights (and biases of one dtype): one GEMV launch for all the weights.
+  // Otherwise one Linear each.
   bool one_launch = n <= 8 && !ws.empty() && ws.size() <= static_cast<size_t>(cuda::kMaxGemvParts);
   std::array<cuda::GemvPart, cuda::kMaxGemvParts> parts{};
+  int bias_dtype = -1;
   for (size_t i = 0; one_launch && i < ws.size(); ++i) {
     const LinearWeight& w = ws[i];
     FATHOM_CHECK_EQ(w.in_features(), k);
@@ -645,7 +654,9 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
       parts[i].block_n = w.block_n;
       parts[i].block_k = w.block_k;
     }
-    one_launch = (w.weight.dtype() == DType::kBF16 || fp8) && outs[i].stride(1) == 1 &&
+    const bool bias_ok = w.bias.empty() || bias_dtype < 0 || Dt(w.bias) == bias_dtype;
+    if (!w.bias.empty()) bias_dtype = Dt(w.bias);
+    one_launch = (w.weight.dtype() == DType::kBF16 || fp8) && bias_ok && outs[i].stride(1) == 1 &&
                  cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
   }
   if (!one_launch || options_.generic_linear || x.stride(1) != 1) {

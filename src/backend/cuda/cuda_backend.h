@@ -1,8 +1,8 @@
 // The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16/fp8 weights.
-// This first version is the correctness baseline (simple kernels, checked against CpuBackend and the oracle);
-// cuBLASLt GEMMs, fused kernels, bf16 activations and CUDA graphs replace its kernels behind the same launchers.
-// Which kernel variant an op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by
-// Create and changeable with set_kernel_options.
+// Its kernels sit behind launchers, one header and .cu file per op family (norm.h, rope_kv.h, linear.h, attention.h,
+// mla.h, moe.h, sampling.h, fp8.h, gather.h, elementwise.h), with cuBLASLt's GEMMs in gemm.h. Which kernel variant an
+// op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by Create and changeable
+// with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/require_gpu.h"
 #include "engine/decode_graphs.h"
 #include "io/model_config.h"
