@@ -1,8 +1,10 @@
-// The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16/fp8 weights.
-// Its kernels sit behind launchers, one header and .cu file per op family (norm.h, rope_kv.h, linear.h, attention.h,
-// mla.h, moe.h, sampling.h, fp8.h, gather.h, elementwise.h), with cuBLASLt's GEMMs in gemm.h. Which kernel variant an
-// op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by Create and changeable
-// with set_kernel_options.
+// The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16 weights and
+// block-scaled f8 e4m3 ones (LinearFormat::kFp8Block). Its kernels sit behind launchers, one header and .cu file per op
+// family (norm.h, rope_kv.h, linear.h, attention.h, mla.h, moe.h, sampling.h, fp8.h, gather.h, elementwise.h), with
+// cuBLASLt's GEMMs in gemm.h. This class is defined in cuda_backend.cc (device memory, graphs, profiling and the
+// non-linear ops), linear_dense.cc (Linear, LinearFanOut and HeadLinear on dense weights) and linear_fp8.cc (every
+// FP8-specific host path). Which kernel variant an op takes is KernelOptions' (kernel_options.h), read from the
+// FATHOM_CUDA_* environment by Create and changeable with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));
@@ -23,6 +25,10 @@
 #include "model/backend.h"
 
 namespace fathom {
+
+namespace cuda {
+struct GemvPart;  // linear.h
+}  // namespace cuda
 
 class CudaBackend final : public Backend {
  public:
@@ -53,6 +59,9 @@ class CudaBackend final : public Backend {
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                   const TensorView& out) override;
+  // kFp8Block weights with the W8A8 GEMM on (KernelOptions::fp8_gemm_tokens): the scales' zero-padded copy that
+  // cuBLASLt reads, kept in w.device_state (otherwise made at the first W8A8 Linear). Nothing for other weights.
+  Status PrepareLinear(LinearWeight& w) override;
   void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
   void LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs) override;
   void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
@@ -115,7 +124,7 @@ class CudaBackend final : public Backend {
   // the dequantized-weight oracle to bf16 tolerance. KernelOptions::fp8_gemm_tokens = N (FATHOM_CUDA_FP8_GEMM_TOKENS,
   // opt-in) runs batches of N tokens or more as cuBLASLt's block-scaled FP8 GEMM on activations quantized per token
   // and 128 columns (W8A8, DeepSeek's own inference recipe): 1.7-1.9x the bf16 GEMM's TFLOP/s at V3's prefill shapes
-  // on the H200, and about 2.5% rms error per linear.
+  // on the H200, and about 2.5% rms error per linear. All of it lives in linear_fp8.cc.
 
  private:
   struct Profile {
@@ -150,22 +159,17 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
   std::shared_ptr<Pool> pool_;
-  // Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x rounded to bf16 once into the
-  // workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's epilogue (a kernel where it has
-  // none for the shape). Decode-shaped ones stay on the float32-input GEMV, which is memory-bound anyway.
-  // KernelOptions::f32_gemm keeps every GEMM on float32 inputs (the exact reference path).
+  // A copy derived from the pooled memory block at `block` (a float32 bias, padded FP8 scales): made once, by `make`
+  // into `bytes` of new device memory (on the stream), and freed with the block. Null when it does not exist yet and
+  // cannot be made: !can_make, while capturing a graph, for memory that is not a pooled block of its own, or when the
+  // allocation fails.
+  const void* DerivedCopy(const void* block, bool can_make, size_t bytes, const std::function<void(void*)>& make);
+
+  // Dense weights (linear_dense.cc). Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x
+  // rounded to bf16 once into the workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's
+  // epilogue (a kernel where it has none for the shape). Decode-shaped ones stay on the float32-input GEMV, which is
+  // memory-bound anyway. KernelOptions::f32_gemm keeps every GEMM on float32 inputs (the exact reference path).
   bool UseCublasLt(int64_t n, const LinearWeight& w) const;
-  bool UseFp8Gemm(int64_t n, const LinearWeight& w) const;
-  bool UseDequantGemm(int64_t n, const LinearWeight& w) const;
-  // The W8A16 prefill path of Linear on f8 weights; false when the workspace cannot grow (the caller falls back).
-  bool LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out);
-  // The W8A8 path of Linear; false when it could not run (no workspace, no cuBLASLt algorithm): the caller falls back.
-  bool LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out);
-  bool fp8_gemm_unavailable_ = false;
-  // w's block scales as the FP8 GEMM reads them: rows of a multiple of 4 K blocks (a zero-padded copy, made once and
-  // freed with the scales' memory block, where DeepSeek's [m / 128][k / 128] rows are shorter); null while capturing a
-  // graph before the copy exists.
-  const float* Fp8GemmScales(const LinearWeight& w);
   void* StageBf16(const TensorView& x);  // null (error recorded) when the workspace cannot grow
   void* StageBf16(const float* x, int64_t xs, int64_t rows, int64_t cols);  // rows xs apart
   // w_bf16: a contiguous bf16 copy of w's weight to use instead (dequantized f8), or null.
@@ -175,6 +179,29 @@ class CudaBackend final : public Backend {
   // and freed with the bias's memory block (Pool); null for a bias that is not a pooled block of its own, or while
   // capturing a graph before the copy exists: the caller then adds the bias with a kernel.
   const float* F32Bias(const TensorView& bias);
+
+  // Block-scaled f8 weights (linear_fp8.cc).
+  // Linear on a kFp8Block weight: W8A8 (opt-in), W8A16 prefill or the f8 GEMV / generic kernel.
+  void LinearFp8Block(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  // The W8A8 GEMM's conditions on the weight alone: 128 x 128 blocks, m and k multiples of 128, contiguous scales.
+  static bool Fp8GemmFits(const LinearWeight& w);
+  bool UseFp8Gemm(int64_t n, const LinearWeight& w) const;
+  bool UseDequantGemm(int64_t n, const LinearWeight& w) const;
+  // The W8A16 prefill path of Linear on f8 weights; false when the workspace cannot grow (the caller falls back).
+  bool LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  // The W8A8 path of Linear; false when it could not run (no workspace, no cuBLASLt algorithm): the caller falls back.
+  bool LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  bool fp8_gemm_unavailable_ = false;
+  // w's block scales as the FP8 GEMM reads them: rows of a multiple of 4 K blocks (where DeepSeek's [m / 128][k / 128]
+  // rows are shorter: the zero-padded copy of PrepareLinear, or one made at the first use and freed with the scales'
+  // memory block); null while capturing a graph before the copy exists.
+  const float* Fp8GemmScales(const LinearWeight& w);
+  // The f8 fields of a GEMV part (its scales and blocks) for a kFp8Block weight.
+  static void SetFp8GemvScales(const LinearWeight& w, cuda::GemvPart* part);
+  // Whether an expert's f8 block scales take the device MoE path: 128 x 128 blocks, contiguous f32
+  // [ceil(out / 128), ceil(in / 128)].
+  static bool Fp8ExpertScalesFit(const LinearWeight& w, int64_t out, int64_t in);
+
   void Check(int err, const char* op);
   void RecordError(const Status& st);  // keeps the first error, which Synchronize returns
   void Launch(const char* op, const std::function<int()>& launch);

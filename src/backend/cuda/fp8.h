@@ -1,7 +1,7 @@
 // The block-scaled FP8 format's own kernels (DeepSeek-V3's f8 e4m3 weights with float32 scale_inv per 128 x 128
 // block): the weight dequantized to bf16 for a bf16 GEMM (W8A16 prefill), and the activations quantized per token and
 // 128 columns for cuBLASLt's block-scaled FP8 GEMM (W8A8, gemm.h's RunFp8). The f8 GEMV is linear.h's; the host side
-// of both paths is CudaBackend's (cuda_backend.cc). Launchers follow launcher.h.
+// of both paths is CudaBackend's linear_fp8.cc. Launchers follow launcher.h.
 //
 //   cuda::LaunchQuantizeF8(x, xs, n, n_pad, k, xq, x_scales, stream);
 //   gemm.RunFp8(xq, x_scales, n_pad, k, w, w_stride, w_scales, m, out, out_stride);

@@ -105,14 +105,20 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     LinearWeight lw;
     lw.weight = w;
     lw.bias = b;
-    if (wd == DType::kF8E4M3) lw.scale_inv = sc;
+    if (wd == DType::kF8E4M3) {
+      lw.format = LinearFormat::kFp8Block;
+      lw.scale_inv = sc;
+    }
     Tensor y_cpu = cpu.Alloc(DType::kF32, {n, out});
     cpu.Linear(x, lw, y_cpu);
     Tensor xd = *gpu->Upload(x), wdv = *gpu->Upload(w), bd = *gpu->Upload(b), sd = *gpu->Upload(sc);
     LinearWeight gw;
     gw.weight = wdv;
     gw.bias = bd;
-    if (wd == DType::kF8E4M3) gw.scale_inv = sd;
+    if (wd == DType::kF8E4M3) {
+      gw.format = LinearFormat::kFp8Block;
+      gw.scale_inv = sd;
+    }
     Tensor y = gpu->Alloc(DType::kF32, {n, out});
     gpu->Linear(xd, gw, y);
     ASSERT_TRUE(gpu->Synchronize().ok());
@@ -341,10 +347,12 @@ TEST(CudaBackendTest, Fp8LinearMatchesCpuAtV3Sizes) {
     Tensor w = RandomHost(DType::kF8E4M3, {sh.m, sh.k}, 7, 448.0f);
     Tensor sc = RandomScales((sh.m + 127) / 128, sh.k / 128, 8);
     LinearWeight cw;
+    cw.format = LinearFormat::kFp8Block;
     cw.weight = w;
     cw.scale_inv = sc;
     Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
     LinearWeight gw;
+    gw.format = LinearFormat::kFp8Block;
     gw.weight = wd;
     gw.scale_inv = sd;
     for (int64_t n : {1, 8, 9, 64, 67, 130}) {
@@ -432,6 +440,7 @@ TEST(CudaBackendTest, Fp8MoeExpertsMatchCpu) {
         Tensor sc = RandomScales((rows + 127) / 128, (cols + 127) / 128, seed + 7 + static_cast<uint32_t>(part));
         Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
         LinearWeight c, g;
+        c.format = g.format = LinearFormat::kFp8Block;
         c.weight = w;
         c.scale_inv = sc;
         g.weight = wd;
