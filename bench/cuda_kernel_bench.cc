@@ -13,7 +13,7 @@
 //     cuBLASLt's block-scaled FP8) against our bf16 GEMM at V3's prefill shapes in TFLOP/s, the f8 GEMV against the
 //     bf16 one at V3's decode shapes in TB/s, and the routed experts with V3's 256 f8 experts (2048 x 7168, top 8).
 //   - with --sample 1 instead: sampling at DeepSeek-V3's 129k vocabulary, per step of 1-256 rows: the device sampler
-//     (sample_kernels.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
+//     (sampling.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
 //     Sample() on the thread pool, as the engine does), in ms.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
@@ -37,10 +37,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/moe_kernels.h"
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/kernel_options.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/sampling.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
 
@@ -114,6 +118,12 @@ struct Lt {
   void* ws = nullptr;
   size_t ws_bytes = 32u << 20;
   cudaStream_t s = nullptr;
+  int sm_count = 0;  // the GPU's multiprocessors, which size some launchers' grids
+  // The kernel switches of the FATHOM_CUDA_* environment (kernel_options.h), as a CudaBackend would read them.
+  fathom::cuda::KernelOptions options = fathom::cuda::KernelOptions::FromEnvironment();
+  fathom::cuda::SplitAttentionKernels split_kernels() const {
+    return {options.mla_attention, options.mma_attention, options.gqa_attention};
+  }
 };
 
 struct LtGemm {
@@ -185,7 +195,8 @@ void Gemv(Lt& lt, const char* name, int64_t k, const std::vector<int64_t>& ms) {
     for (size_t i = 0; i < ms.size(); ++i) {
       parts.push_back({w[i][static_cast<size_t>(it) % copies], k, ms[i], nullptr, 0, out[i], ms[i]});
     }
-    const int e = fathom::cuda::LaunchGemvFanOut(x, k, 1, k, parts.data(), static_cast<int>(parts.size()), lt.s);
+    const int e =
+        fathom::cuda::LaunchGemvFanOut(x, k, 1, k, parts.data(), static_cast<int>(parts.size()), lt.sm_count, lt.s);
     if (e != 0) std::exit(2);
   });
   std::vector<LtGemm> g;
@@ -301,11 +312,12 @@ void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cac
   a.v = {vc, dt, bs * row, row, s.head_dim};
   a.scale = 0.088f;
   const double kv_bytes = 2.0 * static_cast<double>(batch * ctx * row) * (bf16_cache ? 2 : 4);
-  const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a);
+  const fathom::cuda::SplitAttentionKind kind = fathom::cuda::ChooseSplitAttention(a, lt.split_kernels());
+  const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a, kind, lt.sm_count);
   void* w = nullptr;
   if (ws > 0) CK(cudaMalloc(&w, static_cast<size_t>(ws)));
   const double us = TimeUs(lt.s, 50, [&](int) {
-    if (fathom::cuda::LaunchSplitAttention(a, w, lt.s) != 0) std::exit(3);
+    if (fathom::cuda::LaunchSplitAttention(a, kind, lt.sm_count, w, lt.s) != 0) std::exit(3);
   });
   cudaFree(w);
   fmt::print(
@@ -321,7 +333,8 @@ void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cac
 }
 
 // Decode attention of `batch` sequences of `ctx` tokens over one bf16 latent cache (blocks shuffled), each kernel the
-// split path chooses: the MLA kernel by default, the generic one with FATHOM_CUDA_NO_MLA_ATTENTION.
+// split path chooses: the MLA kernel by default, the generic one with it off (KernelOptions::mla_attention = false,
+// FATHOM_CUDA_NO_MLA_ATTENTION).
 void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs) {
   constexpr int64_t kK = 576, kV = 512;
   const int64_t blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
@@ -345,16 +358,14 @@ void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs)
   a.scale = 0.0625f;
   const double bytes = static_cast<double>(batch * ctx * kK) * 2;
   for (bool mla : {false, true}) {
-    if (mla) {
-      unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
-    } else {
-      setenv("FATHOM_CUDA_NO_MLA_ATTENTION", "1", 1);
-    }
-    const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a);
+    fathom::cuda::SplitAttentionKernels allowed = lt.split_kernels();
+    allowed.mla = mla;
+    const fathom::cuda::SplitAttentionKind kind = fathom::cuda::ChooseSplitAttention(a, allowed);
+    const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a, kind, lt.sm_count);
     void* w = nullptr;
     if (ws > 0) CK(cudaMalloc(&w, static_cast<size_t>(ws)));
     const double us = TimeUs(lt.s, mla ? 50 : 5, [&](int) {
-      if (fathom::cuda::LaunchSplitAttention(a, w, lt.s) != 0) std::exit(3);
+      if (fathom::cuda::LaunchSplitAttention(a, kind, lt.sm_count, w, lt.s) != 0) std::exit(3);
     });
     cudaFree(w);
     fmt::print(
@@ -362,7 +373,6 @@ void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs)
         "\"block_size\": {}, \"cache_mb\": {:.1f}, \"us\": {:.1f}, \"gb_s\": {:.0f}}}\n",
         mla ? "mla" : "generic", batch, ctx, heads, bs, bytes / 1e6, us, bytes / us / 1e3);
   }
-  unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
   FreeDecodeTables(a);
   cudaFree(cache);
   cudaFree(q);
@@ -442,7 +452,7 @@ void MoeBench(Lt& lt) {
     void* p = nullptr;
     CK(cudaMalloc(&p, static_cast<size_t>(kHidden * kInter) * 2));
     if (fathom::cuda::LaunchFillDummy(p, kBf16, kHidden * kInter, 1000 + static_cast<uint64_t>(i), 0.02f, false, 0,
-                                      lt.s) != 0) {
+                                      lt.sm_count, lt.s) != 0) {
       std::exit(4);
     }
     table[static_cast<size_t>(i)] = p;
@@ -506,10 +516,11 @@ void MoeBench(Lt& lt) {
 }
 
 // Device memory of `elems` dummy values of `dtype` (the model loader's FillDummy).
-void* DummyDevice(int dtype, int64_t elems, uint64_t key, cudaStream_t s) {
+void* DummyDevice(const Lt& lt, int dtype, int64_t elems, uint64_t key) {
   void* p = nullptr;
   CK(cudaMalloc(&p, static_cast<size_t>(elems) * (dtype == kF8 ? 1 : dtype == kBf16 ? 2 : 4)));
-  if (fathom::cuda::LaunchFillDummy(p, dtype, elems, key, dtype == kF8 ? 400.0f : 0.05f, false, 0, s) != 0) {
+  if (fathom::cuda::LaunchFillDummy(p, dtype, elems, key, dtype == kF8 ? 400.0f : 0.05f, false, 0, lt.sm_count, lt.s) !=
+      0) {
     std::exit(7);
   }
   return p;
@@ -589,17 +600,18 @@ void SampleBench(Lt& lt) {
 void Fp8Bench(Lt& lt) {
   fathom::CublasLtGemm gemm;
   if (!gemm.Init(lt.s).ok()) std::exit(8);
+  gemm.set_tune(lt.options.gemm_tune);
   // Prefill GEMMs: W8A8 (quantize + block-scaled FP8) against bf16 x bf16 (both float32 out, first heuristic).
   struct Mk {
     int64_t k, m;
   };
   for (const Mk& sh : std::vector<Mk>{{7168, 2048}, {7168, 18432}, {1536, 24576}}) {
-    void* w8 = DummyDevice(kF8, sh.m * sh.k, 21, lt.s);
-    void* w16 = DummyDevice(kBf16, sh.m * sh.k, 22, lt.s);
-    float* wsc = static_cast<float*>(DummyDevice(kF32, (sh.m / 128) * (sh.k / 128), 23, lt.s));
+    void* w8 = DummyDevice(lt, kF8, sh.m * sh.k, 21);
+    void* w16 = DummyDevice(lt, kBf16, sh.m * sh.k, 22);
+    float* wsc = static_cast<float*>(DummyDevice(lt, kF32, (sh.m / 128) * (sh.k / 128), 23));
     for (int64_t n : {64, 512, 4096, 8192}) {
-      float* x = static_cast<float*>(DummyDevice(kF32, n * sh.k, 24, lt.s));
-      void* xb = DummyDevice(kBf16, n * sh.k, 25, lt.s);
+      float* x = static_cast<float*>(DummyDevice(lt, kF32, n * sh.k, 24));
+      void* xb = DummyDevice(lt, kBf16, n * sh.k, 25);
       void* xq = nullptr;
       float *xs = nullptr, *out = nullptr;
       CK(cudaMalloc(&xq, static_cast<size_t>(n * sh.k)));
@@ -645,15 +657,15 @@ void Fp8Bench(Lt& lt) {
         const int64_t copies = std::max<int64_t>(1, (512ll << 20) / per_copy + 1);
         std::vector<std::vector<fathom::cuda::GemvPart>> sets(static_cast<size_t>(copies));
         std::vector<void*> owned;
-        float* x = static_cast<float*>(DummyDevice(kF32, n * g.k, 31, lt.s));
+        float* x = static_cast<float*>(DummyDevice(lt, kF32, n * g.k, 31));
         owned.push_back(x);
         for (int64_t c = 0; c < copies; ++c) {
           for (int64_t m : g.ms) {
-            void* w = DummyDevice(dt, m * g.k, 40 + static_cast<uint64_t>(c), lt.s);
-            float* out = static_cast<float*>(DummyDevice(kF32, n * m, 41, lt.s));
+            void* w = DummyDevice(lt, dt, m * g.k, 40 + static_cast<uint64_t>(c));
+            float* out = static_cast<float*>(DummyDevice(lt, kF32, n * m, 41));
             fathom::cuda::GemvPart part{w, g.k, m, nullptr, 0, out, m};
             if (f8) {
-              part.scale = static_cast<float*>(DummyDevice(kF32, ((m + 127) / 128) * (g.k / 128), 42, lt.s));
+              part.scale = static_cast<float*>(DummyDevice(lt, kF32, ((m + 127) / 128) * (g.k / 128), 42));
               part.scale_stride = g.k / 128;
               owned.push_back(const_cast<float*>(part.scale));
             }
@@ -664,7 +676,8 @@ void Fp8Bench(Lt& lt) {
         }
         us[f8] = TimeUs(lt.s, 50, [&](int it) {
           const auto& parts = sets[static_cast<size_t>(it) % sets.size()];
-          if (fathom::cuda::LaunchGemvFanOut(x, g.k, n, g.k, parts.data(), static_cast<int>(parts.size()), lt.s) != 0) {
+          if (fathom::cuda::LaunchGemvFanOut(x, g.k, n, g.k, parts.data(), static_cast<int>(parts.size()), lt.sm_count,
+                                             lt.s) != 0) {
             std::exit(12);
           }
         });
@@ -681,18 +694,18 @@ void Fp8Bench(Lt& lt) {
   constexpr int64_t kExperts = 256, kTopK = 8, kHidden = 7168, kInter = 2048;
   std::vector<const void*> table(6 * kExperts);
   for (int64_t i = 0; i < 3 * kExperts; ++i) {
-    table[static_cast<size_t>(i)] = DummyDevice(kF8, kHidden * kInter, 2000 + static_cast<uint64_t>(i), lt.s);
+    table[static_cast<size_t>(i)] = DummyDevice(lt, kF8, kHidden * kInter, 2000 + static_cast<uint64_t>(i));
     const bool down = i >= 2 * kExperts;
     table[static_cast<size_t>(3 * kExperts + i)] =
-        DummyDevice(kF32, down ? (kHidden / 128) * (kInter / 128) : (kInter / 128) * (kHidden / 128), 9, lt.s);
+        DummyDevice(lt, kF32, down ? (kHidden / 128) * (kInter / 128) : (kInter / 128) * (kHidden / 128), 9);
   }
   void* dtable = nullptr;
   CK(cudaMalloc(&dtable, table.size() * sizeof(void*)));
   CK(cudaMemcpy(dtable, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice));
   constexpr int64_t kMaxN = fathom::cuda::kMaxMoePairs / kTopK;
-  float* x = static_cast<float*>(DummyDevice(kF32, kMaxN * kHidden, 51, lt.s));
-  float* out = static_cast<float*>(DummyDevice(kF32, kMaxN * kHidden, 52, lt.s));
-  float* wts = static_cast<float*>(DummyDevice(kF32, kMaxN * kTopK, 53, lt.s));
+  float* x = static_cast<float*>(DummyDevice(lt, kF32, kMaxN * kHidden, 51));
+  float* out = static_cast<float*>(DummyDevice(lt, kF32, kMaxN * kHidden, 52));
+  float* wts = static_cast<float*>(DummyDevice(lt, kF32, kMaxN * kTopK, 53));
   const double expert_bytes = 3.0 * kHidden * kInter;
   for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, kMaxN}) {
     double mean_distinct = 0;
@@ -754,6 +767,9 @@ int main(int argc, char** argv) {
   LK(cublasLtCreate(&lt.h));
   CK(cudaMalloc(&lt.ws, lt.ws_bytes));
   CK(cudaStreamCreate(&lt.s));
+  int device = 0;
+  CK(cudaGetDevice(&device));
+  CK(cudaDeviceGetAttribute(&lt.sm_count, cudaDevAttrMultiProcessorCount, device));
   if (s.sample != 0) {
     fmt::print(stderr, "sampling at a 129k vocabulary ...\n");
     SampleBench(lt);

@@ -4,14 +4,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
-#include <cstdlib>
 #include <set>
 
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/moe_kernels.h"
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/gather.h"
+#include "backend/cuda/mla.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/norm.h"
+#include "backend/cuda/rope_kv.h"
+#include "backend/cuda/sampling.h"
 
 namespace fathom {
 
@@ -34,22 +37,44 @@ cuda::CacheView Cache(const TensorView& c) {
 }  // namespace
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  return Create(device, cuda::KernelOptions::FromEnvironment());
+}
+
+StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cuda::KernelOptions& options) {
   int count = 0;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (device < 0 || device >= count) {
     return InvalidArgumentError(fmt::format("CUDA device {} does not exist ({} found)", device, count));
   }
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  int sm_count = 0;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
+                                    "cudaDeviceGetAttribute(multiprocessors)"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
+  be->sm_count_ = sm_count;
+  be->options_ = options;
   be->pool_ = std::make_shared<Pool>();
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
-  if (std::getenv("FATHOM_CUDA_PROFILE") != nullptr) be->profile_ = std::make_unique<Profile>();
+  if (options.profile) be->profile_ = std::make_unique<Profile>();
   be->gemm_ = std::make_unique<CublasLtGemm>();
   FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
+  be->gemm_->set_tune(options.gemm_tune);
   return be;
+}
+
+void CudaBackend::set_kernel_options(const cuda::KernelOptions& options) {
+  FATHOM_CHECK(!capturing_, "kernel options cannot change while a graph is captured");
+  if (options.profile && !profile_) profile_ = std::make_unique<Profile>();
+  if (!options.profile && profile_) {  // the pending events are read (and destroyed) once the stream is done
+    Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "cudaStreamSynchronize");
+    CollectProfile();
+    profile_.reset();
+  }
+  if (gemm_) gemm_->set_tune(options.gemm_tune);
+  options_ = options;
 }
 
 struct CudaBackend::Pool {
@@ -129,6 +154,21 @@ StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64
   if (!pooled) return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
   std::shared_ptr<Pool> pool = pool_;
   return Tensor::Adopt(p, dtype, shape, Device::kCuda, [pool, cls](void* q) { pool->Give(cls, q); });
+}
+
+const void* CudaBackend::DerivedCopy(const void* block, bool can_make, size_t bytes,
+                                     const std::function<void(void*)>& make) {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  if (auto it = pool_->f32_copies.find(const_cast<void*>(block)); it != pool_->f32_copies.end()) return it->second;
+  if (!can_make || capturing_ || !pool_->live.contains(const_cast<void*>(block))) return nullptr;
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  make(p);
+  pool_->f32_copies[const_cast<void*>(block)] = p;
+  return p;
 }
 
 CudaBackend::~CudaBackend() {
@@ -246,7 +286,8 @@ Status CudaBackend::FillDummy(const TensorView& out, uint64_t key, float scale, 
                                 : F32ToF8E4M3(*constant);
   }
   Launch("FillDummy", [&] {
-    return cuda::LaunchFillDummy(out.raw(), Dt(out), out.numel(), key, scale, constant.has_value(), bits, stream_);
+    return cuda::LaunchFillDummy(out.raw(), Dt(out), out.numel(), key, scale, constant.has_value(), bits, sm_count_,
+                                 stream_);
   });
   return Synchronize();
 }
@@ -426,259 +467,6 @@ void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, co
   });
 }
 
-bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
-  const bool f32_only = std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr;  // read per call: tests switch it
-  return n > 8 && w.weight.dtype() == DType::kBF16 && !f32_only && !w.float32_inputs && gemm_ != nullptr;
-}
-
-void* CudaBackend::StageBf16(const TensorView& x) {
-  return StageBf16(x.data<float>(), x.stride(0), x.dim(0), x.dim(1));
-}
-
-void* CudaBackend::StageBf16(const float* x, int64_t xs, int64_t rows, int64_t cols) {
-  void* xb = Workspace(static_cast<size_t>(rows * cols) * 2);
-  if (xb == nullptr) return nullptr;
-  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x, xs, rows, cols, xb, stream_); });
-  return xb;
-}
-
-void CudaBackend::GemmFromStaged(const void* xb, int64_t n, int64_t k, const LinearWeight& w, const TensorView& out,
-                                 const void* w_bf16) {
-  const int64_t m = w.out_features();
-  const auto t0 = profile_ ? RecordStart() : nullptr;
-  bool bias_added = false;
-  const float* bias = w.bias.empty() ? nullptr : F32Bias(w.bias);
-  Status st = gemm_->Run(xb, n, k, w_bf16 != nullptr ? w_bf16 : w.weight.raw(),
-                         w_bf16 != nullptr ? k : w.weight.stride(0), m, out.data<float>(), out.stride(0), bias,
-                         bias != nullptr ? static_cast<int>(DType::kF32) : -1, &bias_added);
-  if (profile_) RecordEnd("GemmBf16", t0);
-  if (!st.ok()) {
-    RecordError(st);
-    return;
-  }
-  if (!w.bias.empty() && !bias_added) {  // no epilogue for this shape and bias type
-    Launch("AddBias", [&] {
-      return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
-    });
-  }
-}
-
-const float* CudaBackend::F32Bias(const TensorView& bias) {
-  if (bias.dtype() == DType::kF32 && bias.is_contiguous()) return bias.data<float>();
-  std::lock_guard<std::mutex> lock(pool_->mu);
-  if (auto it = pool_->f32_copies.find(bias.raw()); it != pool_->f32_copies.end()) {
-    return static_cast<const float*>(it->second);
-  }
-  if (capturing_ || bias.ndim() != 1 || !pool_->live.contains(bias.raw())) return nullptr;
-  const int64_t m = bias.dim(0);
-  void* p = nullptr;
-  if (cudaMalloc(&p, static_cast<size_t>(m) * sizeof(float)) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  cudaStream_t s = static_cast<cudaStream_t>(stream_);
-  Check(static_cast<int>(cudaMemsetAsync(p, 0, static_cast<size_t>(m) * sizeof(float), s)), "bias copy");
-  Check(cuda::LaunchAddBias(static_cast<float*>(p), m, bias.raw(), Dt(bias), 1, m, stream_), "bias copy");
-  pool_->f32_copies[bias.raw()] = p;
-  return static_cast<const float*>(p);
-}
-
-void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) {
-  FATHOM_CHECK_EQ(w.in_features(), x.dim(1));
-  FATHOM_CHECK_EQ(out.dim(1), w.out_features());
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
-  const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
-  if (UseCublasLt(n, w)) {
-    void* xb = StageBf16(x);
-    if (xb != nullptr) GemmFromStaged(xb, n, k, w, out);
-    return;
-  }
-  if (UseFp8Gemm(n, w) && LinearFp8(x, w, out)) return;
-  if (UseDequantGemm(n, w) && LinearDequantF8(x, w, out)) return;
-  Launch("Linear", [&] {
-    return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
-                              fp8 ? w.scale_inv.data<float>() : nullptr, fp8 ? w.scale_inv.stride(0) : 0, w.block_n,
-                              w.block_k, w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
-                              out.data<float>(), out.stride(0), stream_);
-  });
-}
-
-bool CudaBackend::UseFp8Gemm(int64_t n, const LinearWeight& w) const {
-  if (w.weight.dtype() != DType::kF8E4M3 || w.float32_inputs || gemm_ == nullptr || fp8_gemm_unavailable_) return false;
-  if (std::getenv("FATHOM_CUDA_F32_GEMM") != nullptr) return false;  // read per call: tests switch them
-  const char* v = std::getenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
-  if (v == nullptr || std::atoll(v) <= 0) return false;  // W8A8 is opt-in
-  const int64_t m = w.out_features(), k = w.in_features();
-  return n >= std::atoll(v) && m % 128 == 0 && k % 128 == 0 && w.block_n == 128 && w.block_k == 128 &&
-         w.scale_inv.ndim() == 2 && w.scale_inv.dim(0) == m / 128 && w.scale_inv.dim(1) == k / 128 &&
-         w.scale_inv.is_contiguous() && w.weight.stride(1) == 1;
-}
-
-bool CudaBackend::UseDequantGemm(int64_t n, const LinearWeight& w) const {
-  return n > 8 && w.weight.dtype() == DType::kF8E4M3 && !w.float32_inputs && gemm_ != nullptr &&
-         std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr && w.weight.stride(1) == 1;
-}
-
-bool CudaBackend::LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out) {
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
-  const size_t xb_bytes = static_cast<size_t>((n * k * 2 + 255) / 256 * 256);
-  char* ws = static_cast<char*>(Workspace(xb_bytes + static_cast<size_t>(m * k * 2)));
-  if (ws == nullptr) return false;
-  Launch("ToBf16", [&] { return cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, ws, stream_); });
-  Launch("DequantF8", [&] {
-    return cuda::LaunchDequantF8ToBf16(w.weight.raw(), w.weight.stride(0), m, k, w.scale_inv.data<float>(),
-                                       w.scale_inv.stride(0), w.block_n, w.block_k, ws + xb_bytes, stream_);
-  });
-  GemmFromStaged(ws, n, k, w, out, ws + xb_bytes);
-  return true;
-}
-
-bool CudaBackend::LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out) {
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();
-  const float* w_scales = Fp8GemmScales(w);
-  if (w_scales == nullptr) return false;
-  const int64_t n_pad = (n + 3) / 4 * 4;  // cuBLASLt's block-scaled GEMM needs whole groups of 4 tokens
-  const size_t xq_bytes = static_cast<size_t>((n_pad * k + 255) / 256 * 256);
-  const size_t scale_bytes = static_cast<size_t>((n_pad * (k / 128) * 4 + 255) / 256 * 256);
-  // cuBLASLt writes whole groups of 4 rows m apart here; other outputs (padded rows, or rows of a wider tensor) go
-  // through the workspace and a copy, the case Fp8LinearMatchesCpuAtV3Sizes checks (a direct write with a larger
-  // leading dimension has not been tried on the GPU).
-  const bool padded = n_pad != n || out.stride(0) != m;
-  const size_t out_bytes = padded ? static_cast<size_t>(n_pad * m * 4) : 0;
-  char* ws = static_cast<char*>(Workspace(xq_bytes + scale_bytes + out_bytes));
-  if (ws == nullptr) return false;  // the GEMV path needs no workspace
-  float* scales = reinterpret_cast<float*>(ws + xq_bytes);
-  float* dst = padded ? reinterpret_cast<float*>(ws + xq_bytes + scale_bytes) : out.data<float>();
-  const int64_t dst_stride = padded ? m : out.stride(0);
-  Launch("QuantizeF8",
-         [&] { return cuda::LaunchQuantizeF8(x.data<float>(), x.stride(0), n, n_pad, k, ws, scales, stream_); });
-  const auto t0 = profile_ ? RecordStart() : nullptr;
-  const Status st =
-      gemm_->RunFp8(ws, scales, n_pad, k, w.weight.raw(), w.weight.stride(0), w_scales, m, dst, dst_stride);
-  if (profile_) RecordEnd("GemmFp8", t0);
-  if (st.code() == StatusCode::kUnimplemented) {  // no block-scaled FP8 in this cuBLASLt: the GEMV path from now on
-    fp8_gemm_unavailable_ = true;
-    return false;
-  }
-  if (!st.ok()) {
-    RecordError(st);
-    return true;
-  }
-  if (padded) {
-    Launch("Copy",
-           [&] { return cuda::LaunchCopy(dst, dst_stride, 0, out.data<float>(), out.stride(0), 0, n, 1, m, stream_); });
-  }
-  if (!w.bias.empty()) {
-    Launch("AddBias", [&] {
-      return cuda::LaunchAddBias(out.data<float>(), out.stride(0), w.bias.raw(), Dt(w.bias), n, m, stream_);
-    });
-  }
-  return true;
-}
-
-const float* CudaBackend::Fp8GemmScales(const LinearWeight& w) {
-  const int64_t mb = w.scale_inv.dim(0), kb = w.scale_inv.dim(1), kb4 = (kb + 3) / 4 * 4;
-  if (kb == kb4) return w.scale_inv.data<float>();
-  std::lock_guard<std::mutex> lock(pool_->mu);
-  if (auto it = pool_->f32_copies.find(w.scale_inv.raw()); it != pool_->f32_copies.end()) {
-    return static_cast<const float*>(it->second);
-  }
-  if (capturing_ || !pool_->live.contains(w.scale_inv.raw())) return nullptr;
-  void* p = nullptr;
-  const size_t bytes = static_cast<size_t>(mb * kb4) * sizeof(float);
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  cudaStream_t s = static_cast<cudaStream_t>(stream_);
-  Check(static_cast<int>(cudaMemsetAsync(p, 0, bytes, s)), "fp8 scale copy");
-  Check(static_cast<int>(cudaMemcpy2DAsync(p, static_cast<size_t>(kb4) * sizeof(float), w.scale_inv.raw(),
-                                           static_cast<size_t>(w.scale_inv.stride(0)) * sizeof(float),
-                                           static_cast<size_t>(kb) * sizeof(float), static_cast<size_t>(mb),
-                                           cudaMemcpyDeviceToDevice, s)),
-        "fp8 scale copy");
-  pool_->f32_copies[w.scale_inv.raw()] = p;
-  return static_cast<const float*>(p);
-}
-
-void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws,
-                               std::span<const TensorView> outs) {
-  FATHOM_CHECK_EQ(ws.size(), outs.size());
-  const int64_t n = x.dim(0), k = x.dim(1);
-  // Decode-sized batches with bf16 or f8 weights: one GEMV launch for all the weights. Otherwise one Linear each.
-  bool one_launch = n <= 8 && !ws.empty() && ws.size() <= static_cast<size_t>(cuda::kMaxGemvParts);
-  std::array<cuda::GemvPart, cuda::kMaxGemvParts> parts{};
-  for (size_t i = 0; one_launch && i < ws.size(); ++i) {
-    const LinearWeight& w = ws[i];
-    FATHOM_CHECK_EQ(w.in_features(), k);
-    FATHOM_CHECK_EQ(outs[i].dim(1), w.out_features());
-    parts[i] = cuda::GemvPart{w.weight.raw(),
-                              w.weight.stride(0),
-                              w.out_features(),
-                              w.bias.empty() ? nullptr : w.bias.raw(),
-                              w.bias.empty() ? 0 : Dt(w.bias),
-                              outs[i].data<float>(),
-                              outs[i].stride(0)};
-    const bool fp8 = w.weight.dtype() == DType::kF8E4M3;
-    if (fp8) {
-      parts[i].scale = w.scale_inv.data<float>();
-      parts[i].scale_stride = w.scale_inv.stride(0);
-      parts[i].block_n = w.block_n;
-      parts[i].block_k = w.block_k;
-    }
-    one_launch = (w.weight.dtype() == DType::kBF16 || fp8) && outs[i].stride(1) == 1 &&
-                 cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
-  }
-  static const bool force_generic = std::getenv("FATHOM_CUDA_GENERIC_LINEAR") != nullptr;
-  if (!one_launch || force_generic || x.stride(1) != 1) {
-    // Prefill-sized: x is rounded to bf16 once for all the weights that go to cuBLASLt; the others (float32
-    // inputs, other dtypes) take Linear.
-    void* xb = nullptr;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      FATHOM_CHECK_EQ(outs[i].dim(1), ws[i].out_features());
-      if (!UseCublasLt(n, ws[i]) || ws[i].in_features() != k || x.stride(1) != 1) {
-        Linear(x, ws[i], outs[i]);
-        continue;
-      }
-      if (xb == nullptr) xb = StageBf16(x);
-      if (xb == nullptr) return;
-      GemmFromStaged(xb, n, k, ws[i], outs[i]);
-    }
-    return;
-  }
-  Launch("LinearFanOut", [&] {
-    return cuda::LaunchGemvFanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
-                                  stream_);
-  });
-}
-
-void CudaBackend::HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
-  FATHOM_CHECK(x.ndim() == 3 && w.ndim() == 3 && out.ndim() == 3 && w.is_contiguous());
-  FATHOM_CHECK_EQ(x.dim(1), w.dim(0));
-  FATHOM_CHECK_EQ(x.dim(2), w.dim(2));
-  FATHOM_CHECK_EQ(out.dim(2), w.dim(1));
-  FATHOM_CHECK(x.stride(2) == 1 && out.stride(2) == 1);
-  const int64_t n = x.dim(0), heads = x.dim(1), in = x.dim(2), m = w.dim(1);
-  // Prefill-sized batches of bf16 weights: x rounded to bf16 as [n * heads, in] rows (one launch; needs the heads of
-  // a token at a fixed stride), then one strided-batched cuBLASLt GEMM over the heads.
-  LinearWeight as_linear;
-  as_linear.weight = w;
-  if (x.stride(0) == heads * x.stride(1) && UseCublasLt(n, as_linear)) {
-    void* xb = StageBf16(x.data<float>(), x.stride(1), n * heads, in);  // [n, heads, in] bf16
-    if (xb == nullptr) return;
-    const auto t0 = profile_ ? RecordStart() : nullptr;
-    const Status st = gemm_->RunBatched(xb, heads * in, in, n, in, w.raw(), m, out.data<float>(), out.stride(0),
-                                        out.stride(1), heads);
-    if (profile_) RecordEnd("HeadGemmBf16", t0);
-    RecordError(st);
-    return;
-  }
-  Launch("HeadLinear", [&] {
-    return cuda::LaunchHeadLinear(x.data<float>(), x.stride(0), x.stride(1), x.dim(0), x.dim(1), x.dim(2), w.raw(),
-                                  Dt(w), w.dim(1), out.data<float>(), out.stride(0), out.stride(1), stream_);
-  });
-}
-
 void CudaBackend::AddInPlace(const TensorView& a, const TensorView& b) {
   Launch("AddInPlace", [&] {
     return cuda::LaunchAddInPlace(a.data<float>(), a.stride(0), b.data<float>(), b.stride(0), a.dim(0), a.dim(1),
@@ -783,11 +571,13 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.scale = scale;
   // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
   // (token, head).
-  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a);
-  if (ws <= kMaxAttentionWorkspace && std::getenv("FATHOM_CUDA_NO_SPLIT_ATTENTION") == nullptr) {
+  const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(
+      a, cuda::SplitAttentionKernels{options_.mla_attention, options_.mma_attention, options_.gqa_attention});
+  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a, kind, sm_count_);
+  if (ws <= kMaxAttentionWorkspace && options_.split_attention) {
     void* w = ws > 0 ? Workspace(static_cast<size_t>(ws)) : nullptr;
     if (ws > 0 && w == nullptr) return;
-    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, w, stream_); });
+    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, kind, sm_count_, w, stream_); });
   } else {
     Launch("PagedAttention", [&] { return cuda::LaunchPagedAttention(a, stream_); });
   }
@@ -849,7 +639,7 @@ void CudaBackend::MlaContextAttention(const TensorView& q, const TensorView& k_n
   a.seq_lens = meta.seq_lens.data<int32_t>();
   a.positions = meta.positions.data<int32_t>();
   a.scale = scale;
-  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, stream_); });
+  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, options_.mla_context_mma, stream_); });
 }
 
 void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,
@@ -864,25 +654,24 @@ void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, con
 }
 
 // The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned matrices of one
-// shape and dtype: bf16, or f8 e4m3 with contiguous 128 x 128 block scales (DeepSeek-V3). Their pointers (and the
-// scales') go into one device table. Other experts take the host-sorted path.
+// shape and format: dense bf16, or kFp8Block f8 e4m3 with contiguous 128 x 128 block scales (DeepSeek-V3,
+// Fp8ExpertScalesFit). Their pointers (and the scales') go into one device table. Other experts take the host-sorted
+// path.
 Status CudaBackend::PrepareExperts(ExpertSet& experts) {
   const size_t e = experts.gate.size();
   if (e == 0 || experts.up.size() != e || experts.down.size() != e ||
       static_cast<int64_t>(e) > moe_route::kMaxExperts) {
     return OkStatus();
   }
+  const LinearFormat format = experts.gate[0].format;
   const DType dt = experts.gate[0].weight.dtype();
-  const bool fp8 = dt == DType::kF8E4M3;
+  const bool fp8 = format == LinearFormat::kFp8Block;
   const auto fits = [&](const LinearWeight& w, int64_t out, int64_t in) {
-    const bool scales_fit =
-        !fp8 ||
-        (w.block_n == 128 && w.block_k == 128 && w.scale_inv.ndim() == 2 && w.scale_inv.dim(0) == (out + 127) / 128 &&
-         w.scale_inv.dim(1) == (in + 127) / 128 && w.scale_inv.is_contiguous() && w.scale_inv.dtype() == DType::kF32);
-    return w.weight.dtype() == dt && w.weight.is_contiguous() && w.bias.empty() && w.weight.dim(0) == out &&
-           w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0 && scales_fit;
+    return w.format == format && w.weight.dtype() == dt && w.weight.is_contiguous() && w.bias.empty() &&
+           w.weight.dim(0) == out && w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0 &&
+           (!fp8 || Fp8ExpertScalesFit(w, out, in));
   };
-  if (dt != DType::kBF16 && !fp8) return OkStatus();
+  if (fp8 ? dt != DType::kF8E4M3 : dt != DType::kBF16) return OkStatus();
   const int64_t inter = experts.gate[0].out_features(), hidden = experts.gate[0].in_features();
   const int64_t piece = fp8 ? 16 : 8;  // values per 16-byte load
   if (inter % piece != 0 || hidden % piece != 0) return OkStatus();
@@ -910,14 +699,9 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
 Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                                const TensorView& weights, const TensorView& out) {
   const int64_t n = x.dim(0), k = ids.dim(1);
-  // FATHOM_CUDA_HOST_MOE=1 forces the host-sorted path (for measurements); FATHOM_CUDA_MOE_MMA_TOKENS=N moves the
-  // switch from grouped GEMVs to grouped tensor-core GEMMs (default: batches of kMoeMmaTokens tokens or more).
-  static const bool host_moe = std::getenv("FATHOM_CUDA_HOST_MOE") != nullptr;
-  static const int64_t mma_tokens = [] {
-    const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS");
-    return v != nullptr ? std::atoll(v) : kMoeMmaTokens;
-  }();
-  const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !host_moe &&
+  // KernelOptions::host_moe forces the host-sorted path (for measurements); moe_mma_tokens = N moves the switch from
+  // grouped GEMVs to grouped tensor-core GEMMs (default: batches of kMoeMmaTokens tokens or more).
+  const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !options_.host_moe &&
                            ids.is_contiguous() && weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
   if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
@@ -928,10 +712,10 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   a.top_k = k;
   a.n_experts = static_cast<int64_t>(experts.gate.size());
   a.table = static_cast<const void* const*>(experts.device_state.get());
-  a.fp8 = experts.gate[0].weight.dtype() == DType::kF8E4M3;
+  a.fp8 = experts.gate[0].fp8_block();
   a.os = out.stride(0);
-  // FATHOM_CUDA_F32_GEMM (read per call: tests switch it) keeps the float32-input GEMVs for every batch.
-  a.tensor_cores = n >= mma_tokens && cuda::MoeTensorCoresFit(a) && std::getenv("FATHOM_CUDA_F32_GEMM") == nullptr;
+  // KernelOptions::f32_gemm keeps the float32-input GEMVs for every batch.
+  a.tensor_cores = n >= options_.moe_mma_tokens && cuda::MoeTensorCoresFit(a) && !options_.f32_gemm;
   // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core path takes any batch, in slices of
   // that many pairs.
   if (!a.tensor_cores && n * k > cuda::kMaxMoePairs) return Backend::MoeExperts(x, experts, ids, weights, out);

@@ -1,6 +1,10 @@
-// The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16/fp8 weights.
-// This first version is the correctness baseline (simple kernels, checked against CpuBackend and the oracle);
-// cuBLASLt GEMMs, fused kernels, bf16 activations and CUDA graphs replace its kernels behind the same launchers.
+// The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16 weights and
+// block-scaled f8 e4m3 ones (LinearFormat::kFp8Block). Its kernels sit behind launchers, one header and .cu file per op
+// family (norm.h, rope_kv.h, linear.h, attention.h, mla.h, moe.h, sampling.h, fp8.h, gather.h, elementwise.h), with
+// cuBLASLt's GEMMs in gemm.h. This class is defined in cuda_backend.cc (device memory, graphs, profiling and the
+// non-linear ops), linear_dense.cc (Linear, LinearFanOut and HeadLinear on dense weights) and linear_fp8.cc (every
+// FP8-specific host path). Which kernel variant an op takes is KernelOptions' (kernel_options.h), read from the
+// FATHOM_CUDA_* environment by Create and changeable with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));
@@ -17,14 +21,27 @@
 #include <vector>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernel_options.h"
 #include "model/backend.h"
 
 namespace fathom {
 
+namespace cuda {
+struct GemvPart;  // linear.h
+}  // namespace cuda
+
 class CudaBackend final : public Backend {
  public:
+  // Kernel options from the environment (KernelOptions::FromEnvironment), or the given ones.
   static StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  static StatusOr<std::unique_ptr<CudaBackend>> Create(int device, const cuda::KernelOptions& options);
   ~CudaBackend() override;
+
+  // The kernel variants the ops take from now on (tests and benchmarks switch them; turning `profile` on or off
+  // starts or ends the timing). Not while a graph is being captured.
+  const cuda::KernelOptions& kernel_options() const { return options_; }
+  void set_kernel_options(const cuda::KernelOptions& options);
+  int sm_count() const { return sm_count_; }  // the GPU's multiprocessors (132 on an H200)
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
@@ -42,6 +59,9 @@ class CudaBackend final : public Backend {
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                   const TensorView& out) override;
+  // kFp8Block weights with the W8A8 GEMM on (KernelOptions::fp8_gemm_tokens): the scales' zero-padded copy that
+  // cuBLASLt reads, kept in w.device_state (otherwise made at the first W8A8 Linear). Nothing for other weights.
+  Status PrepareLinear(LinearWeight& w) override;
   void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
   void LinearFanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs) override;
   void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
@@ -79,32 +99,32 @@ class CudaBackend final : public Backend {
   // f32, bf16 and f8 e4m3 (f16 and others: Unimplemented, filled on the host).
   Status FillDummy(const TensorView& out, uint64_t key, float scale, std::optional<float> constant) override;
 
-  // CUDA graphs: captured in relaxed mode on the backend's stream; not with FATHOM_CUDA_PROFILE (its events would
-  // be captured too).
+  // CUDA graphs: captured in relaxed mode on the backend's stream; not while profiling (KernelOptions::profile: its
+  // events would be captured too).
   bool SupportsGraphs() const override { return profile_ == nullptr; }
   void* stream() const { return stream_; }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
   Status BeginCapture() override;
   StatusOr<int64_t> EndCapture() override;
   Status ReplayGraph(int64_t graph) override;
 
-  // With FATHOM_CUDA_PROFILE set, every launch is timed with CUDA events; this returns the per-op table (total
-  // time, calls, time per call, share) since the backend was created. Empty when profiling is off.
+  // With KernelOptions::profile (FATHOM_CUDA_PROFILE), every launch is timed with CUDA events; this returns the
+  // per-op table (total time, calls, time per call, share) since profiling started. Empty when profiling is off.
   std::string ProfileReport();
   // Forgets what was timed so far (to time decode steps apart from the prefill).
   void ResetProfile();
 
-  // Batches of this many tokens or more run their routed experts as grouped tensor-core GEMMs, smaller ones as
-  // grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1 on the H200, V2-Lite's experts: at 8 tokens
-  // 186 us against 278, at 1 token even, 54 against 53).
-  static constexpr int64_t kMoeMmaTokens = 8;
+  // By default (KernelOptions::moe_mma_tokens) batches of this many tokens or more run their routed experts as
+  // grouped tensor-core GEMMs, smaller ones as grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1
+  // on the H200, V2-Lite's experts: at 8 tokens 186 us against 278, at 1 token even, 54 against 53).
+  static constexpr int64_t kMoeMmaTokens = cuda::KernelOptions::kDefaultMoeMmaTokens;
 
   // Linears on block-scaled f8 weights (DeepSeek-V3) are W8A16 by default: decode batches (n <= 8) stream the f8
   // weights through the GEMV on float32 activations; larger ones dequantize the weight to bf16 in the workspace and
   // take the bf16 cuBLASLt GEMM, as bf16 weights do. Both keep a token's result independent of its batch and follow
-  // the dequantized-weight oracle to bf16 tolerance. FATHOM_CUDA_FP8_GEMM_TOKENS=N (opt-in) runs batches of N tokens
-  // or more as cuBLASLt's block-scaled FP8 GEMM on activations quantized per token and 128 columns (W8A8, DeepSeek's
-  // own inference recipe): 1.7-1.9x the bf16 GEMM's TFLOP/s at V3's prefill shapes on the H200, and about 2.5% rms
-  // error per linear.
+  // the dequantized-weight oracle to bf16 tolerance. KernelOptions::fp8_gemm_tokens = N (FATHOM_CUDA_FP8_GEMM_TOKENS,
+  // opt-in) runs batches of N tokens or more as cuBLASLt's block-scaled FP8 GEMM on activations quantized per token
+  // and 128 columns (W8A8, DeepSeek's own inference recipe): 1.7-1.9x the bf16 GEMM's TFLOP/s at V3's prefill shapes
+  // on the H200, and about 2.5% rms error per linear. All of it lives in linear_fp8.cc.
 
  private:
   struct Profile {
@@ -139,23 +159,17 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
   std::shared_ptr<Pool> pool_;
-  // Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x rounded to bf16 once into the
-  // workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's epilogue (a kernel where it has
-  // none for the shape). Decode-shaped ones stay on the
-  // float32-input GEMV, which is memory-bound anyway. FATHOM_CUDA_F32_GEMM=1 keeps every GEMM on float32 inputs
-  // (the exact reference path).
+  // A copy derived from the pooled memory block at `block` (a float32 bias, padded FP8 scales): made once, by `make`
+  // into `bytes` of new device memory (on the stream), and freed with the block. Null when it does not exist yet and
+  // cannot be made: !can_make, while capturing a graph, for memory that is not a pooled block of its own, or when the
+  // allocation fails.
+  const void* DerivedCopy(const void* block, bool can_make, size_t bytes, const std::function<void(void*)>& make);
+
+  // Dense weights (linear_dense.cc). Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x
+  // rounded to bf16 once into the workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's
+  // epilogue (a kernel where it has none for the shape). Decode-shaped ones stay on the float32-input GEMV, which is
+  // memory-bound anyway. KernelOptions::f32_gemm keeps every GEMM on float32 inputs (the exact reference path).
   bool UseCublasLt(int64_t n, const LinearWeight& w) const;
-  bool UseFp8Gemm(int64_t n, const LinearWeight& w) const;
-  bool UseDequantGemm(int64_t n, const LinearWeight& w) const;
-  // The W8A16 prefill path of Linear on f8 weights; false when the workspace cannot grow (the caller falls back).
-  bool LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out);
-  // The W8A8 path of Linear; false when it could not run (no workspace, no cuBLASLt algorithm): the caller falls back.
-  bool LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out);
-  bool fp8_gemm_unavailable_ = false;
-  // w's block scales as the FP8 GEMM reads them: rows of a multiple of 4 K blocks (a zero-padded copy, made once and
-  // freed with the scales' memory block, where DeepSeek's [m / 128][k / 128] rows are shorter); null while capturing a
-  // graph before the copy exists.
-  const float* Fp8GemmScales(const LinearWeight& w);
   void* StageBf16(const TensorView& x);  // null (error recorded) when the workspace cannot grow
   void* StageBf16(const float* x, int64_t xs, int64_t rows, int64_t cols);  // rows xs apart
   // w_bf16: a contiguous bf16 copy of w's weight to use instead (dequantized f8), or null.
@@ -165,6 +179,29 @@ class CudaBackend final : public Backend {
   // and freed with the bias's memory block (Pool); null for a bias that is not a pooled block of its own, or while
   // capturing a graph before the copy exists: the caller then adds the bias with a kernel.
   const float* F32Bias(const TensorView& bias);
+
+  // Block-scaled f8 weights (linear_fp8.cc).
+  // Linear on a kFp8Block weight: W8A8 (opt-in), W8A16 prefill or the f8 GEMV / generic kernel.
+  void LinearFp8Block(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  // The W8A8 GEMM's conditions on the weight alone: 128 x 128 blocks, m and k multiples of 128, contiguous scales.
+  static bool Fp8GemmFits(const LinearWeight& w);
+  bool UseFp8Gemm(int64_t n, const LinearWeight& w) const;
+  bool UseDequantGemm(int64_t n, const LinearWeight& w) const;
+  // The W8A16 prefill path of Linear on f8 weights; false when the workspace cannot grow (the caller falls back).
+  bool LinearDequantF8(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  // The W8A8 path of Linear; false when it could not run (no workspace, no cuBLASLt algorithm): the caller falls back.
+  bool LinearFp8(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  bool fp8_gemm_unavailable_ = false;
+  // w's block scales as the FP8 GEMM reads them: rows of a multiple of 4 K blocks (where DeepSeek's [m / 128][k / 128]
+  // rows are shorter: the zero-padded copy of PrepareLinear, or one made at the first use and freed with the scales'
+  // memory block); null while capturing a graph before the copy exists.
+  const float* Fp8GemmScales(const LinearWeight& w);
+  // The f8 fields of a GEMV part (its scales and blocks) for a kFp8Block weight.
+  static void SetFp8GemvScales(const LinearWeight& w, cuda::GemvPart* part);
+  // Whether an expert's f8 block scales take the device MoE path: 128 x 128 blocks, contiguous f32
+  // [ceil(out / 128), ceil(in / 128)].
+  static bool Fp8ExpertScalesFit(const LinearWeight& w, int64_t out, int64_t in);
+
   void Check(int err, const char* op);
   void RecordError(const Status& st);  // keeps the first error, which Synchronize returns
   void Launch(const char* op, const std::function<int()>& launch);
@@ -182,6 +219,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id
   int device_ = 0;
+  int sm_count_ = 0;
+  cuda::KernelOptions options_;
   void* stream_ = nullptr;  // cudaStream_t
   std::mutex mu_;
   Status first_error_;

@@ -4,9 +4,6 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <string_view>
-
 namespace fathom {
 
 namespace {
@@ -133,15 +130,11 @@ Status CublasLtGemm::ChooseAlgo(Plan& p, int64_t n, const void* x, const void* w
   if (count == 0) return OkStatus();
   *found = true;
   p.algo = results[0].algo;
-  // The first heuristic is not always the fastest. With FATHOM_CUDA_GEMM_TUNE=1, prefill-sized GEMMs time the
-  // candidates once (two runs each, on the real operands) and keep the best. Off by default: on the H200 the best
+  // The first heuristic is not always the fastest. With tune_ (KernelOptions::gemm_tune), prefill-sized GEMMs time
+  // the candidates once (two runs each, on the real operands) and keep the best. Off by default: on the H200 the best
   // of 8 gained 0-3% at the R1-Distill-Qwen-7B shapes (bench/results/2026-11-30-cuda-kernels.json), while tuning
   // costs milliseconds per new shape, and chunked prefill brings many.
-  static const bool tune = [] {
-    const char* e = std::getenv("FATHOM_CUDA_GEMM_TUNE");
-    return e != nullptr && std::string_view(e) == "1";
-  }();
-  if (tune && count > 1 && n >= kTuneMinRows) {
+  if (tune_ && count > 1 && n >= kTuneMinRows) {
     FATHOM_ASSIGN_OR_RETURN(const int best, PickFastest(p, results, count, x, w, out));
     p.algo = results[best].algo;
   }

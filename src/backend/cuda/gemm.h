@@ -1,7 +1,7 @@
 // bf16 GEMMs through cuBLASLt: out[n, m] (float32) = x[n, k] (bf16) W[m, k]^T (bf16) (+ bias[m]), float32
-// accumulation, with the algorithm chosen once per shape and cached: cuBLASLt's first heuristic, or with
-// FATHOM_CUDA_GEMM_TUNE=1 for prefill-sized GEMMs (n >= 64) the fastest of its top 8 candidates, timed on the first
-// call. A bias is added in cuBLASLt's epilogue where it has an algorithm for it.
+// accumulation, with the algorithm chosen once per shape and cached: cuBLASLt's first heuristic, or with set_tune(true)
+// (KernelOptions::gemm_tune, FATHOM_CUDA_GEMM_TUNE=1) for prefill-sized GEMMs (n >= 64) the fastest of its top 8
+// candidates, timed on the first call. A bias is added in cuBLASLt's epilogue where it has an algorithm for it.
 //
 //   CublasLtGemm gemm;
 //   FATHOM_RETURN_IF_ERROR(gemm.Init(stream));
@@ -29,6 +29,8 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   Status Init(void* stream);
+  // Whether shapes planned from now on time cuBLASLt's candidates (off by default).
+  void set_tune(bool tune) { tune_ = tune; }
   // x: contiguous bf16 [n, k]; w: bf16 [m, k] with row stride w_stride; out: float32 [n, m] with row stride out_stride.
   // bias: [m] of dtype bias_dtype (fathom's DType code: f32, f16 or bf16), or null. *bias_added says whether the
   // epilogue added it.
@@ -59,10 +61,11 @@ class CublasLtGemm {
   Status SetFp8Scales(void* desc, const float* a_scales, const float* b_scales);
   // p.desc: float32 compute and scale, A (the weight) transposed, B (the input) not: every GEMM here.
   Status CreateDesc(Plan& p);
-  // Sets p.algo to cuBLASLt's first heuristic for p's descriptors (with FATHOM_CUDA_GEMM_TUNE=1 and n >= kTuneMinRows,
-  // the fastest of its top 8 on these operands); *found is false when it has none.
+  // Sets p.algo to cuBLASLt's first heuristic for p's descriptors (with tune_ and n >= kTuneMinRows, the fastest of its
+  // top 8 on these operands); *found is false when it has none.
   Status ChooseAlgo(Plan& p, int64_t n, const void* x, const void* w, float* out, bool* found);
   StatusOr<int> PickFastest(const Plan& p, const void* results, int found, const void* x, const void* w, float* out);
+  bool tune_ = false;
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* stream_ = nullptr;
   void* workspace_ = nullptr;

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/require_gpu.h"
 #include "engine/decode_graphs.h"
 #include "io/model_config.h"
@@ -53,6 +53,15 @@ LoadOptions DummyWeights(uint64_t seed) {
   return opts;
 }
 
+// Changes gpu's kernel options (the tests select the kernel variants they compare this way):
+//   SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
+template <typename F>
+void SetKernelOptions(CudaBackend& gpu, F&& change) {
+  cuda::KernelOptions o = gpu.kernel_options();
+  change(o);
+  gpu.set_kernel_options(o);
+}
+
 std::vector<float> Host(Backend& be, const Tensor& t) {
   std::vector<float> h(static_cast<size_t>(t.numel()));
   EXPECT_TRUE(be.CopyToHost(t, h.data()).ok());
@@ -81,7 +90,7 @@ TEST(CudaBackendTest, LinearUnalignedShapesMatchCpu) {
 TEST(CudaBackendTest, LinearMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);  // float32 inputs everywhere: the exact comparison
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });  // float32 inputs: the exact comparison
   for (auto [wd, n] : std::vector<std::pair<DType, int64_t>>{{DType::kBF16, 1},
                                                              {DType::kBF16, 2},
                                                              {DType::kBF16, 3},
@@ -96,25 +105,30 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     LinearWeight lw;
     lw.weight = w;
     lw.bias = b;
-    if (wd == DType::kF8E4M3) lw.scale_inv = sc;
+    if (wd == DType::kF8E4M3) {
+      lw.format = LinearFormat::kFp8Block;
+      lw.scale_inv = sc;
+    }
     Tensor y_cpu = cpu.Alloc(DType::kF32, {n, out});
     cpu.Linear(x, lw, y_cpu);
     Tensor xd = *gpu->Upload(x), wdv = *gpu->Upload(w), bd = *gpu->Upload(b), sd = *gpu->Upload(sc);
     LinearWeight gw;
     gw.weight = wdv;
     gw.bias = bd;
-    if (wd == DType::kF8E4M3) gw.scale_inv = sd;
+    if (wd == DType::kF8E4M3) {
+      gw.format = LinearFormat::kFp8Block;
+      gw.scale_inv = sd;
+    }
     Tensor y = gpu->Alloc(DType::kF32, {n, out});
     gpu->Linear(xd, gw, y);
     ASSERT_TRUE(gpu->Synchronize().ok());
     auto h = Host(*gpu, y);
     EXPECT_LE(testing::MaxAbsDiff(h.data(), y_cpu.data<float>(), n * out), 1e-4f) << DTypeName(wd) << " n=" << n;
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // MLA's per-head absorbed projections at V2-Lite sizes (16 heads; W_UK^T [512, 128], W_UV [128, 512]), over strided
-// views of q and of the attention output, for decode and prefill token counts: with FATHOM_CUDA_F32_GEMM on float32
+// views of q and of the attention output, for decode and prefill token counts: with KernelOptions::f32_gemm on float32
 // inputs (tight), and by default, where a prefill batch of bf16 weights takes one strided-batched cuBLASLt GEMM on
 // bf16-rounded inputs (within 1% of the output's largest magnitude).
 TEST(CudaBackendTest, HeadLinearMatchesCpu) {
@@ -122,11 +136,7 @@ TEST(CudaBackendTest, HeadLinearMatchesCpu) {
   CpuBackend cpu;
   const int64_t heads = 16;
   for (bool f32 : {true, false}) {
-    if (f32) {
-      setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
-    } else {
-      unsetenv("FATHOM_CUDA_F32_GEMM");
-    }
+    SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.f32_gemm = f32; });
     for (DType wd : {DType::kBF16, DType::kF32}) {
       for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {512, 128}}) {
         for (int64_t n : {1, 3, 40}) {
@@ -150,7 +160,6 @@ TEST(CudaBackendTest, HeadLinearMatchesCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // The GPU router chooses exactly the CPU's experts with exactly its weights, on random logits full of ties (values on
@@ -225,7 +234,7 @@ TEST(CudaBackendTest, ScatterAddRowsMatchesCpu) {
 // Routed experts on the GPU (sorted on the device, then grouped GEMVs or grouped tensor-core GEMMs, and a weighted
 // combine) against the CPU's host-sorted reference, for decode and prefill sizes, with uniform and skewed routing
 // (every token sent to the same few experts: many pairs per expert), and past the GEMV path's pair limit (the
-// host-sorted path on the GPU; the tensor-core path in slices). With FATHOM_CUDA_F32_GEMM every batch takes the
+// host-sorted path on the GPU; the tensor-core path in slices). With the f32_gemm option every batch takes the
 // float32 GEMVs (tight); without it batches of kMoeMmaTokens tokens or more take the tensor cores where the shape
 // fits (inter a multiple of 64; not the first shape), with activations rounded to bf16.
 // The routed experts on both backends: n tokens routed to k of `experts` (in random order, or skewed: experts 0..k-1
@@ -292,11 +301,7 @@ TEST(CudaBackendTest, MoeExpertsMatchCpu) {
       for (int mode = 0; mode < 4; ++mode) {
         const int skew = mode % 2;
         const bool f32 = mode < 2;
-        if (f32) {
-          setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
-        } else {
-          unsetenv("FATHOM_CUDA_F32_GEMM");
-        }
+        SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.f32_gemm = f32; });
         const bool tensor_cores = !f32 && n >= CudaBackend::kMoeMmaTokens && sh.inter % 64 == 0;
         // bf16 activations: the tensor cores, or past the GEMV path's limit the host path's cuBLASLt GEMMs
         const bool bf16_inputs = tensor_cores || (!f32 && n * sh.k > cuda::kMaxMoePairs);
@@ -311,7 +316,6 @@ TEST(CudaBackendTest, MoeExpertsMatchCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // Block-scale factors like DeepSeek-V3's scale_inv (powers of two between 2^-14 and 2^-10), so that f8 weights spread
@@ -328,7 +332,7 @@ Tensor RandomScales(int64_t rows, int64_t cols, uint32_t seed) {
 // o_proj-like 7168 x 2048), at the tiny fixtures' (256 x 128, 384 x 256, 256 x 384) and at 256 x 768 (6 K blocks). By
 // default (W8A16) decode batches stream the f8 weights through the GEMV on float32 activations, the CPU's dequantized
 // products (within float32 rounding of the CPU), and larger batches take the bf16 GEMM on the dequantized weight
-// (within 1% of the largest output). With FATHOM_CUDA_FP8_GEMM_TOKENS=4, where the shape allows, cuBLASLt's
+// (within 1% of the largest output). With fp8_gemm_tokens = 4, where the shape allows, cuBLASLt's
 // block-scaled FP8 GEMM runs on activations quantized per token and 128 columns (W8A8): within 1e-3 of the largest
 // output of the same product computed here in double from the same quantization, and within 5% of the CPU's output in
 // root-mean-square (the stated accuracy of FP8 activations; the printed figures are what the H200 gave).
@@ -343,20 +347,18 @@ TEST(CudaBackendTest, Fp8LinearMatchesCpuAtV3Sizes) {
     Tensor w = RandomHost(DType::kF8E4M3, {sh.m, sh.k}, 7, 448.0f);
     Tensor sc = RandomScales((sh.m + 127) / 128, sh.k / 128, 8);
     LinearWeight cw;
+    cw.format = LinearFormat::kFp8Block;
     cw.weight = w;
     cw.scale_inv = sc;
     Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
     LinearWeight gw;
+    gw.format = LinearFormat::kFp8Block;
     gw.weight = wd;
     gw.scale_inv = sd;
     for (int64_t n : {1, 8, 9, 64, 67, 130}) {
       for (const bool w8a8 : {false, true}) {
         if (w8a8 && (n < 4 || sh.m % 128 != 0)) continue;
-        if (w8a8) {
-          setenv("FATHOM_CUDA_FP8_GEMM_TOKENS", "4", 1);
-        } else {
-          unsetenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
-        }
+        SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.fp8_gemm_tokens = w8a8 ? 4 : 0; });
         Tensor x = RandomHost(DType::kF32, {n, sh.k}, static_cast<uint32_t>(n), 1.0f);
         Tensor y_cpu = cpu.Alloc(DType::kF32, {n, sh.m});
         cpu.Linear(x, cw, y_cpu);
@@ -415,7 +417,6 @@ TEST(CudaBackendTest, Fp8LinearMatchesCpuAtV3Sizes) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
 }
 
 // Routed experts with f8 weights and 128 x 128 block scales (DeepSeek-V3 checkpoints) on the device path: the GEMVs
@@ -439,6 +440,7 @@ TEST(CudaBackendTest, Fp8MoeExpertsMatchCpu) {
         Tensor sc = RandomScales((rows + 127) / 128, (cols + 127) / 128, seed + 7 + static_cast<uint32_t>(part));
         Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
         LinearWeight c, g;
+        c.format = g.format = LinearFormat::kFp8Block;
         c.weight = w;
         c.scale_inv = sc;
         g.weight = wd;
@@ -473,7 +475,7 @@ TEST(CudaBackendTest, Fp8MoeExpertsMatchCpu) {
 TEST(CudaBackendTest, LinearFanOutMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
   const int64_t in = 3584;
   for (const std::vector<int64_t>& outs : std::vector<std::vector<int64_t>>{{3584, 512, 512}, {18944, 18944}}) {
     for (int64_t n : {1, 2, 3, 8, 9}) {
@@ -509,7 +511,6 @@ TEST(CudaBackendTest, LinearFanOutMatchesCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // RMSNorm and the fused residual add, through the vectorized kernel (hidden sizes of the DeepSeek families, one and
@@ -598,7 +599,7 @@ TEST(CudaBackendTest, RopeWriteKvMatchesCpu) {
 TEST(CudaBackendTest, ElementwiseOpsAndGemmCoverMoreThan65535Rows) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  unsetenv("FATHOM_CUDA_F32_GEMM");
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   const int64_t n = 70000, d = 16, in = 64;
   Tensor a = RandomHost(DType::kF32, {n, d}, 90), b = RandomHost(DType::kF32, {n, d}, 91);
   Tensor x = RandomHost(DType::kF32, {n, in}, 92);
@@ -655,7 +656,7 @@ TEST(CudaBackendTest, ArgMaxMatchesCpuWithTies) {
 TEST(CudaBackendTest, CublasLtGemmMatchesCpuOnBf16Inputs) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  unsetenv("FATHOM_CUDA_F32_GEMM");
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   const int64_t n = 96, in = 3584, out = 512;
   Tensor x = RandomHost(DType::kF32, {n, in}, 21);
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = Bf16ToF32(F32ToBf16(x.data<float>()[i]));
@@ -729,21 +730,11 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
     for (int mode = 0; mode < 8; ++mode) {
       const DType cache_dtype = mode % 2 ? DType::kBF16 : DType::kF32;
       const int kernel = mode / 2;
-      if (kernel == 2) {
-        setenv("FATHOM_CUDA_NO_SPLIT_ATTENTION", "1", 1);
-      } else {
-        unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
-      }
-      if (kernel == 1) {
-        setenv("FATHOM_CUDA_NO_GQA_ATTENTION", "1", 1);
-      } else {
-        unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
-      }
-      if (kernel == 1 || kernel == 3) {
-        setenv("FATHOM_CUDA_NO_MMA_ATTENTION", "1", 1);
-      } else {
-        unsetenv("FATHOM_CUDA_NO_MMA_ATTENTION");
-      }
+      SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) {
+        o.split_attention = kernel != 2;
+        o.gqa_attention = kernel != 1;
+        o.mma_attention = kernel != 1 && kernel != 3;
+      });
       const float tolerance = kernel == 0 && cache_dtype == DType::kBF16 ? 1.5e-2f : 1e-5f;
       const int64_t heads = sh.heads, kv_heads = sh.kv_heads, d = sh.d, bs = 16;
       const std::vector<int32_t> cached = {0, 300, 1000, 511};
@@ -781,13 +772,10 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_NO_SPLIT_ATTENTION");
-  unsetenv("FATHOM_CUDA_NO_GQA_ATTENTION");
-  unsetenv("FATHOM_CUDA_NO_MMA_ATTENTION");
 }
 
 // MLA attention at the real dims (the latent cache: 576 values per token, V its first 512) against the CPU, for
-// V2-Lite's 16 heads and V3's 128: the generic split kernel (FATHOM_CUDA_NO_MLA_ATTENTION=1; tight) and the MLA kernel
+// V2-Lite's 16 heads and V3's 128: the generic split kernel (mla_attention off; tight) and the MLA kernel
 // ( Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1 decode.
 TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
@@ -796,11 +784,7 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   const float scale = 0.0721f;  // 1 / sqrt(192)
   for (int64_t heads : {16, 128}) {
     for (bool mla_kernel : {false, true}) {
-      if (mla_kernel) {
-        unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
-      } else {
-        setenv("FATHOM_CUDA_NO_MLA_ATTENTION", "1", 1);
-      }
+      SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.mla_attention = mla_kernel; });
       const KvCacheSpec spec{1, 1, k_dim, v_dim, true};
       // 243 blocks of 16 for the five sequences
       auto kv_cpu = KvCache::Allocate(cpu, spec, DType::kBF16, 256, bs);
@@ -835,12 +819,11 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
       }
     }
   }
-  unsetenv("FATHOM_CUDA_NO_MLA_ATTENTION");
 }
 
 // MLA's up-projected prefill ops at V2-Lite's sizes (16 heads, nope 128, rope 64, v 128, latent 512 + 64) on a bf16
 // latent cache: GatherContext copies every sequence's cached rows exactly, and MlaContextAttention agrees with the CPU
-// within float32 rounding (the plain kernel, FATHOM_CUDA_MLA_CONTEXT_MMA=0) or 1e-2 (the default tensor-core kernel,
+// within float32 rounding (the plain kernel, mla_context_mma off) or 1e-2 (the default tensor-core kernel,
 // on bf16 operands), for a step that prefills chunks after cached prefixes (40 fresh tokens at position 0, 3 after 1000
 // cached) next to one-token steps.
 TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
@@ -880,11 +863,7 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
     cpu.MlaContextAttention(q, kv_up.view().Slice(2, 0, nope), lat_cpu.view().Slice(1, lora, lora + rope),
                             kv_up.view().Slice(2, nope, nope + vd), mc->meta(), scale, out_cpu);
     for (const bool mma : {false, true}) {  // the plain kernel (float32), the tensor-core one (bf16 operands)
-      if (mma) {
-        unsetenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
-      } else {
-        setenv("FATHOM_CUDA_MLA_CONTEXT_MMA", "0", 1);
-      }
+      SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.mla_context_mma = mma; });
       gpu->MlaContextAttention(qd, kvd.view().Slice(2, 0, nope), lat_gpu.view().Slice(1, lora, lora + rope),
                                kvd.view().Slice(2, nope, nope + vd), mg->meta(), scale, out_gpu);
       ASSERT_TRUE(gpu->Synchronize().ok());
@@ -892,11 +871,10 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
       EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * vd), mma ? 1e-2f : 1e-4f)
           << (mma ? "tensor-core kernel" : "plain kernel");
     }
-    unsetenv("FATHOM_CUDA_MLA_CONTEXT_MMA");
   }
 }
 
-// The dense fixtures on the GPU. With FATHOM_CUDA_F32_GEMM (every GEMM on float32 inputs) the oracle's float32
+// The dense fixtures on the GPU. With KernelOptions::f32_gemm (every GEMM on float32 inputs) the oracle's float32
 // tolerance holds: max |dlogit| <= 2e-3 and exact greedy tokens. By default prefill GEMMs run on bf16 tensor cores;
 // then the bf16 rule of the reference README applies: max |dlogit| of about 0.1 for logits whose standard deviation
 // is about 2, taken here as 0.05 x the case's logit standard deviation (qwen2-tied-tiny's logits spread 4x wider),
@@ -905,7 +883,7 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
 struct GoldenParam {
   std::string fixture;
   bool f32_gemm;
-  bool w8a8 = false;  // f8 linears as the opt-in W8A8 GEMM (FATHOM_CUDA_FP8_GEMM_TOKENS=1), with its own tolerance
+  bool w8a8 = false;  // f8 linears as the opt-in W8A8 GEMM (fp8_gemm_tokens = 1), with its own tolerance
 };
 
 class CudaGoldenTest : public ::testing::TestWithParam<GoldenParam> {};
@@ -982,16 +960,10 @@ StatusOr<std::vector<float>> RouteMargins(const std::string& fixture, const Mode
 TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   REQUIRE_GPU(gpu);
   const GoldenParam p = GetParam();
-  if (p.f32_gemm) {
-    setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
-  } else {
-    unsetenv("FATHOM_CUDA_F32_GEMM");
-  }
-  if (p.w8a8) {
-    setenv("FATHOM_CUDA_FP8_GEMM_TOKENS", "1", 1);
-  } else {
-    unsetenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
-  }
+  SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) {
+    o.f32_gemm = p.f32_gemm;
+    o.fp8_gemm_tokens = p.w8a8 ? 1 : 0;
+  });
   auto fx = LoadFixture(p.fixture, *gpu);
   ASSERT_TRUE(fx.ok()) << fx.status().ToString();
   const ModelConfig* cfg = &fx->cfg;
@@ -1086,8 +1058,6 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
       EXPECT_EQ(generated[i], gc.greedy[i]) << "case" << c << " step " << i;
     }
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
-  unsetenv("FATHOM_CUDA_FP8_GEMM_TOKENS");
 }
 
 // Greedy decoding of `prompts` together (one prefill batch, then one decode batch per step) on the GPU. Returns
@@ -1137,7 +1107,7 @@ class CudaBatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaBatchInvarianceTest, GreedyAloneEqualsGreedyInABatch) {
   REQUIRE_GPU(gpu);
-  unsetenv("FATHOM_CUDA_F32_GEMM");
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   auto fx = LoadFixture(GetParam(), *gpu);
   ASSERT_TRUE(fx.ok()) << fx.status().ToString();
   const ModelConfig* cfg = &fx->cfg;
@@ -1173,14 +1143,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvarianceTest,
 
 // Prefix caching on the GPU: request A (case3's first 64 tokens + 3 more) is prefilled; request B (the same 64 + 5
 // others) then reuses A's four full blocks of 16 and prefills only its 5 new tokens from position 64. B's logits must
-// be those of B prefilled from scratch in other blocks: with float32 inputs everywhere (FATHOM_CUDA_F32_GEMM=1, a
+// be those of B prefilled from scratch in other blocks: with float32 inputs everywhere (f32_gemm, a
 // float32 cache) within 1e-3, summation order being the only difference (the 5-token step takes the GEMV path, the
 // 69-token one the tiled kernels).
 class CudaPrefixCacheTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaPrefixCacheTest, AHitGivesTheLogitsOfAFreshPrefill) {
   REQUIRE_GPU(gpu);
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
   auto fx = LoadFixture(GetParam(), *gpu);
   ASSERT_TRUE(fx.ok()) << fx.status().ToString();
   const int64_t vocab = fx->cfg.vocab_size;
@@ -1217,7 +1187,6 @@ TEST_P(CudaPrefixCacheTest, AHitGivesTheLogitsOfAFreshPrefill) {
   const float diff = testing::MaxAbsDiff(got.data(), want.data() + 64 * vocab, 5 * vocab);
   EXPECT_LE(diff, 1e-3f);
   RecordProperty("max_abs_diff", std::to_string(diff));
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaPrefixCacheTest,
@@ -1233,12 +1202,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaPrefixCacheTest,
 // 40-token prompt and of the decode step after it. The DeepSeek configs keep one dense layer and one MoE layer:
 // V2-Lite (64 experts, MLA without a q LoRA) and V3 (256 experts in 8 groups, noaux_tc routing, FP8 weights in
 // 128x128 blocks). Float32-input GEMMs on both sides
-// (FATHOM_CUDA_F32_GEMM=1), so the difference is summation order: at most 1e-4 of the largest logit, and the same
+// (the f32_gemm option), so the difference is summation order: at most 1e-4 of the largest logit, and the same
 // top-1 wherever its margin is above 1e-3 of it.
 TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
   for (const char* name : {"deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-llama-8b",
                            "deepseek-coder-6.7b-instruct", "deepseek-v2-lite", "deepseek-v3"}) {
     auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
@@ -1283,7 +1252,6 @@ TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
       RecordProperty(std::string(name) + (pass ? "_decode" : "_prefill") + "_max_abs_diff", std::to_string(diff));
     }
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // A diagnostic (run by hand): a reference fixture truncated to 1, 2, ... layers on the CPU and the GPU (float32 GEMMs,
@@ -1291,7 +1259,7 @@ TEST(CudaRealSizeTest, TwoLayerTruncationsMatchCpu) {
 TEST(CudaDiagnostics, DISABLED_LayerByLayerAgainstCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
   const char* env = std::getenv("FATHOM_DIAG_FIXTURE");
   const std::string name = env != nullptr ? env : "deepseek-v3-tiny";
   const std::string dir = testing::ModelDir(name);
@@ -1325,7 +1293,6 @@ TEST(CudaDiagnostics, DISABLED_LayerByLayerAgainstCpu) {
     }
     std::printf("%s layers %ld: worst %g\n", name.c_str(), long(layers), worst);
   }
-  unsetenv("FATHOM_CUDA_F32_GEMM");
 }
 
 // Dummy weights made on the GPU hold the same bytes as the host fill (the CPU reference's weights).
@@ -1435,7 +1402,7 @@ void ExpectGraphStepsMatchEager(Model& model, CudaBackend& gpu, int32_t num_seqs
 
 TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
   REQUIRE_GPU(gpu);
-  unsetenv("FATHOM_CUDA_F32_GEMM");
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny"}) {
     auto fx = LoadFixture(name, *gpu);
     ASSERT_TRUE(fx.ok()) << fx.status().ToString();
@@ -1448,9 +1415,9 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
   cfg->num_layers = 2;
   auto m = LoadModel("", *cfg, DummyWeights(7), *gpu);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  setenv("FATHOM_CUDA_F32_GEMM", "1", 1);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
   ExpectGraphStepsMatchEager(**m, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1e-4f, "qwen-7b f32 GEMM");
-  unsetenv("FATHOM_CUDA_F32_GEMM");
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   ExpectGraphStepsMatchEager(**m, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1.0f / 256,
                              "qwen-7b bf16 GEMM");
 }

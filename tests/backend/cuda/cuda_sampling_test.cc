@@ -9,7 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/require_gpu.h"
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/sampling.h"
 #include "engine/engine_core.h"
 #include "engine/sampler.h"
 #include "io/model_config.h"

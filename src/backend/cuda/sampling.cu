@@ -1,4 +1,4 @@
-// The sampling kernel (sample_kernels.h). One block of 1024 threads per logits row, no sort:
+// The sampling kernels (sampling.h). SampleRows: one block of 1024 threads per logits row, no sort:
 //  - Candidates are ranked by a 64-bit key, the logit's order-preserving bits over the complement of the id, so
 //    that every key is distinct and descending key order is the host's order (higher logit first, then lower id).
 //  - top-k is a radix select of the k-th largest key (8 bits a pass, counts in shared memory); top-p a radix select
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "backend/cuda/sample_kernels.h"
+#include "backend/cuda/sampling.h"
 #include "core/philox.h"
 
 namespace fathom::cuda {
@@ -380,6 +380,61 @@ __global__ void CurandPhiloxKernel(const uint32_t* c, const uint32_t* k, int64_t
   for (int j = 0; j < 8; ++j) r[8 * i + j] = words[j];
 }
 
+// One block per row: each thread scans a strided slice (float4 loads when aligned), then (value, index) pairs are
+// reduced with ties going to the lower index, which matches std::max_element.
+__device__ __forceinline__ void ArgMaxPick(float& v, int64_t& i, float ov, int64_t oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+__global__ void ArgMaxKernel(const float* x, int64_t xs, int64_t cols, int32_t* ids) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * xs;
+  float best = -INFINITY;
+  int64_t best_i = cols;  // loses every tie against a real index
+  const bool vec = reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  int64_t start = 0;
+  if (vec) {
+    const int64_t nv = cols / 4;
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+      const float4 v = r4[j];
+      ArgMaxPick(best, best_i, v.x, 4 * j);
+      ArgMaxPick(best, best_i, v.y, 4 * j + 1);
+      ArgMaxPick(best, best_i, v.z, 4 * j + 2);
+      ArgMaxPick(best, best_i, v.w, 4 * j + 3);
+    }
+    start = nv * 4;
+  }
+  for (int64_t j = start + threadIdx.x; j < cols; j += blockDim.x) ArgMaxPick(best, best_i, row[j], j);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    ArgMaxPick(best, best_i, ov, oi);
+  }
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    best = lane < warps ? sv[lane] : -INFINITY;
+    best_i = lane < warps ? si[lane] : cols;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      ArgMaxPick(best, best_i, ov, oi);
+    }
+    // A row of NaNs only (no value compares greater): index 0, as std::max_element returns.
+    if (lane == 0) ids[blockIdx.x] = static_cast<int32_t>(best_i >= cols ? 0 : best_i);
+  }
+}
+
 }  // namespace
 
 int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, const SampleRowSpec* specs,
@@ -387,6 +442,12 @@ int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, con
   if (rows == 0) return 0;
   SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(s)>>>(logits, ls, vocab, specs,
                                                                                                adjust, saved, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s) {
+  if (rows == 0) return 0;
+  ArgMaxKernel<<<static_cast<unsigned>(rows), 1024, 0, static_cast<cudaStream_t>(s)>>>(x, xs, cols, ids);
   return static_cast<int>(cudaGetLastError());
 }
 

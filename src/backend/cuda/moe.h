@@ -1,7 +1,8 @@
 // CUDA kernels of the MoE ops: the router (model/moe_route.h's rule, one warp per token) and the routed experts
 // without a host round trip (sort the (token, expert) pairs by expert on the device, then grouped GEMVs over the
-// active experts for decode batches, or grouped tensor-core GEMMs for larger ones, and a weighted combine). Launchers
-// follow kernels.h: pointers, strides and a stream in, a cudaError_t (as int) out, no allocation.
+// active experts for decode batches, or grouped tensor-core GEMMs for larger ones, and a weighted combine), on bf16 or
+// block-scaled f8 e4m3 expert weights. Launchers follow launcher.h: pointers, strides and a stream in, a cudaError_t
+// (as int) out, no allocation.
 //
 //   cuda::LaunchMoeRoute(logits, n_experts, n, bias, params, ids, weights, stream);
 //   cuda::MoeExpertsArgs a{...};
@@ -11,7 +12,7 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/launcher.h"
 #include "model/moe_route.h"
 
 namespace fathom::cuda {

@@ -1,14 +1,16 @@
-// The sampling kernel: one token per logits row on the device, by the host sampler's rule (engine/sampler.cc), so
-// that non-greedy rows need not copy their 4 x vocab bytes to the host. Launchers follow kernels.h: pointers, strides
-// and a stream in, a cudaError_t (as int) out, no allocation.
+// The sampling kernels: one token per logits row on the device, by the host sampler's rule (engine/sampler.cc), so
+// that non-greedy rows need not copy their 4 x vocab bytes to the host; greedy decoding's argmax; and the test kernel
+// that pins core/philox.h to cuRAND. Launchers follow launcher.h: pointers, strides and a stream in, a cudaError_t
+// (as int) out, no allocation.
 //
 //   // logits [rows, vocab] (row stride ls); specs, adjust, saved and out on the device.
 //   cuda::LaunchSampleRows(logits, ls, rows, vocab, specs, adjust, saved, out, stream);
+//   cuda::LaunchArgMax(logits, ls, rows, vocab, ids, stream);
 #pragma once
 
 #include <cstdint>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/launcher.h"
 #include "model/sample_rows.h"
 
 namespace fathom::cuda {
@@ -17,6 +19,10 @@ namespace fathom::cuda {
 // the chosen token's logprob); specs [rows]; adjust and saved [total entries]; out [rows].
 int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, const SampleRowSpec* specs,
                      const LogitAdjust* adjust, float* saved, SampledToken* out, Stream s);
+
+// ids[r] = argmax of row r of x [rows, cols] (row stride xs), the lowest index among equal maxima (as
+// std::max_element; a row of NaNs only gives 0).
+int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s);
 
 // For the test that pins core/philox.h to cuRAND: r[i] = cuRAND's curand_Philox4x32_10(c[i], k[i]) (4 words), then
 // core/philox.h's Philox4x32 computed on the device (4 words). c [n][4]; k [n][2]; r [n][8]. Device pointers.

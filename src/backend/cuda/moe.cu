@@ -1,11 +1,15 @@
-// The MoE kernels (see moe_kernels.h).
+// The MoE kernels (moe.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
-#include "backend/cuda/device_util.cuh"
-#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/dtype.cuh"
+#include "backend/cuda/fp8.cuh"
+#include "backend/cuda/memory.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/reduce.cuh"
 
 namespace fathom::cuda {
 
@@ -250,11 +254,6 @@ __global__ void __launch_bounds__(1024)
 
 constexpr int kMoeWarps = 8;  // one output row per warp
 
-__device__ __forceinline__ float WarpSum32(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ float Dot8(const float* wf, const float* x) {
   const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
   return a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
@@ -395,7 +394,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs
     }
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
-      const float g = WarpSum32(ag[j]), u = WarpSum32(au[j]);
+      const float g = WarpSum(ag[j]), u = WarpSum(au[j]);
       if (lane == 0 && j < tn) w.h[static_cast<int64_t>(s0 + c0 + j) * a.inter + r] = g / (1.0f + expf(-g)) * u;
     }
   }
@@ -430,7 +429,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a
       DownAccumulate<kT, kF8>(LoadStreaming(dw + k), PieceScale<kF8>(ds, k), hr, a.inter, k, tn, acc);
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
-      const float v = WarpSum32(acc[j]);
+      const float v = WarpSum(acc[j]);
       if (lane == 0 && j < tn) w.y[static_cast<int64_t>(s0 + c0 + j) * a.hidden + r] = v;
     }
   }
@@ -463,12 +462,6 @@ constexpr int MmaStages(bool f8) {
 constexpr int MmaSmemBytes(bool gate_up, int bm, bool f8) {
   const int mats = gate_up ? 2 : 1;
   return MmaStages(f8) * (bm * (kMmaK + 8) * 2 + mats * kMmaN * (f8 ? kF8Row : (kMmaK + 8) * 2));
-}
-
-// Two e4m3 weights (one 16-bit shared-memory load) times their block's scale, as a bf16 pair: a B fragment register.
-__device__ __forceinline__ uint32_t F8PairToBf16(uint16_t v, float scale) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3)));
-  return Pack2(__float2bfloat16(f.x * scale), __float2bfloat16(f.y * scale));
 }
 
 // Block (tile, kMmaN output columns): the tile's kBM rows of A (Xs for gate/up, H for down; K = a.hidden or

@@ -1,0 +1,57 @@
+// Paged attention over the KV cache: one block per (token, head) for prefill-sized batches (attention_prefill.cu), and
+// the split-K (flash-decoding) kernels for decode and small batches: per (token, head) chunks of 64 keys and the merge
+// of their partial states (attention_decode.cu), the GQA-packed kernel that serves a KV head's query heads at once
+// (attention_decode.cu), its tensor-core form for 16-bit caches (attention_mma.cu), and MLA's kernel over the latent
+// cache (mla.h). The host chooses the split kernel (ChooseSplitAttention) and passes it to the launchers, which follow
+// launcher.h.
+//
+//   const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(a, {});   // every kernel allowed
+//   void* ws = ...;  // cuda::SplitAttentionWorkspaceBytes(a, kind, sm_count) bytes
+//   int err = cuda::LaunchSplitAttention(a, kind, sm_count, ws, stream);
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/launcher.h"
+
+namespace fathom::cuda {
+
+struct AttentionArgs {
+  const float* q;  // [n, heads, k_dim]
+  int64_t q_s0, q_s1;
+  float* out;  // [n, heads, v_dim]
+  int64_t o_s0, o_s1;
+  int64_t n, heads, kv_heads, k_dim, v_dim;
+  CacheView k, v;  // f32, f16 or bf16, both of one dtype
+  const int32_t* positions;
+  const int32_t* query_start;
+  const int32_t* block_table_start;
+  const int32_t* block_tables;
+  int64_t num_seqs;
+  int64_t block_size;
+  int64_t max_seq_len;
+  float scale;
+};
+
+// One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.
+int LaunchPagedAttention(const AttentionArgs& a, Stream s);
+
+// The split kernels: MLA's (576/512 dims, one KV head, 16-bit cache: mla.h), the tensor-core one (k_dim == v_dim of
+// 64 or 128, 16-bit caches with 16-byte aligned rows, heads / kv_heads <= 8), the GQA-packed one (the same shapes on
+// f32/f16/bf16 caches), each serving all query heads of a KV head per block with chunks sized to fill the GPU; or
+// chunks of 64 keys per (token, head) for any shape.
+enum class SplitAttentionKind { kMla, kMma, kGqa, kPerHead };
+// The kernels that may be chosen (KernelOptions' mla_attention, mma_attention, gqa_attention).
+struct SplitAttentionKernels {
+  bool mla = true, mma = true, gqa = true;
+};
+// The first allowed kernel, in the order above, whose conditions `a` meets.
+SplitAttentionKind ChooseSplitAttention(const AttentionArgs& a, const SplitAttentionKernels& allowed);
+// Flash-decoding with `kind` (one ChooseSplitAttention gives for `a`; cudaErrorInvalidValue for one that does not fit):
+// each block takes a chunk of one sequence's keys, then a merge kernel combines the chunks. sm_count (the GPU's
+// multiprocessors) sizes MLA's chunks. Needs SplitAttentionWorkspaceBytes(a, kind, sm_count) of workspace (0 when no
+// merge is needed).
+int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a, SplitAttentionKind kind, int sm_count);
+int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm_count, void* workspace, Stream s);
+
+}  // namespace fathom::cuda

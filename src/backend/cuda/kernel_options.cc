@@ -1,0 +1,26 @@
+#include "backend/cuda/kernel_options.h"
+
+#include <cstdlib>
+#include <string_view>
+
+namespace fathom::cuda {
+
+KernelOptions KernelOptions::FromEnvironment() {
+  const auto set = [](const char* name) { return std::getenv(name) != nullptr; };
+  KernelOptions o;
+  o.generic_linear = set("FATHOM_CUDA_GENERIC_LINEAR");
+  o.f32_gemm = set("FATHOM_CUDA_F32_GEMM");
+  if (const char* v = std::getenv("FATHOM_CUDA_FP8_GEMM_TOKENS")) o.fp8_gemm_tokens = std::atoll(v);
+  if (const char* v = std::getenv("FATHOM_CUDA_GEMM_TUNE")) o.gemm_tune = std::string_view(v) == "1";
+  o.split_attention = !set("FATHOM_CUDA_NO_SPLIT_ATTENTION");
+  o.gqa_attention = !set("FATHOM_CUDA_NO_GQA_ATTENTION");
+  o.mma_attention = !set("FATHOM_CUDA_NO_MMA_ATTENTION");
+  o.mla_attention = !set("FATHOM_CUDA_NO_MLA_ATTENTION");
+  if (const char* v = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA")) o.mla_context_mma = std::string_view(v) != "0";
+  o.host_moe = set("FATHOM_CUDA_HOST_MOE");
+  if (const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS")) o.moe_mma_tokens = std::atoll(v);
+  o.profile = set("FATHOM_CUDA_PROFILE");
+  return o;
+}
+
+}  // namespace fathom::cuda

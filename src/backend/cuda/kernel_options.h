@@ -1,0 +1,63 @@
+// The CUDA backend's kernel switches: which variant of an op runs (for measurements, for the exact float32 reference
+// path, for the tests that compare variants), all in one struct with defaults equal to the backend's normal
+// behaviour. KernelOptions::FromEnvironment reads the FATHOM_CUDA_* variables below, once, when CudaBackend::Create
+// makes a backend; the launchers get what they need as parameters and never read the environment.
+//
+//   cuda::KernelOptions o = gpu->kernel_options();
+//   o.f32_gemm = true;                  // every GEMM on float32 inputs
+//   gpu->set_kernel_options(o);
+//
+// Variable (set: any value)          Field             Default  What it does
+// FATHOM_CUDA_GENERIC_LINEAR         generic_linear    false    every Linear on the generic kernel (no 16-byte GEMV,
+//                                                               no one-launch LinearFanOut): to measure one against
+//                                                               the other
+// FATHOM_CUDA_F32_GEMM               f32_gemm          false    every GEMM on float32 inputs (no cuBLASLt bf16 GEMM,
+//                                                               no f8 dequantize-then-GEMM or W8A8, no MoE tensor
+//                                                               cores): the exact reference path
+// FATHOM_CUDA_FP8_GEMM_TOKENS=N      fp8_gemm_tokens   0 (off)  f8 linears of N or more tokens as cuBLASLt's
+//                                                               block-scaled FP8 GEMM on activations quantized per
+//                                                               token and 128 columns (W8A8, opt-in); N <= 0: off
+// FATHOM_CUDA_GEMM_TUNE=1            gemm_tune         false    prefill-sized cuBLASLt GEMMs (n >= 64) time the top 8
+//                                                               heuristics once per shape and keep the fastest (only
+//                                                               the value "1" turns it on)
+// FATHOM_CUDA_NO_SPLIT_ATTENTION     split_attention   true     false: PagedAttention always one block per (token,
+//                                                               head), never split-K
+// FATHOM_CUDA_NO_GQA_ATTENTION       gqa_attention     true     false: no GQA-packed split kernel (per-head chunks)
+// FATHOM_CUDA_NO_MMA_ATTENTION       mma_attention     true     false: no tensor-core split kernel for 16-bit caches
+// FATHOM_CUDA_NO_MLA_ATTENTION       mla_attention     true     false: no MLA decode kernel (the generic split kernels
+//                                                               serve MLA's latent cache)
+// FATHOM_CUDA_MLA_CONTEXT_MMA=0      mla_context_mma   true     false (only the value "0"): MlaContextAttention on the
+//                                                               plain float32 kernel instead of the tensor-core one
+// FATHOM_CUDA_HOST_MOE               host_moe          false    MoeExperts always on the host-sorted path
+// FATHOM_CUDA_MOE_MMA_TOKENS=N       moe_mma_tokens    8        routed experts of batches of N tokens or more as
+//                                                               grouped tensor-core GEMMs, smaller ones as grouped
+//                                                               GEMVs (N as std::atoll reads it)
+// FATHOM_CUDA_PROFILE                profile           false    every launch timed with CUDA events (ProfileReport);
+//                                                               no CUDA graphs then
+#pragma once
+
+#include <cstdint>
+
+namespace fathom::cuda {
+
+struct KernelOptions {
+  static constexpr int64_t kDefaultMoeMmaTokens = 8;
+
+  bool generic_linear = false;
+  bool f32_gemm = false;
+  int64_t fp8_gemm_tokens = 0;
+  bool gemm_tune = false;
+  bool split_attention = true;
+  bool gqa_attention = true;
+  bool mma_attention = true;
+  bool mla_attention = true;
+  bool mla_context_mma = true;
+  bool host_moe = false;
+  int64_t moe_mma_tokens = kDefaultMoeMmaTokens;
+  bool profile = false;
+
+  // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
+  static KernelOptions FromEnvironment();
+};
+
+}  // namespace fathom::cuda

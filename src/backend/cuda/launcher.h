@@ -1,0 +1,24 @@
+// What every kernel launcher shares (norm.h, linear.h, attention.h, ... ): each takes device pointers, element strides
+// and a Stream, never allocates, and returns the launch's cudaError_t as int (0 on success), so that these headers
+// need no CUDA include and .cc files compile them as plain C++20. Activations are float32; weights, tables, biases and
+// caches name their element type by fathom::DType's integer value. CacheView is a paged KV cache as kernels see it.
+//
+//   const cuda::CacheView k{t.raw(), static_cast<int>(t.dtype()), t.stride(0), t.stride(1), t.stride(2)};
+//   int err = cuda::LaunchWriteCache(src, n, heads, dim, s0, s1, slot_mapping, block_size, k, stream);
+//   if (err != 0) ...  // a cudaError_t
+#pragma once
+
+#include <cstdint>
+
+namespace fathom::cuda {
+
+using Stream = void*;  // cudaStream_t
+
+// One layer's K or V cache: [blocks, block_size, heads, dim] of f32, f16 or bf16, with these strides.
+struct CacheView {
+  void* data;
+  int dtype;
+  int64_t s0, s1, s2;  // block, offset, head strides (elements)
+};
+
+}  // namespace fathom::cuda

@@ -1,0 +1,64 @@
+// Global-memory access patterns of the kernels: streaming 16-byte loads that bypass L1 (weights, read once),
+// cp.async copies from global to shared memory, and vector loads of 4, 8 or 16 bytes widened to float32. Include from
+// .cu files only.
+//
+//   uint4 w = LoadStreaming(row + k);                 // 8 bf16 (16 f8) weights, not kept in L1
+//   CpAsync16(smem + r * kRow + c, src, in_range ? 16 : 0);
+//   CpAsyncCommit();
+//   CpAsyncWait<0>();                                 // then __syncthreads() before reading smem
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/dtype.cuh"
+
+namespace fathom::cuda {
+
+// 16 bytes that are read once (weights): not allocated in L1.
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// 16 bytes global -> shared without the registers; src_bytes 0 fills zeros.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* src, int src_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// kPer consecutive values of type T (f32, f16 or bf16; 4, 8 or 16 bytes in all, aligned) in one load, as floats.
+template <typename T, int kPer>
+__device__ __forceinline__ void LoadVec(const T* p, float* out) {
+  constexpr int kBytes = kPer * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "vector width");
+  if constexpr (kBytes == 16) {
+    const uint4 r = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[i] = ToF(e[i]);
+  } else if constexpr (kBytes == 8) {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[i] = ToF(e[i]);
+  } else {
+    const uint32_t r = *reinterpret_cast<const uint32_t*>(p);
+    const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[i] = ToF(e[i]);
+  }
+}
+
+}  // namespace fathom::cuda

@@ -1,0 +1,509 @@
+// The MLA attention kernels (mla.h): decode over the latent cache, and the prefill context attention.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/dtype.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/memory.cuh"
+#include "backend/cuda/mla.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/reduce.cuh"
+
+namespace fathom::cuda {
+
+namespace {
+
+// MLA attention over the latent cache (the absorbed form: K is a token's 576-value latent row, V its first 512
+// values, one KV head for every query head). A block takes one token, kMlaHeads query heads and a chunk of keys, in
+// tiles of kMlaTile keys staged in shared memory once for all its heads (the generic kernel reads them once per
+// head). Per tile, each warp computes S^T = K Q^T for its 16 keys x 16 heads (mma.m16n8k16; Q pre-scaled by
+// scale * log2 e and rounded to the cache dtype), the warps share each head's tile maximum through shared memory so
+// that they keep one running maximum, each writes P^T (rounded) for its keys, and then each warp accumulates
+// O^T += V^T P^T over the whole tile for its 128 of the 512 value dims. Chunks and partial states are those of the
+// other split kernels (MergeAttentionKernel combines them).
+// KernelOptions::mla_attention = false (FATHOM_CUDA_NO_MLA_ATTENTION=1) turns it off: the generic kernels then
+// serve MLA.
+constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4;
+constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
+constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
+                              2 * kMlaWarps * kMlaHeads * static_cast<int>(sizeof(float));
+static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp per 16 keys and per 128 value dims");
+
+template <typename T>
+__global__ void __launch_bounds__(kMlaWarps * 32)
+    MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  extern __shared__ __align__(16) unsigned char mla_smem[];
+  T* sk = reinterpret_cast<T*>(mla_smem);                               // [kMlaTile][kMlaRow]: the tile's latent rows
+  T* sq = sk + kMlaTile * kMlaRow;                                      // [kMlaHeads][kMlaRow]
+  T* sp = sq + kMlaHeads * kMlaRow;                                     // P^T [kMlaTile][kMlaHeads]
+  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kMlaHeads);  // [kMlaWarps][kMlaHeads]
+  float* sm_l = sm_max + kMlaWarps * kMlaHeads;                         // [kMlaWarps][kMlaHeads]
+  const int64_t groups = a.heads / kMlaHeads;
+  const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kMlaHeads, c = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t j0 = c * chunk, j1 = min(static_cast<int64_t>(a.positions[t]) + 1, j0 + chunk);
+  if (j0 >= j1) {  // past this token's context: weight 0 in the merge
+    for (int h = threadIdx.x; h < kMlaHeads; h += blockDim.x) {
+      const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
+      part_m[idx] = -INFINITY;
+      part_l[idx] = 0.0f;
+    }
+    return;
+  }
+  const int32_t* table = a.block_tables + a.block_table_start[SeqOfToken(a, t)];
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = a.scale * kLog2e;
+  if (a.q_s1 % 4 == 0 && a.q_s0 % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
+#pragma unroll 6
+    for (int e = threadIdx.x; e < kMlaHeads * kMlaK / 4; e += blockDim.x) {
+      const int h = e / (kMlaK / 4), d = (e % (kMlaK / 4)) * 4;
+      const float4 v = *reinterpret_cast<const float4*>(a.q + t * a.q_s0 + (h0 + h) * a.q_s1 + d);
+      T* dst = sq + h * kMlaRow + d;
+      dst[0] = FromF<T>(v.x * qscale);
+      dst[1] = FromF<T>(v.y * qscale);
+      dst[2] = FromF<T>(v.z * qscale);
+      dst[3] = FromF<T>(v.w * qscale);
+    }
+  } else {
+    for (int e = threadIdx.x; e < kMlaHeads * kMlaK; e += blockDim.x) {
+      const int h = e / kMlaK, d = e % kMlaK;
+      sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * qscale);
+    }
+  }
+  const T* kc = static_cast<const T*>(a.k.data);
+  float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
+  float o[8][2][4];        // O^T: dims warp * 128 + dt * 16 + (g, g + 8) x heads nt * 8 + 2 tq (+ 1)
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    m[nt][0] = m[nt][1] = -INFINITY;
+    l[nt][0] = l[nt][1] = 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt) o[dt][nt][0] = o[dt][nt][1] = o[dt][nt][2] = o[dt][nt][3] = 0.0f;
+  }
+  constexpr int kPieces = kMlaK / 8;  // 16-byte pieces of a latent row
+  for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
+    __syncthreads();  // the previous tile is consumed (and, on the first pass, Q is in place)
+    // All of the tile's 16-byte pieces in flight at once (cp.async; rows past the context filled with zeros).
+    for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
+      const int r = i / kPieces, col = (i % kPieces) * 8;
+      const int64_t j = jb + r;
+      const T* src = kc;
+      if (j < j1) {  // 32-bit division: the 64-bit one is a long emulated sequence, once per 16-byte piece
+        const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
+        src = kc + static_cast<int64_t>(table[jj / bs]) * a.k.s0 + static_cast<int64_t>(jj % bs) * a.k.s1 + col;
+      }
+      CpAsync16(sk + r * kMlaRow + col, src, j < j1 ? 16 : 0);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncthreads();
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
+    const T* kw = sk + warp * 16 * kMlaRow;
+#pragma unroll 4
+    for (int dt = 0; dt < kMlaK / 16; ++dt) {
+      uint32_t af[4];
+      LdMatrixX4(af, kw + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const T* qr = sq + (nt * 8 + g) * kMlaRow + dt * 16 + 2 * tq;
+        Mma16816<T>(s[nt], af, *reinterpret_cast<const uint32_t*>(qr), *reinterpret_cast<const uint32_t*>(qr + 8));
+      }
+    }
+    const int64_t key0 = jb + warp * 16;
+    float x[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      if (key0 + g >= j1) s[nt][0] = s[nt][1] = -INFINITY;
+      if (key0 + g + 8 >= j1) s[nt][2] = s[nt][3] = -INFINITY;
+      x[nt][0] = fmaxf(s[nt][0], s[nt][2]);
+      x[nt][1] = fmaxf(s[nt][1], s[nt][3]);
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        x[nt][0] = fmaxf(x[nt][0], __shfl_xor_sync(0xffffffffu, x[nt][0], off));
+        x[nt][1] = fmaxf(x[nt][1], __shfl_xor_sync(0xffffffffu, x[nt][1], off));
+      }
+      if (g == 0) {
+        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq] = x[nt][0];
+        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq + 1] = x[nt][1];
+      }
+    }
+    __syncthreads();
+    float cf[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int h = nt * 8 + 2 * tq + i;
+        float tile_max = sm_max[h];
+#pragma unroll
+        for (int w = 1; w < kMlaWarps; ++w) tile_max = fmaxf(tile_max, sm_max[w * kMlaHeads + h]);
+        const float nm = fmaxf(m[nt][i], tile_max);  // finite: key jb is in range
+        cf[nt][i] = exp2f(m[nt][i] - nm);
+        m[nt][i] = nm;
+      }
+      const float p0 = exp2f(s[nt][0] - m[nt][0]), p1 = exp2f(s[nt][1] - m[nt][1]);
+      const float p2 = exp2f(s[nt][2] - m[nt][0]), p3 = exp2f(s[nt][3] - m[nt][1]);
+      l[nt][0] = l[nt][0] * cf[nt][0] + p0 + p2;
+      l[nt][1] = l[nt][1] * cf[nt][1] + p1 + p3;
+      T* pr = sp + (warp * 16 + g) * kMlaHeads + nt * 8 + 2 * tq;
+      pr[0] = FromF<T>(p0);
+      pr[1] = FromF<T>(p1);
+      pr[8 * kMlaHeads] = FromF<T>(p2);
+      pr[8 * kMlaHeads + 1] = FromF<T>(p3);
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) {
+        o[dt][nt][0] *= cf[nt][0];
+        o[dt][nt][1] *= cf[nt][1];
+        o[dt][nt][2] *= cf[nt][0];
+        o[dt][nt][3] *= cf[nt][1];
+      }
+    }
+    __syncthreads();  // every warp's P^T is in place
+#pragma unroll
+    for (int kt = 0; kt < kMlaTile / 16; ++kt) {
+      uint32_t pb[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const T* pc = sp + (kt * 16 + 2 * tq) * kMlaHeads + nt * 8 + g;  // keys 2tq, 2tq + 1 (+ 8, + 9), head g
+        pb[nt][0] = Pack2<T>(pc[0], pc[kMlaHeads]);
+        pb[nt][1] = Pack2<T>(pc[8 * kMlaHeads], pc[9 * kMlaHeads]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) {
+        uint32_t af[4];
+        LdMatrixX4(af,
+                   sk + (kt * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kMlaRow + warp * 128 + dt * 16 +
+                       ((lane >> 3) & 1) * 8,
+                   true);
+        Mma16816<T>(o[dt][0], af, pb[0][0], pb[0][1]);
+        Mma16816<T>(o[dt][1], af, pb[1][0], pb[1][1]);
+      }
+    }
+  }
+  // Each head's sum over the block's keys: over the lanes that share tq, then over the warps.
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) l[nt][i] += __shfl_xor_sync(0xffffffffu, l[nt][i], off);
+      if (g == 0) sm_l[warp * kMlaHeads + nt * 8 + 2 * tq + i] = l[nt][i];
+    }
+  }
+  __syncthreads();
+  float total[2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int h = nt * 8 + 2 * tq + i;
+      total[nt][i] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kMlaWarps; ++w) total[nt][i] += sm_l[w * kMlaHeads + h];
+      if (chunks > 1 && warp == 0 && g == 0) {
+        const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
+        part_m[idx] = m[nt][i] * 0.6931471805599453f;  // the merge kernel works in natural-log units
+        part_l[idx] = total[nt][i];
+      }
+    }
+  }
+#pragma unroll
+  for (int dt = 0; dt < 8; ++dt) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = warp * 128 + dt * 16 + g + (e >= 2 ? 8 : 0);
+        const int i = e & 1;
+        const int64_t h = h0 + nt * 8 + 2 * tq + i;
+        if (chunks == 1) {
+          a.out[t * a.o_s0 + h * a.o_s1 + d] = o[dt][nt][e] / total[nt][i];
+        } else {
+          part_acc[((t * a.heads + h) * chunks + c) * kMlaV + d] = o[dt][nt][e];
+        }
+      }
+    }
+  }
+}
+
+constexpr int kCtxWarps = 4, kCtxMaxV = 256;
+// One warp per (token, head): keys 0 .. position of the token's sequence in order, an online softmax, the values
+// accumulated in registers (v_dim / 32 per lane).
+__global__ void __launch_bounds__(kCtxWarps * 32) MlaContextAttentionKernel(MlaContextArgs a) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t t = blockIdx.x, h = static_cast<int64_t>(blockIdx.y) * kCtxWarps + threadIdx.x / 32;
+  if (h >= a.heads) return;
+  int64_t s = 0, base = 0;
+  while (s + 1 < a.num_seqs && a.query_start[s + 1] <= t) base += a.seq_lens[s++];
+  const int64_t ctx = min(static_cast<int64_t>(a.positions[t]) + 1, static_cast<int64_t>(a.seq_lens[s]));
+  const float* q = a.q + t * a.qs0 + h * a.qs1;
+  float acc[kCtxMaxV / 32];
+#pragma unroll
+  for (int i = 0; i < kCtxMaxV / 32; ++i) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < ctx; ++j) {
+    const float* kn = a.k_nope + (base + j) * a.kns0 + h * a.kns1;
+    const float* kr = a.k_rope + (base + j) * a.krs0;
+    float dot = 0.0f;
+    for (int64_t i = lane; i < a.nope; i += 32) dot += q[i] * kn[i];
+    for (int64_t i = lane; i < a.rope; i += 32) dot += q[a.nope + i] * kr[i];
+    dot = WarpSum(dot) * a.scale;
+    const float m_new = fmaxf(m, dot), c = expf(m - m_new), p = expf(dot - m_new);
+    l = l * c + p;
+    const float* vr = a.v + (base + j) * a.vs0 + h * a.vs1;
+#pragma unroll
+    for (int i = 0; i < kCtxMaxV / 32; ++i) {
+      const int64_t col = lane + 32 * i;
+      if (col < a.v_dim) acc[i] = acc[i] * c + p * vr[col];
+    }
+    m = m_new;
+  }
+  float* o = a.out + t * a.os0 + h * a.os1;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kCtxMaxV / 32; ++i) {
+    const int64_t col = lane + 32 * i;
+    if (col < a.v_dim) o[col] = acc[i] * inv;
+  }
+}
+
+// The tensor-core form of MlaContextAttention for DeepSeek's head sizes (nope 128, rope 64, v 128), flash-attention
+// style: a block takes 64 query rows of one sequence and one head (4 warps x 16 rows) and walks the sequence's keys in
+// tiles of 64 up to its last row's position. Q (pre-scaled by scale * log2 e) stays in registers as mma A fragments;
+// each tile's keys [k_nope | k_rope] and values are rounded to bf16 into shared memory; S = Q K^T and O += P V by
+// mma.m16n8k16 (P from S's accumulators, V's fragments by ldmatrix.trans), with an online softmax per row.
+constexpr int kCtxQK = 192, kCtxNope = 128, kCtxV = 128, kCtxTile = 64, kCtxMmaWarps = 4;
+constexpr int kCtxQRow = kCtxQK + 8, kCtxVRow = kCtxV + 8;  // shared row strides (elements): 16 bytes of padding
+constexpr int kCtxSmemBytes = (2 * kCtxTile * kCtxQRow + kCtxTile * kCtxVRow) * 2;
+
+bool MlaContextMmaFits(const MlaContextArgs& a) {
+  if (a.nope != kCtxNope || a.nope + a.rope != kCtxQK || a.v_dim != kCtxV) return false;
+  for (int64_t st : {a.qs0, a.qs1, a.kns0, a.kns1, a.krs0, a.vs0, a.vs1}) {
+    if (st % 4 != 0) return false;
+  }
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k_nope),
+                        static_cast<const void*>(a.k_rope), static_cast<const void*>(a.v)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+__global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaContextArgs a) {
+  extern __shared__ __align__(16) unsigned char ctx_smem[];
+  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(ctx_smem);  // [kCtxTile][kCtxQRow]: Q rows
+  __nv_bfloat16* sk = sq + kCtxTile * kCtxQRow;                    // [kCtxTile][kCtxQRow]: the tile's keys
+  __nv_bfloat16* sv = sk + kCtxTile * kCtxQRow;                    // [kCtxTile][kCtxVRow]: the tile's values
+  // This block's sequence and query tile.
+  int64_t s = 0, base = 0, tile = blockIdx.x;
+  for (;;) {
+    if (s >= a.num_seqs) return;  // past the last tile
+    const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
+    const int64_t tiles = (q_len + kCtxTile - 1) / kCtxTile;
+    if (tile < tiles) break;
+    tile -= tiles;
+    base += a.seq_lens[s];
+    ++s;
+  }
+  const int64_t h = blockIdx.y, row0 = a.query_start[s] + tile * kCtxTile;
+  const int64_t rows = min(static_cast<int64_t>(kCtxTile), static_cast<int64_t>(a.query_start[s + 1]) - row0);
+  const int64_t len = a.seq_lens[s];
+  const int64_t last_pos = min(static_cast<int64_t>(a.positions[row0 + rows - 1]), len - 1);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = a.scale * kLog2e;
+  for (int e = tid; e < kCtxTile * (kCtxQK / 4); e += blockDim.x) {
+    const int r = e / (kCtxQK / 4), d = (e % (kCtxQK / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < rows) v = *reinterpret_cast<const float4*>(a.q + (row0 + r) * a.qs0 + h * a.qs1 + d);
+    __nv_bfloat16* dst = sq + r * kCtxQRow + d;
+    dst[0] = __float2bfloat16(v.x * qscale);
+    dst[1] = __float2bfloat16(v.y * qscale);
+    dst[2] = __float2bfloat16(v.z * qscale);
+    dst[3] = __float2bfloat16(v.w * qscale);
+  }
+  __syncthreads();
+  uint32_t qf[kCtxQK / 16][4];
+#pragma unroll
+  for (int kt = 0; kt < kCtxQK / 16; ++kt) {
+    LdMatrixX4(qf[kt], sq + (warp * 16 + (lane & 15)) * kCtxQRow + kt * 16 + (lane >> 4) * 8, false);
+  }
+  // Positions of this thread's two rows (g and g + 8 of the warp's 16); rows past the tile take the last one's.
+  int64_t pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = warp * 16 + g + 8 * i;
+    pos[i] = r < rows ? static_cast<int64_t>(a.positions[row0 + r]) : last_pos;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kCtxV / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kCtxV / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  for (int64_t kb = 0; kb <= last_pos; kb += kCtxTile) {
+    __syncthreads();  // the previous tile is consumed
+    for (int e = tid; e < kCtxTile * ((kCtxQK + kCtxV) / 4); e += blockDim.x) {
+      const int r = e / ((kCtxQK + kCtxV) / 4), c = (e % ((kCtxQK + kCtxV) / 4)) * 4;
+      const int64_t j = kb + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      __nv_bfloat16* dst;
+      if (c < kCtxNope) {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.k_nope + (base + j) * a.kns0 + h * a.kns1 + c);
+        dst = sk + r * kCtxQRow + c;
+      } else if (c < kCtxQK) {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.k_rope + (base + j) * a.krs0 + (c - kCtxNope));
+        dst = sk + r * kCtxQRow + c;
+      } else {
+        if (j < len) v = *reinterpret_cast<const float4*>(a.v + (base + j) * a.vs0 + h * a.vs1 + (c - kCtxQK));
+        dst = sv + r * kCtxVRow + (c - kCtxQK);
+      }
+      dst[0] = __float2bfloat16(v.x);
+      dst[1] = __float2bfloat16(v.y);
+      dst[2] = __float2bfloat16(v.z);
+      dst[3] = __float2bfloat16(v.w);
+    }
+    __syncthreads();
+    float sc[kCtxTile / 8][4];  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < kCtxQK / 16; ++kt) {
+#pragma unroll
+      for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+        const __nv_bfloat16* kr = sk + (nt * 8 + g) * kCtxQRow + kt * 16 + 2 * tq;
+        Mma16816<__nv_bfloat16>(sc[nt], qf[kt], *reinterpret_cast<const uint32_t*>(kr),
+                                *reinterpret_cast<const uint32_t*>(kr + 8));
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int64_t key = kb + nt * 8 + 2 * tq + (e & 1);
+        if (key > pos[i] || key >= len) sc[nt][e] = -INFINITY;
+        tile_max[i] = fmaxf(tile_max[i], sc[nt][e]);
+      }
+    }
+    float cf[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float nm = fmaxf(m[i], tile_max[i]);  // finite: key 0 is in every row's first tile
+      cf[i] = exp2f(m[i] - nm);
+      m[i] = nm;
+      l[i] *= cf[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kCtxV / 8; ++nt) {
+      o[nt][0] *= cf[0];
+      o[nt][1] *= cf[0];
+      o[nt][2] *= cf[1];
+      o[nt][3] *= cf[1];
+    }
+    uint32_t pa[kCtxTile / 16][4];  // P as A fragments, 16 keys each
+#pragma unroll
+    for (int nt = 0; nt < kCtxTile / 8; ++nt) {
+      const float p0 = exp2f(sc[nt][0] - m[0]), p1 = exp2f(sc[nt][1] - m[0]);
+      const float p2 = exp2f(sc[nt][2] - m[1]), p3 = exp2f(sc[nt][3] - m[1]);
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      const int kt = nt / 2, half = nt % 2;
+      pa[kt][2 * half] = Pack2(__float2bfloat16(p0), __float2bfloat16(p1));
+      pa[kt][2 * half + 1] = Pack2(__float2bfloat16(p2), __float2bfloat16(p3));
+    }
+#pragma unroll
+    for (int kt = 0; kt < kCtxTile / 16; ++kt) {
+#pragma unroll
+      for (int nt = 0; nt < kCtxV / 8; nt += 2) {
+        uint32_t vf[4];
+        LdMatrixX4(vf, sv + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kCtxVRow + nt * 8 + ((lane >> 4) & 1) * 8,
+                   true);
+        Mma16816<__nv_bfloat16>(o[nt], pa[kt], vf[0], vf[1]);
+        Mma16816<__nv_bfloat16>(o[nt + 1], pa[kt], vf[2], vf[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = warp * 16 + g + 8 * i;
+    if (r >= rows) continue;
+    float* out = a.out + (row0 + r) * a.os0 + h * a.os1;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int nt = 0; nt < kCtxV / 8; ++nt) {
+      out[nt * 8 + 2 * tq] = o[nt][2 * i] * inv;
+      out[nt * 8 + 2 * tq + 1] = o[nt][2 * i + 1] * inv;
+    }
+  }
+}
+
+// MLA's decode chunks aim at about two waves of blocks (two fit an SM): 4 blocks per SM in all.
+constexpr int64_t kMlaBlocksPerSm = 4;
+
+}  // namespace
+
+bool MlaDecodeFits(const AttentionArgs& a) {
+  if (a.k_dim != kMlaK || a.v_dim != kMlaV || a.kv_heads != 1 || a.heads % kMlaHeads != 0) return false;
+  if (a.k.data != a.v.data || a.k.s0 != a.v.s0 || a.k.s1 != a.v.s1) return false;
+  if (a.k.dtype != kF16 && a.k.dtype != kBF16) return false;
+  return a.k.s0 % 8 == 0 && a.k.s1 % 8 == 0 && reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
+}
+
+int64_t MlaDecodeChunk(const AttentionArgs& a, int sm_count) {
+  const int64_t base = std::max<int64_t>(a.n * (a.heads / kMlaHeads), 1);
+  const int64_t want = std::max<int64_t>(kMlaBlocksPerSm * sm_count / base, 1);
+  const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
+  return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
+}
+
+int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* part_m, float* part_l,
+                    float* part_acc, Stream s) {
+  if (a.n == 0) return 0;
+  if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
+  const bool f16 = a.k.dtype == kF16;
+  const auto kernel = f16 ? MlaAttentionKernel<__half> : MlaAttentionKernel<__nv_bfloat16>;
+  // Once per kernel (a call costs microseconds of host time on every decode layer otherwise).
+  static const cudaError_t attr_f16 =
+      cudaFuncSetAttribute(MlaAttentionKernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+  static const cudaError_t attr_bf16 = cudaFuncSetAttribute(MlaAttentionKernel<__nv_bfloat16>,
+                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
+  const cudaError_t e = f16 ? attr_f16 : attr_bf16;
+  if (e != cudaSuccess) return static_cast<int>(e);
+  kernel<<<dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)), kMlaWarps * 32,
+           kMlaSmemBytes, S(s)>>>(a, chunk, chunks, part_m, part_l, part_acc);
+  return Done();
+}
+
+int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s) {
+  if (a.n == 0 || a.heads == 0) return 0;
+  if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  // The tensor-core kernel where its tiles fit (`mma`: KernelOptions::mla_context_mma), else the plain float32 one.
+  if (mma && MlaContextMmaFits(a)) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(MlaContextMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtxSmemBytes);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    // Blocks for every query tile there can be; those past the last one return at once.
+    const int64_t tiles = a.n / kCtxTile + a.num_seqs;
+    MlaContextMmaKernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)), kCtxMmaWarps * 32,
+                          kCtxSmemBytes, S(s)>>>(a);
+    return Done();
+  }
+  if (a.v_dim > kCtxMaxV) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((a.heads + kCtxWarps - 1) / kCtxWarps));
+  MlaContextAttentionKernel<<<grid, kCtxWarps * 32, 0, S(s)>>>(a);
+  return Done();
+}
+
+}  // namespace fathom::cuda
