@@ -14,24 +14,8 @@ class DenseMethod final : public LinearMethod {
 
   Status AddSpecs(const LinearSpec& l, std::vector<WeightSpec>* specs) const override {
     FATHOM_RETURN_IF_ERROR(l.CheckSplit(1, 1));
-    WeightSpec w;
-    w.name = l.prefix + ".weight";
-    w.shape = {l.local_out(), l.local_in()};
-    w.dtype = l.dtype;
-    w.read_fraction = l.read_fraction;
-    w.active_fraction = l.active_fraction;
-    w.shard = l.ShardFor(0, 1);
-    specs->push_back(std::move(w));
-    if (l.bias) {
-      WeightSpec b;
-      b.name = l.prefix + ".bias";
-      b.shape = {l.local_out()};
-      b.dtype = l.dtype;
-      b.read_fraction = l.read_fraction;
-      b.active_fraction = l.active_fraction;
-      b.shard = l.ShardFor(0, -1);
-      specs->push_back(std::move(b));
-    }
+    specs->push_back(LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, l.dtype, l.ShardFor(0, 1)));
+    AddBiasSpec(l, specs);
     return OkStatus();
   }
 
@@ -62,6 +46,23 @@ class DenseMethod final : public LinearMethod {
 };
 
 }  // namespace
+
+WeightSpec LayerTensorSpec(const LinearSpec& l, const std::string& suffix, std::vector<int64_t> shape, DType dtype,
+                           WeightShard shard) {
+  WeightSpec w;
+  w.name = l.prefix + suffix;
+  w.shape = std::move(shape);
+  w.dtype = dtype;
+  w.read_fraction = l.read_fraction;
+  w.active_fraction = l.active_fraction;
+  w.shard = shard;
+  return w;
+}
+
+void AddBiasSpec(const LinearSpec& l, std::vector<WeightSpec>* specs) {
+  // A row-parallel layer's bias is whole on every rank (rank 0 adds it).
+  if (l.bias) specs->push_back(LayerTensorSpec(l, ".bias", {l.local_out()}, l.dtype, l.ShardFor(0, -1)));
+}
 
 StatusOr<TensorView> BindBias(const LinearSpec& l, const TensorLookup& find) {
   // A row-parallel layer's ranks each hold a partial sum: the bias is added once, on rank 0.

@@ -23,32 +23,16 @@ class Fp8BlockMethod final : public LinearMethod {
   Status AddSpecs(const LinearSpec& l, std::vector<WeightSpec>* specs) const override {
     // A rank's shard holds whole blocks, so that its scales are a shard of the scales.
     FATHOM_RETURN_IF_ERROR(l.CheckSplit(block_n_, block_k_));
-    WeightSpec w;
-    w.name = l.prefix + ".weight";
-    w.shape = {l.local_out(), l.local_in()};
-    w.dtype = DType::kF8E4M3;  // dummy weights: random codes of |value| <= 1.875, scaled by the dummy scales below
-    w.read_fraction = l.read_fraction;
-    w.active_fraction = l.active_fraction;
-    w.shard = l.ShardFor(0, 1);
-    specs->push_back(std::move(w));
-    WeightSpec s;
-    s.name = l.prefix + ".weight_scale_inv";
-    s.shape = {CeilDiv(l.local_out(), block_n_), CeilDiv(l.local_in(), block_k_)};
-    s.dtype = DType::kF32;
+    // Dummy weights: random codes of |value| <= 1.875, scaled by the dummy scales.
+    specs->push_back(
+        LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, DType::kF8E4M3, l.ShardFor(0, 1)));
+    WeightSpec s = LayerTensorSpec(l, ".weight_scale_inv",
+                                   {CeilDiv(l.local_out(), block_n_), CeilDiv(l.local_in(), block_k_)}, DType::kF32,
+                                   l.ShardFor(0, 1));
     s.init = WeightInit::kConstant;
     s.init_value = 0.02f;
-    s.read_fraction = l.read_fraction;
-    s.active_fraction = l.active_fraction;
-    s.shard = l.ShardFor(0, 1);
     specs->push_back(std::move(s));
-    if (l.bias) {
-      WeightSpec b;
-      b.name = l.prefix + ".bias";
-      b.shape = {l.local_out()};
-      b.dtype = l.dtype;
-      b.shard = l.ShardFor(0, -1);
-      specs->push_back(std::move(b));
-    }
+    AddBiasSpec(l, specs);
     return OkStatus();
   }
 

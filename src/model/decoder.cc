@@ -5,13 +5,23 @@
 
 namespace fathom {
 
-void AddHeadSpecs(WeightSpecBuilder& b, const ModelConfig& c) {
+StatusOr<std::vector<WeightSpec>> DecoderWeightSpecs(const ModelConfig& c, const ParallelConfig& par,
+                                                     const LayerSpecs& attention, const LayerSpecs& mlp) {
+  WeightSpecBuilder b(c, par);
+  b.Embedding("model.embed_tokens.weight");
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    b.Norm(LayerName(i, "input_layernorm.weight"), c.hidden_size);
+    attention(b, i, c);
+    b.Norm(LayerName(i, "post_attention_layernorm.weight"), c.hidden_size);
+    mlp(b, i, c);
+  }
   b.Norm("model.norm.weight", c.hidden_size);
   WeightSpec& head = b.Tensor("lm_head.weight", {c.vocab_size, c.hidden_size});
   if (c.tie_word_embeddings) {
     head.fallback = "model.embed_tokens.weight";
     head.shares_storage = true;
   }
+  return b.Finish();
 }
 
 Status DecoderModel::InitDecoder(int64_t rope_dim) {

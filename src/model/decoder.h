@@ -19,9 +19,11 @@ namespace fathom {
 
 class WeightSpecBuilder;
 
-// The decoder's own tensors after the layers: the final norm and lm_head (tied to the embedding where the config
-// says so). The embedding comes first: WeightSpecBuilder::Embedding.
-void AddHeadSpecs(WeightSpecBuilder& b, const ModelConfig& cfg);
+// A family's specs in checkpoint order: the embedding; per layer the input norm, `attention`'s tensors, the post-
+// attention norm and `mlp`'s; then the final norm and lm_head (tied to the embedding where the config says so).
+using LayerSpecs = void (*)(WeightSpecBuilder& b, int64_t layer, const ModelConfig& cfg);
+StatusOr<std::vector<WeightSpec>> DecoderWeightSpecs(const ModelConfig& cfg, const ParallelConfig& par,
+                                                     const LayerSpecs& attention, const LayerSpecs& mlp);
 
 // What a layer's attention block sees of the step.
 struct LayerStep {

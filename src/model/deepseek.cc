@@ -12,21 +12,13 @@ namespace fathom {
 
 namespace {
 
-StatusOr<std::vector<WeightSpec>> DeepseekWeightSpecs(const ModelConfig& c, const ParallelConfig& par) {
-  WeightSpecBuilder b(c, par);
-  b.Embedding("model.embed_tokens.weight");
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    b.Norm(LayerName(i, "input_layernorm.weight"), c.hidden_size);
-    MlaAttention::AddSpecs(b, LayerName(i, "self_attn."), c);
-    b.Norm(LayerName(i, "post_attention_layernorm.weight"), c.hidden_size);
-    if (c.IsMoeLayer(i)) {
-      MoeBlock::AddSpecs(b, LayerName(i, "mlp."), c);
-    } else {
-      GatedMlp::AddSpecs(b, LayerName(i, "mlp."), c.hidden_size, c.intermediate_size);
-    }
+// Dense gated MLPs in the first first_k_dense_replace layers (and off the moe_layer_freq grid), MoE blocks elsewhere.
+void DeepseekMlpSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& c) {
+  if (c.IsMoeLayer(i)) {
+    MoeBlock::AddSpecs(b, LayerName(i, "mlp."), c);
+  } else {
+    GatedMlp::AddSpecs(b, LayerName(i, "mlp."), c.hidden_size, c.intermediate_size);
   }
-  AddHeadSpecs(b, c);
-  return b.Finish();
 }
 
 // One latent row per token and layer, shared by the heads (and by tensor-parallel ranks: each holds all of it).
@@ -103,8 +95,11 @@ class DeepseekModel final : public DecoderModel {
 }  // namespace
 
 void RegisterDeepseekFamily(std::vector<Architecture>& out) {
-  RegisterFamily(out, {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}, &DeepseekWeightSpecs, &DeepseekKvSpec,
-                 &CreateModel<DeepseekModel>);
+  RegisterFamily(out, {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"},
+                 {.attention_specs = &MlaAttention::LayerSpecs,
+                  .mlp_specs = &DeepseekMlpSpecs,
+                  .kv_spec = &DeepseekKvSpec,
+                  .create = &CreateModel<DeepseekModel>});
 }
 
 }  // namespace fathom

@@ -8,17 +8,12 @@ namespace fathom {
 
 namespace {
 
-StatusOr<std::vector<WeightSpec>> LlamaWeightSpecs(const ModelConfig& c, const ParallelConfig& par) {
-  WeightSpecBuilder b(c, par);
-  b.Embedding("model.embed_tokens.weight");
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    b.Norm(LayerName(i, "input_layernorm.weight"), c.hidden_size);
-    GqaAttention::AddSpecs(b, LayerName(i, "self_attn."), c);
-    b.Norm(LayerName(i, "post_attention_layernorm.weight"), c.hidden_size);
-    GatedMlp::AddSpecs(b, LayerName(i, "mlp."), c.hidden_size, c.intermediate_size, c.mlp_bias);
-  }
-  AddHeadSpecs(b, c);
-  return b.Finish();
+void LlamaAttentionSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& c) {
+  GqaAttention::AddSpecs(b, LayerName(i, "self_attn."), c);
+}
+
+void LlamaMlpSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& c) {
+  GatedMlp::AddSpecs(b, LayerName(i, "mlp."), c.hidden_size, c.intermediate_size, c.mlp_bias);
 }
 
 KvCacheSpec LlamaKvSpec(const ModelConfig& c, const ParallelConfig& par) {
@@ -84,8 +79,11 @@ class LlamaModel final : public DecoderModel {
 }  // namespace
 
 void RegisterLlamaFamily(std::vector<Architecture>& out) {
-  RegisterFamily(out, {"LlamaForCausalLM", "Qwen2ForCausalLM"}, &LlamaWeightSpecs, &LlamaKvSpec,
-                 &CreateModel<LlamaModel>);
+  RegisterFamily(out, {"LlamaForCausalLM", "Qwen2ForCausalLM"},
+                 {.attention_specs = &LlamaAttentionSpecs,
+                  .mlp_specs = &LlamaMlpSpecs,
+                  .kv_spec = &LlamaKvSpec,
+                  .create = &CreateModel<LlamaModel>});
 }
 
 }  // namespace fathom

@@ -33,6 +33,10 @@ void MlaAttention::AddSpecs(WeightSpecBuilder& b, const std::string& p, const Mo
   b.Linear(p + "o_proj", h, nh * m.v_head_dim, {.split = LinearSplit::kRows});
 }
 
+void MlaAttention::LayerSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& c) {
+  AddSpecs(b, LayerName(i, "self_attn."), c);
+}
+
 namespace {
 
 // Splits kv_b_proj ([heads * (nope + v_head_dim), kv_lora]) into per-head W_UK^T and W_UV for the absorbed attention,

@@ -56,6 +56,8 @@ struct MlaAttention {
   // prefix + "q_a_proj", "q_a_layernorm", "q_b_proj" (or "q_proj"), "kv_a_proj_with_mqa", "kv_a_layernorm",
   // "kv_b_proj", "o_proj" (prefix ends in '.'). Heads are split between tensor-parallel ranks; the latent is not.
   static void AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const ModelConfig& cfg);
+  // Layer i's: AddSpecs at "model.layers.i.self_attn." (an Architecture's attention_specs).
+  static void LayerSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& cfg);
   // `constants` owns the per-head projections split out of kv_b_proj (exact: kv_b's dtype, or float32 for scaled
   // formats).
   static StatusOr<MlaAttention> Bind(const WeightStore& w, Backend& be, const std::string& prefix,

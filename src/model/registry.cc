@@ -24,9 +24,11 @@ StatusOr<const Architecture*> FindArchitecture(const std::string& name) {
   return UnimplementedError(fmt::format("architecture '{}' is not supported; supported: {}", name, names));
 }
 
-void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, Architecture::SpecsFn specs,
-                    Architecture::KvSpecFn kv_spec, Architecture::CreateFn create) {
-  for (const char* name : names) out.push_back(Architecture{name, specs, kv_spec, create});
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, const Architecture& family) {
+  for (const char* name : names) {
+    out.push_back(family);
+    out.back().name = name;
+  }
 }
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const ModelConfig& cfg,

@@ -12,24 +12,26 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder.h"
 #include "model/model.h"
 
 namespace fathom {
 
 struct Architecture {
-  using SpecsFn = StatusOr<std::vector<WeightSpec>> (*)(const ModelConfig& cfg, const ParallelConfig& par);
   using KvSpecFn = KvCacheSpec (*)(const ModelConfig& cfg, const ParallelConfig& par);
   using CreateFn = StatusOr<std::unique_ptr<Model>> (*)(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
                                                        Backend& backend, Communicator& comm);
-  std::string name;  // "LlamaForCausalLM"
-  SpecsFn specs = nullptr;
+  std::string name = "";  // "LlamaForCausalLM" (RegisterFamily sets it)
+  // Each layer's attention and MLP tensors (the decoder skeleton adds the rest: model/decoder.h DecoderWeightSpecs).
+  LayerSpecs attention_specs = nullptr;
+  LayerSpecs mlp_specs = nullptr;
   KvSpecFn kv_spec = nullptr;
   CreateFn create = nullptr;
 
   // The weights one rank of `par` loads (all of them for one rank); an unsupported weight format or a shape that does
   // not split is an error naming it.
   StatusOr<std::vector<WeightSpec>> weight_specs(const ModelConfig& cfg, const ParallelConfig& par = {}) const {
-    return specs(cfg, par);
+    return DecoderWeightSpecs(cfg, par, attention_specs, mlp_specs);
   }
   KvCacheSpec kv_cache_spec(const ModelConfig& cfg, const ParallelConfig& par = {}) const { return kv_spec(cfg, par); }
 };
@@ -43,8 +45,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const M
                                            Communicator& comm = SingleRank());
 
 // Registers one family's functions under each of its architecture names.
-void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, Architecture::SpecsFn specs,
-                    Architecture::KvSpecFn kv_spec, Architecture::CreateFn create);
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, const Architecture& family);
 
 // Per-family registration hooks (one per model/<family>.cc).
 void RegisterLlamaFamily(std::vector<Architecture>& out);

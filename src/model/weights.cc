@@ -123,39 +123,15 @@ ShardIndex IndexOf(const WeightSpec& spec) {
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
+  FATHOM_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 || dt == DType::kF8E4M3,
+               "dummy weights of dtype {}", DTypeName(dt));
   const DummyPattern pattern = PatternOf(spec, seed);
   const ShardIndex index = IndexOf(spec);
-  if (pattern.constant) {
-    const float v = *pattern.constant;
-    DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        switch (dt) {
-          case DType::kF32:
-            out.data<float>()[i] = v;
-            break;
-          case DType::kBF16:
-            out.data<uint16_t>()[i] = F32ToBf16(v);
-            break;
-          case DType::kF16:
-            out.data<uint16_t>()[i] = F32ToF16(v);
-            break;
-          case DType::kF8E4M3:
-            out.data<uint8_t>()[i] = F32ToF8E4M3(v);
-            break;
-          default:
-            FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
-        }
-      }
-    });
-    return;
-  }
-  const float a = pattern.scale;
-  const uint64_t key = pattern.key;
   DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const uint64_t r = SplitMix64(key + static_cast<uint64_t>(index(i)));
+      const uint64_t r = SplitMix64(pattern.key + static_cast<uint64_t>(index(i)));
       const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-      const float v = (2.0f * u - 1.0f) * a;
+      const float v = pattern.constant ? *pattern.constant : (2.0f * u - 1.0f) * pattern.scale;
       switch (dt) {
         case DType::kF32:
           out.data<float>()[i] = v;
@@ -166,11 +142,9 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
         case DType::kF16:
           out.data<uint16_t>()[i] = F32ToF16(v);
           break;
-        case DType::kF8E4M3:  // random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
-          out.data<uint8_t>()[i] = static_cast<uint8_t>(r & 0xbf);
+        default:  // f8: random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
+          out.data<uint8_t>()[i] = pattern.constant ? F32ToF8E4M3(v) : static_cast<uint8_t>(r & 0xbf);
           break;
-        default:
-          FATHOM_CHECK(false, "dummy weights of dtype {}", DTypeName(dt));
       }
     }
   });

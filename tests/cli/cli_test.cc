@@ -118,6 +118,15 @@ TEST(CliTest, InspectDummyDeepseekV3) {
   EXPECT_NE(r.out.find("kv cache:          70272 bytes per token (bf16"), std::string::npos) << r.out;
 }
 
+// A 4-bit config is never sized as f16: until INT4 lands, inspect names the method it cannot run.
+TEST(CliTest, InspectRefusesAnAwqConfigByName) {
+  RunResult r = RunFathom("inspect --model " + testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b-awq.json" +
+                          " --load-format dummy");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out.find("parameters:"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("quantization method 'awq (4-bit, group 128)' is not supported"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, DeepseekLogitsMatchTheOracle) {
   for (const char* name : {"deepseek-v2-lite-tiny", "deepseek-v3-fp8-tiny"}) {
     const std::string dir = testing::ModelDir(name);

@@ -1,0 +1,269 @@
+// Weight formats as objects: which method a config gets (and what it refuses), the tensors each method declares, its
+// checks when binding, and the tensor-parallel shards a spec asks for, sliced from the checkpoint.
+#include "format/linear_method.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/registry.h"
+#include "model/weights.h"
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+ModelConfig TinyConfig(const std::string& fixture) {
+  auto cfg = LoadModelConfig(testing::ModelDir(fixture));
+  FATHOM_CHECK(cfg.ok(), "{}", cfg.status().ToString());
+  return *cfg;
+}
+
+StatusOr<std::vector<WeightSpec>> Specs(const ModelConfig& cfg, ParallelConfig par = {}) {
+  FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
+  return arch->weight_specs(cfg, par);
+}
+
+const WeightSpec& Find(const std::vector<WeightSpec>& specs, const std::string& name) {
+  for (const WeightSpec& s : specs) {
+    if (s.name == name) return s;
+  }
+  FATHOM_CHECK(false, "no spec {}", name);
+  return specs.front();
+}
+
+bool Has(const std::vector<WeightSpec>& specs, const std::string& name) {
+  for (const WeightSpec& s : specs) {
+    if (s.name == name) return true;
+  }
+  return false;
+}
+
+// Every family refuses a method it cannot run, naming it; nothing is sized as f16 instead.
+TEST(LinearMethodTest, UnsupportedMethodsAreRefusedByNameForEveryFamily) {
+  for (const auto& [config, method] : std::vector<std::pair<std::string, std::string>>{
+           {"deepseek-r1-distill-qwen-7b-awq", "awq"},
+           {"deepseek-coder-6.7b-instruct-awq", "awq"},
+           {"deepseek-r1-distill-llama-8b-gptq", "gptq"},
+           {"deepseek-v2-lite-awq", "awq"}}) {
+    auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + config + ".json");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    auto specs = Specs(*cfg);
+    EXPECT_EQ(specs.status().code(), StatusCode::kUnimplemented) << config;
+    EXPECT_NE(specs.status().message().find("'" + method + " (4-bit, group 128)'"), std::string::npos)
+        << specs.status().message();
+  }
+  ModelConfig cfg = TinyConfig("llama3-distill-tiny");
+  for (const char* method : {"compressed-tensors", "bitsandbytes", "exl2"}) {
+    cfg.quant = QuantConfig{};
+    cfg.quant.method = method;
+    cfg.quant.source = "config.json 'quantization_config'";
+    auto specs = Specs(cfg);
+    EXPECT_EQ(specs.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(specs.status().message().find(method), std::string::npos) << specs.status().message();
+  }
+  cfg.quant = QuantConfig{};
+  cfg.quant.method = "fp8";
+  cfg.quant.fmt = "e5m2";
+  EXPECT_NE(Specs(cfg).status().message().find("'e5m2'"), std::string::npos);
+  cfg.quant.fmt = "e4m3";
+  cfg.quant.activation_scheme = "static";
+  EXPECT_NE(Specs(cfg).status().message().find("'static'"), std::string::npos);
+}
+
+// FP8 block scaling is a format, not a DeepSeek feature: a Llama config with it gets f8 weights and their scales,
+// and the layers that never quantize (lm_head, norms, embeddings) stay float.
+TEST(LinearMethodTest, Fp8SpecsForADenseFamily) {
+  ModelConfig cfg = TinyConfig("llama3-distill-tiny");
+  cfg.quant.method = "fp8";
+  auto specs = Specs(cfg);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  const WeightSpec& q = Find(*specs, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(q.dtype, DType::kF8E4M3);
+  ASSERT_NE(q.linear, nullptr);
+  EXPECT_EQ(q.linear->method->format(), LinearFormat::kFp8Block);
+  const WeightSpec& ks = Find(*specs, "model.layers.0.self_attn.k_proj.weight_scale_inv");  // [32, 128]: one block
+  EXPECT_EQ(ks.shape, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(ks.dtype, DType::kF32);
+  EXPECT_EQ(Find(*specs, "model.layers.1.mlp.down_proj.weight_scale_inv").shape, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(Find(*specs, "lm_head.weight").dtype, DType::kBF16);
+  EXPECT_EQ(Find(*specs, "model.layers.0.input_layernorm.weight").dtype, DType::kBF16);
+  EXPECT_FALSE(Has(*specs, "lm_head.weight_scale_inv"));
+  // modules_to_not_convert keeps the named layers float.
+  cfg.quant.modules_to_not_convert = {"mlp.down_proj"};
+  specs = Specs(cfg);
+  ASSERT_TRUE(specs.ok());
+  EXPECT_EQ(Find(*specs, "model.layers.1.mlp.down_proj.weight").dtype, DType::kBF16);
+  EXPECT_FALSE(Has(*specs, "model.layers.1.mlp.down_proj.weight_scale_inv"));
+  EXPECT_EQ(Find(*specs, "model.layers.1.mlp.up_proj.weight").dtype, DType::kF8E4M3);
+}
+
+// Each method checks the dtypes its layout needs when it binds a layer.
+TEST(LinearMethodTest, BindChecksTheStoredDtypes) {
+  Tensor f8 = Tensor::Empty(DType::kF8E4M3, {4, 8}), bf16 = Tensor::Empty(DType::kBF16, {4, 8});
+  Tensor scale = Tensor::Empty(DType::kF32, {1, 1});
+  std::map<std::string, TensorView> loaded;
+  const TensorLookup find = [&](const std::string& n) -> const TensorView* {
+    auto it = loaded.find(n);
+    return it == loaded.end() ? nullptr : &it->second;
+  };
+  LinearSpec l;
+  l.prefix = "x";
+  l.out = 4;
+  l.in = 8;
+  QuantConfig none, fp8;
+  fp8.method = "fp8";
+  auto dense = LinearMethodFor(none, "x");
+  auto block = LinearMethodFor(fp8, "x");
+  ASSERT_TRUE(dense.ok() && block.ok());
+  loaded["x.weight"] = f8.view();
+  auto w = (*dense)->Bind(l, find);
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("no fp8 quantization_config"), std::string::npos) << w.status().message();
+  loaded["x.weight"] = bf16.view();
+  loaded["x.weight_scale_inv"] = scale.view();
+  w = (*block)->Bind(l, find);
+  EXPECT_NE(w.status().message().find("needs F8_E4M3"), std::string::npos) << w.status().message();
+  loaded["x.weight"] = f8.view();
+  w = (*block)->Bind(l, find);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->format, LinearFormat::kFp8Block);
+  EXPECT_EQ(w->scale_inv.raw(), scale.view().raw());
+}
+
+// The CPU reference dequantization of a block-scaled row: value times its block's scale.
+TEST(LinearMethodTest, Fp8DequantizeRowAppliesBlockScales) {
+  Tensor w = Tensor::Empty(DType::kF8E4M3, {3, 5});
+  for (int64_t i = 0; i < 15; ++i) w.data<uint8_t>()[i] = F32ToF8E4M3(static_cast<float>(i % 7) - 3.0f);
+  Tensor s = Tensor::Empty(DType::kF32, {2, 3});  // blocks of 2 rows x 2 columns
+  for (int64_t i = 0; i < 6; ++i) s.data<float>()[i] = 0.5f * static_cast<float>(i + 1);
+  LinearWeight lw;
+  lw.format = LinearFormat::kFp8Block;
+  lw.weight = w;
+  lw.scale_inv = s;
+  lw.block_n = 2;
+  lw.block_k = 2;
+  std::vector<float> row(5);
+  DequantizeRow(lw, 2, row.data());
+  for (int64_t c = 0; c < 5; ++c) {
+    const float want = (static_cast<float>((2 * 5 + c) % 7) - 3.0f) * s.data<float>()[1 * 3 + c / 2];
+    EXPECT_EQ(row[static_cast<size_t>(c)], want) << c;
+  }
+  EXPECT_EQ(MethodOf(LinearFormat::kFp8Block).ExactFloatDType(lw), DType::kF32);
+}
+
+// The hooks for tensor parallelism: a rank's specs hold its shapes and shards; loading slices them from the mmap.
+TEST(ShardTest, ColumnAndRowShardsSliceTheCheckpoint) {
+  const std::string dir = testing::ModelDir("llama3-distill-tiny");
+  const ModelConfig cfg = TinyConfig("llama3-distill-tiny");
+  auto specs = Specs(cfg, {.tp_size = 2, .tp_rank = 1});
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  const WeightSpec& q = Find(*specs, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(q.shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(q.full_shape(), (std::vector<int64_t>{128, 128}));
+  EXPECT_EQ(Find(*specs, "model.layers.0.self_attn.o_proj.weight").shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(Find(*specs, "model.layers.0.mlp.down_proj.weight").shape, (std::vector<int64_t>{128, 128}));
+  EXPECT_EQ(Find(*specs, "model.embed_tokens.weight").shape, (std::vector<int64_t>{512, 128}));  // replicated
+  auto arch = FindArchitecture(cfg.architecture);
+  EXPECT_EQ((*arch)->kv_cache_spec(cfg, {.tp_size = 2, .tp_rank = 1}).num_kv_heads, 1);
+
+  CpuBackend cpu;
+  LoadOptions o;
+  o.show_progress = false;
+  auto store = LoadWeights(dir, *specs, o, cpu);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  // Rows 64..127 of q_proj; columns 64..127 of o_proj.
+  const TensorView full_q = *(*ckpt)->Get("model.layers.0.self_attn.q_proj.weight");
+  const TensorView& got_q = (*store)->Get("model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(std::memcmp(got_q.raw(), static_cast<const uint16_t*>(full_q.raw()) + 64 * 128, 64 * 128 * 2), 0);
+  const TensorView full_o = *(*ckpt)->Get("model.layers.0.self_attn.o_proj.weight");
+  const TensorView& got_o = (*store)->Get("model.layers.0.self_attn.o_proj.weight");
+  ASSERT_TRUE(got_o.is_contiguous());
+  for (int64_t r = 0; r < 128; ++r) {
+    ASSERT_EQ(std::memcmp(static_cast<const uint16_t*>(got_o.raw()) + r * 64,
+                          static_cast<const uint16_t*>(full_o.raw()) + r * 128 + 64, 64 * 2),
+              0)
+        << r;
+  }
+  auto lw = (*store)->Linear("model.layers.0.self_attn.o_proj", cpu);
+  ASSERT_TRUE(lw.ok()) << lw.status().ToString();
+  EXPECT_EQ(lw->in_features(), 64);
+}
+
+TEST(ShardTest, ShapesThatDoNotSplitAreRefusedByName) {
+  auto specs = Specs(TinyConfig("llama3-distill-tiny"), {.tp_size = 3, .tp_rank = 0});
+  EXPECT_EQ(specs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(specs.status().message().find("num_attention_heads (8) does not split into 3"), std::string::npos)
+      << specs.status().message();
+  specs = Specs(TinyConfig("llama3-distill-tiny"), {.tp_size = 4, .tp_rank = 0});  // 2 KV heads
+  EXPECT_NE(specs.status().message().find("num_key_value_heads (2)"), std::string::npos) << specs.status().message();
+  // FP8's 128 x 128 blocks are never cut: V3-tiny's q_b_proj has 192 rows, 96 a rank at tp = 2.
+  specs = Specs(TinyConfig("deepseek-v3-fp8-tiny"), {.tp_size = 2, .tp_rank = 0});
+  EXPECT_EQ(specs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(specs.status().message().find("q_b_proj: its output rows (192) do not split into 2 tensor-parallel parts "
+                                          "of whole 128-wide blocks"),
+            std::string::npos)
+      << specs.status().message();
+  EXPECT_TRUE(Specs(TinyConfig("deepseek-v3-tiny"), {.tp_size = 2, .tp_rank = 1}).ok());
+}
+
+// Dummy weights of a shard are that shard's part of the whole tensor's dummy values, for either split.
+TEST(ShardTest, DummyShardsHoldTheirPartOfTheWhole) {
+  for (int dim : {0, 1}) {
+    WeightSpec whole;
+    whole.name = "model.layers.0.mlp.up_proj.weight";
+    whole.shape = {6, 8};
+    Tensor all = Tensor::Empty(DType::kBF16, {6, 8});
+    FillDummy(whole, 3, all);
+    WeightSpec part = whole;
+    part.shape[static_cast<size_t>(dim)] /= 2;
+    part.shard = {.dim = dim, .parts = 2, .index = 1};
+    Tensor mine = Tensor::Empty(DType::kBF16, part.shape);
+    FillDummy(part, 3, mine);
+    for (int64_t r = 0; r < part.shape[0]; ++r) {
+      for (int64_t c = 0; c < part.shape[1]; ++c) {
+        const int64_t fr = dim == 0 ? r + 3 : r, fc = dim == 1 ? c + 4 : c;
+        EXPECT_EQ(mine.data<uint16_t>()[r * part.shape[1] + c], all.data<uint16_t>()[fr * 8 + fc]) << dim;
+      }
+    }
+  }
+}
+
+// A row-parallel layer's ranks hold partial sums: its bias is added once, by rank 0.
+TEST(ShardTest, RowParallelBiasIsBoundOnRankZeroOnly) {
+  Tensor w = Tensor::Empty(DType::kBF16, {4, 4}), b = Tensor::Empty(DType::kBF16, {4});
+  std::map<std::string, TensorView> loaded = {{"o.weight", w.view()}, {"o.bias", b.view()}};
+  const TensorLookup find = [&](const std::string& n) -> const TensorView* {
+    auto it = loaded.find(n);
+    return it == loaded.end() ? nullptr : &it->second;
+  };
+  auto dense = LinearMethodFor(QuantConfig{}, "o");
+  ASSERT_TRUE(dense.ok());
+  LinearSpec l;
+  l.prefix = "o";
+  l.out = 4;
+  l.in = 8;
+  l.bias = true;
+  l.split = LinearSplit::kRows;
+  for (int64_t rank : {0, 1}) {
+    l.parallel = {.tp_size = 2, .tp_rank = rank};
+    std::vector<WeightSpec> specs;
+    ASSERT_TRUE((*dense)->AddSpecs(l, &specs).ok());
+    ASSERT_EQ(specs.size(), 2u);
+    EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{4, 4}));
+    EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{4}));
+    EXPECT_FALSE(specs[1].shard.sharded());
+    auto bound = (*dense)->Bind(l, find);
+    ASSERT_TRUE(bound.ok());
+    EXPECT_EQ(bound->bias.empty(), rank != 0) << rank;
+  }
+}
+
+}  // namespace
+}  // namespace fathom
