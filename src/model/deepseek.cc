@@ -55,9 +55,9 @@ class DeepseekModel final : public DecoderModel {
   }
 
   KvCacheSpec kv_cache_spec() const override { return DeepseekKvSpec(cfg_, parallel()); }
-  // No host synchronization where the backend routes and runs the experts on the device (CUDA, bf16 experts);
-  // otherwise (FP8 experts on the GPU, for now) MoeExperts reads the routing on the host, so no graph can record a
-  // step, and the engine runs decode steps eagerly.
+  // No host synchronization where the backend routes and runs the experts on the device (the CPU, or CUDA with the
+  // device state PrepareExperts made); otherwise (experts in a layout the device path does not take) MoeExperts
+  // reads the routing on the host, so no graph can record a step, and the engine runs decode steps eagerly.
   bool SupportsForwardOnDevice() const override { return experts_on_device_; }
   void set_run_options(const ModelRunOptions& o) override { run_ = o; }
 

@@ -241,9 +241,11 @@ TEST(OracleRerunTest, DeepseekV3TinyDisagreesWithTransformers) {
   EXPECT_NE(a2.greedy[7], b2.greedy[7]);
 }
 
+// llama3-distill-fp8-tiny: the Llama family in DeepSeek-V3's block-scaled FP8 format (the oracle ran on the
+// dequantized weights), through the same llama.cc.
 INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
-                                           "qwen2-tied-tiny"),
+                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny",
+                                           "qwen2-distill-tiny", "qwen2-tied-tiny"),
                          FixtureName);
 
 // MLA over the latent paged cache, MoE routing (V2 softmax greedy, V3 sigmoid noaux_tc), and V3's FP8 weights

@@ -1428,8 +1428,8 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
 // rounded to bf16. MoE fixtures therefore take the router's low-margin rule (kRouteNoise, RouteMargins) in bf16.
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
-  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny", "qwen2-tied-tiny",
-                        "deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"}) {
+  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny", "qwen2-distill-tiny",
+                        "qwen2-tied-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"}) {
     v.push_back({f, true});
     v.push_back({f, false});
   }
