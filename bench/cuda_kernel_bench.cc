@@ -15,6 +15,9 @@
 //   - with --sample 1 instead: sampling at DeepSeek-V3's 129k vocabulary, per step of 1-256 rows: the device sampler
 //     (sampling.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
 //     Sample() on the thread pool, as the engine does), in ms.
+//   - with --ops 1 instead: every row of the op table (tests/backend/ops/op_cases.h, the rows backend_ops_test checks;
+//     --filter SUBSTRING keeps the rows whose description contains it) on the CudaBackend with its kernel variant:
+//     microseconds a run, and GB/s and TFLOP/s from the row's bytes and FLOPs.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
 //   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
@@ -22,6 +25,7 @@
 //   cuda_kernel_bench --moe 1
 //   cuda_kernel_bench --fp8 1
 //   cuda_kernel_bench --sample 1
+//   cuda_kernel_bench --ops 1 [--filter "PagedAttention"]
 // Prints one JSON object per line.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
@@ -45,6 +50,8 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/sampling.h"
+#include "backend/ops/cuda_variants.h"
+#include "backend/ops/op_cases.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
 
@@ -71,7 +78,8 @@ constexpr int kBf16 = 2, kF32 = 0, kF8 = 3;  // fathom::DType values
 
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
-  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0;
+  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0, ops = 0;
+  std::string filter;  // --ops: the rows whose description contains it
 };
 
 // Device buffer filled with small random bf16 (as uint16) or f32 values.
@@ -729,12 +737,83 @@ void Fp8Bench(Lt& lt) {
   for (void* p : {static_cast<void*>(x), static_cast<void*>(out), static_cast<void*>(wts), dtable}) cudaFree(p);
 }
 
+// `s` as a JSON string's contents.
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// --ops 1: the op table's rows on a CudaBackend, each with its kernel variant set first (as backend_ops_test does): a
+// warm-up run, one timed run to size the loop, then enough runs for about 50 ms (3 to 1000) between two CUDA events on
+// the backend's stream. Rows whose op updates a tensor in place keep updating it; ops that synchronize inside (the
+// host-sorted MoE path, SampleRows, the host copies) are timed with their synchronization.
+int OpsBench(const std::string& filter) {
+  auto made = fathom::CudaBackend::Create(0, fathom::cuda::KernelOptions{});
+  if (!made.ok()) {
+    fmt::print(stderr, "no CUDA backend: {}\n", made.status().ToString());
+    return 1;
+  }
+  fathom::CudaBackend& gpu = **made;
+  const cudaStream_t s = static_cast<cudaStream_t>(gpu.stream());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  // Runs the op `iters` times between the events: ms a run, or a negative number on an error (printed).
+  const auto timed = [&](fathom::ops::OpRun& run, int iters, fathom::Status* st) {
+    CK(cudaEventRecord(a, s));
+    for (int i = 0; i < iters && st->ok(); ++i) *st = run.Run();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    if (st->ok()) *st = gpu.Synchronize();
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return static_cast<double>(ms) / iters;
+  };
+  for (const fathom::ops::OpCase& c : fathom::ops::AllOpCases()) {
+    const std::string what = c.Describe();
+    if (!filter.empty() && what.find(filter) == std::string::npos) continue;
+    const std::string head = fmt::format(
+        "{{\"kernel\": \"op\", \"op\": \"{}\", \"shape\": \"{}\", \"dtypes\": \"{}\", \"variant\": \"{}\", "
+        "\"gpu_only\": {}",
+        JsonEscape(c.op), JsonEscape(c.shape), JsonEscape(c.dtypes), JsonEscape(c.variant), c.gpu_only);
+    const auto options = fathom::ops::KernelOptionsForVariant(c.variant);
+    fathom::Status st = options.status();
+    if (st.ok()) gpu.set_kernel_options(*options);
+    std::unique_ptr<fathom::ops::OpRun> run = st.ok() ? c.prepare(gpu) : nullptr;
+    if (st.ok()) st = run->Run();  // warm-up
+    if (st.ok()) st = gpu.Synchronize();
+    double ms = st.ok() ? timed(*run, 1, &st) : 0.0;
+    const int iters = ms > 0 ? static_cast<int>(std::clamp(50.0 / ms, 3.0, 1000.0)) : 3;
+    if (st.ok()) ms = timed(*run, iters, &st);
+    run.reset();
+    if (!st.ok()) {
+      fmt::print("{}, \"error\": \"{}\"}}\n", head, JsonEscape(st.ToString()));
+      continue;
+    }
+    const double us = 1e3 * ms;
+    fmt::print("{}, \"iters\": {}, \"us\": {:.2f}, \"gb_s\": {:.1f}, \"tflop_s\": {:.2f}}}\n", head, iters, us,
+               c.bytes / us / 1e3, c.flops / us / 1e6);
+    std::fflush(stdout);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Shape s;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
+    if (f == "--filter") {
+      s.filter = argv[i + 1];
+      continue;
+    }
     const int64_t v = std::atoll(argv[i + 1]);
     if (f == "--hidden")
       s.hidden = v;
@@ -758,10 +837,16 @@ int main(int argc, char** argv) {
       s.fp8 = v;
     else if (f == "--sample")
       s.sample = v;
+    else if (f == "--ops")
+      s.ops = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;
     }
+  }
+  if (s.ops != 0) {
+    fmt::print(stderr, "the op table's rows ...\n");
+    return OpsBench(s.filter);
   }
   Lt lt;
   LK(cublasLtCreate(&lt.h));

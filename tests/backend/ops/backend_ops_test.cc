@@ -1,0 +1,180 @@
+// Every backend in the build against the CPU reference, row by row of the op table (op_cases.h), as llama.cpp's
+// test-backend-ops does.
+//   - Everywhere (CI: the asan preset): the CPU backend against itself. A small row computed on one thread must be
+//     bit-identical to the same row on the pool's threads (at least 3): the reference promises results that do not
+//     depend on its thread count, and batch invariance rests on it.
+//   - Where the CUDA backend is built: every row on the GPU against the CPU, within the row's tolerance, its kernel
+//     variant selected with KernelOptions (cuda_variants.h); the tests skip themselves where there is no GPU.
+// A failing row prints the op, its shapes, dtypes and variant, and the measured error of each output.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/ops/op_cases.h"
+#include "core/thread_pool.h"
+#ifdef FATHOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ops/cuda_variants.h"
+#endif
+
+namespace fathom::ops {
+namespace {
+
+// The pool under test has at least 3 threads, however many cores the machine has (CI's have 2). Set before anything
+// uses the pool.
+[[maybe_unused]] const bool kPoolSized = [] {
+  SetDefaultThreadCount(static_cast<int>(std::max(3u, std::thread::hardware_concurrency())));
+  return true;
+}();
+
+// Runs `fn` as one task of the pool: every ParallelFor it issues then runs inline on that thread (thread_pool.h), so
+// the CPU backend computes on one thread.
+void OnOneThread(const std::function<void()>& fn) {
+  DefaultThreadPool().ParallelFor(2, 1, [&](int64_t begin, int64_t) {
+    if (begin == 0) fn();
+  });
+}
+
+std::vector<size_t> Rows(bool with_gpu_only) {
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < AllOpCases().size(); ++i) {
+    if (with_gpu_only || !AllOpCases()[i].gpu_only) rows.push_back(i);
+  }
+  return rows;
+}
+
+// "017_Linear_f32_gemm"
+std::string RowName(const ::testing::TestParamInfo<size_t>& info) {
+  const OpCase& c = AllOpCases()[info.param];
+  std::string name = fmt::format("{:03}_{}_{}", info.param, c.op, c.variant);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+// Each output of `got` within `tol` of `ref`'s (bit-identical for an exact tolerance); returns the errors.
+std::vector<OutputError> ExpectMatch(const OpCase& c, const std::vector<OpOutput>& ref,
+                                     const std::vector<OpOutput>& got, const Tolerance& tol, const std::string& what) {
+  EXPECT_EQ(got.size(), ref.size()) << c.Describe() << ": " << what << ": another number of outputs";
+  const std::vector<OutputError> errors = CompareOutputs(ref, got);
+  for (const OutputError& e : errors) {
+    EXPECT_TRUE(tol.Accepts(e)) << c.Describe() << "\n  " << what << ": " << e.ToString()
+                                << "\n  tolerance: " << tol.ToString();
+  }
+  return errors;
+}
+
+TEST(OpTableTest, RowsAreDistinctAndTheirVariantsKnown) {
+  std::set<std::string> seen;
+  const std::span<const std::string_view> known = KnownVariants();
+  for (const OpCase& c : AllOpCases()) {
+    EXPECT_TRUE(seen.insert(c.Describe()).second) << "a second row " << c.Describe();
+    EXPECT_NE(std::find(known.begin(), known.end(), c.variant), known.end()) << c.Describe();
+    EXPECT_GT(c.bytes, 0.0) << c.Describe();
+  }
+}
+
+// Every op of model/backend.h has a row that runs everywhere (PrepareLinear and PrepareExperts run in the Linear,
+// LinearFanOut and MoeExperts rows, Alloc in all of them).
+TEST(OpTableTest, CoversEveryBackendOp) {
+  std::set<std::string> small;
+  for (const OpCase& c : AllOpCases()) {
+    if (!c.gpu_only) small.insert(c.op);
+  }
+  for (const char* op : {"Embedding",      "RmsNorm",        "AddRmsNorm",
+                         "Linear",         "LinearFanOut",   "HeadLinear",
+                         "AddInPlace",     "SiluMul",        "RopeCosSin",
+                         "ApplyRope",      "WriteKv",        "RopeWriteKv",
+                         "PagedAttention", "GatherContext",  "MlaContextAttention",
+                         "GatherRows",     "ScatterAddRows", "MoeRoute",
+                         "MoeExperts",     "ArgMax",         "SampleRows",
+                         "Copy",           "CopyOnDevice",   "CopyFromHost+CopyToHost+Upload",
+                         "FillDummy"}) {
+    EXPECT_EQ(small.count(op), 1u) << op;
+  }
+}
+
+// The comparison itself: a one-ulp change fails a bit-identical row and passes a float32 one; a 1% change fails both.
+TEST(OpTableTest, ToleranceSeesDifferences) {
+  const std::vector<OpOutput> ref = {{"y", {1.0f, -2.0f, 3.0f, 0.5f}}};
+  std::vector<OpOutput> ulp = ref, far = ref, nan = ref;
+  ulp[0].values[2] = std::nextafter(3.0f, 4.0f);
+  far[0].values[1] = -2.02f;
+  nan[0].values[0] = NAN;
+  const Tolerance exact{0, 0}, f32{1e-7, -1};
+  EXPECT_TRUE(exact.Accepts(CompareOutputs(ref, ref)[0]));
+  EXPECT_FALSE(exact.Accepts(CompareOutputs(ref, ulp)[0]));
+  EXPECT_TRUE(f32.Accepts(CompareOutputs(ref, ulp)[0]));
+  EXPECT_FALSE(f32.Accepts(CompareOutputs(ref, far)[0]));
+  EXPECT_FALSE(f32.Accepts(CompareOutputs(ref, nan)[0]));
+  EXPECT_FALSE(f32.Accepts(CompareOutputs(ref, {{"y", {1.0f}}})[0]));
+  EXPECT_EQ(CompareOutputs(ref, ulp)[0].first_mismatch, 2);
+}
+
+class CpuThreadCountTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CpuThreadCountTest, OneThreadAndManyAreBitIdentical) {
+  const OpCase& c = AllOpCases()[GetParam()];
+  CpuBackend one, many;
+  StatusOr<std::vector<OpOutput>> ref = InternalError("not run");
+  OnOneThread([&] { ref = RunOpCase(c, one); });
+  ASSERT_TRUE(ref.ok()) << c.Describe() << ": " << ref.status().ToString();
+  const StatusOr<std::vector<OpOutput>> got = RunOpCase(c, many);
+  ASSERT_TRUE(got.ok()) << c.Describe() << ": " << got.status().ToString();
+  ExpectMatch(c, *ref, *got, Tolerance{0, 0},
+              fmt::format("cpu on {} threads against 1", DefaultThreadPool().num_threads()));
+}
+
+INSTANTIATE_TEST_SUITE_P(SmallRows, CpuThreadCountTest, ::testing::ValuesIn(Rows(/*with_gpu_only=*/false)), RowName);
+
+#ifdef FATHOM_HAVE_CUDA
+
+// One GPU for the process (made at the first use, never destroyed: the CUDA runtime may be gone at exit), or null.
+CudaBackend* Gpu() {
+  static CudaBackend* gpu = [] {
+    StatusOr<std::unique_ptr<CudaBackend>> g = CudaBackend::Create(0, cuda::KernelOptions{});
+    return g.ok() ? std::move(g).value().release() : nullptr;
+  }();
+  return gpu;
+}
+
+TEST(CudaVariantsTest, EveryKnownVariantMaps) {
+  for (std::string_view v : KnownVariants()) EXPECT_TRUE(KernelOptionsForVariant(v).ok()) << v;
+  EXPECT_FALSE(KernelOptionsForVariant("no_such_kernel").ok());
+}
+
+class CudaAgainstCpuTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CudaAgainstCpuTest, WithinTolerance) {
+  CudaBackend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device on this machine";
+  const OpCase& c = AllOpCases()[GetParam()];
+  const StatusOr<cuda::KernelOptions> options = KernelOptionsForVariant(c.variant);
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  gpu->set_kernel_options(*options);  // before the inputs: PrepareLinear depends on them
+  CpuBackend cpu;
+  const StatusOr<std::vector<OpOutput>> ref = RunOpCase(c, cpu);
+  ASSERT_TRUE(ref.ok()) << c.Describe() << ": cpu: " << ref.status().ToString();
+  const StatusOr<std::vector<OpOutput>> got = RunOpCase(c, *gpu);
+  ASSERT_TRUE(got.ok()) << c.Describe() << ": cuda: " << got.status().ToString();
+  // The measured errors of passing rows too, to see each tolerance's margin.
+  for (const OutputError& e : ExpectMatch(c, *ref, *got, c.tol, "cuda against cpu")) {
+    std::cout << c.Describe() << ": " << e.ToString() << "\n";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRows, CudaAgainstCpuTest, ::testing::ValuesIn(Rows(/*with_gpu_only=*/true)), RowName);
+
+#endif  // FATHOM_HAVE_CUDA
+
+}  // namespace
+}  // namespace fathom::ops

@@ -1,0 +1,40 @@
+#include "backend/ops/cuda_variants.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+namespace fathom::ops {
+
+StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) {
+  cuda::KernelOptions o;
+  if (variant == "default") return o;
+  if (variant == "generic_linear") {
+    o.generic_linear = true;  // no 16-byte GEMV, no one-launch LinearFanOut
+  } else if (variant == "f32_gemm") {
+    o.f32_gemm = true;  // every GEMM on float32 inputs
+  } else if (variant == "fp8_gemm") {
+    o.fp8_gemm_tokens = 1;  // every f8 linear that fits it as the W8A8 GEMM
+  } else if (variant == "gemm_tune") {
+    o.gemm_tune = true;
+  } else if (variant == "no_split_attention") {
+    o.split_attention = false;
+  } else if (variant == "no_gqa_attention") {
+    o.gqa_attention = false;
+  } else if (variant == "no_mma_attention") {
+    o.mma_attention = false;
+  } else if (variant == "no_mla_attention") {
+    o.mla_attention = false;
+  } else if (variant == "mla_context_plain") {
+    o.mla_context_mma = false;
+  } else if (variant == "host_moe") {
+    o.host_moe = true;
+  } else if (variant == "moe_gemv") {
+    o.moe_mma_tokens = std::numeric_limits<int64_t>::max();  // grouped GEMVs at every batch size they take
+  } else {
+    return InvalidArgumentError(fmt::format("no CUDA kernel variant '{}'", variant));
+  }
+  return o;
+}
+
+}  // namespace fathom::ops
