@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The llama.cpp peer, measured in the same GPU-machine call as fathom (../shared/peers/README.md): builds llama.cpp
+# from its trimmed source (a CPU-only step, which can overlap fathom's GPU runs), then writes random-weight GGUFs in
+# the real shapes with make_gguf.py and runs llama-bench on each (after fathom's runs: the GPU is not shared).
+# Prints llama-bench's JSON lines; llama.cpp's source and binaries never enter the repository.
+#
+#   bench/peers/llama_cpp.sh build SRC.tar.xz OUT_DIR
+#   bench/peers/llama_cpp.sh run OUT_DIR MAKE_GGUF.py PRESET:DTYPE [PRESET:DTYPE ...]
+#   e.g. ... run /tmp/peer make_gguf.py r1-distill-llama-8b:f16 deepseek-v2-lite:f16 > peer.jsonl
+#
+# SRC.tar.xz holds llama.cpp's CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app (the
+# node-llama-cpp 3.22.1 npm package's bundle, commit de3ff81). Each model: llama-bench -ngl 99 -fa 1 -p 512 -n 128
+# -r 3 -o jsonl (pp512: a 512-token prefill; tg128: batch-1 decode), then its GGUF is deleted.
+set -euo pipefail
+case "$1" in
+  build)
+    src=$2 out=$3
+    mkdir -p "$out/llama.cpp"
+    tar xJf "$src" -C "$out/llama.cpp"
+    echo "peer: building llama.cpp (CUDA, sm_90)" >&2
+    cmake -S "$out/llama.cpp" -B "$out/b" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release \
+      >"$out/cmake.log" 2>&1
+    ninja -C "$out/b" llama-bench >"$out/ninja.log" 2>&1
+    echo "peer: built" >&2
+    ;;
+  run)
+    out=$2 gguf_tool=$3
+    shift 3
+    for m in "$@"; do
+      preset=${m%%:*} dtype=${m##*:}
+      f="$out/$preset-$dtype.gguf"
+      echo "peer: writing $f" >&2
+      python3 "$gguf_tool" --preset "$preset" --dtype "$dtype" -o "$f" >&2
+      echo "peer: llama-bench $preset $dtype" >&2
+      "$out/b/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl
+      rm -f "$f"
+    done
+    ;;
+  *)
+    echo "usage: $0 build SRC.tar.xz OUT_DIR | run OUT_DIR MAKE_GGUF.py PRESET:DTYPE..." >&2
+    exit 2
+    ;;
+esac
