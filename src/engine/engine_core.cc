@@ -457,8 +457,8 @@ Status EngineCore::SampleOnBackend(SamplePath path, const TensorView& logits, co
           device_rows_.push_back({});  // a row nobody reads: greedy
           continue;
         }
-        device_rows_.push_back(DeviceSampleRow(r.sample->req->sampling, r.context(config_.eos_token_ids),
-                                               r.sample->rng, vocab, device_adjust_));
+        device_rows_.push_back(DeviceSampleRow(r.sample->req->sampling, r.context(config_.eos_token_ids), r.sample->rng,
+                                               vocab, device_adjust_));
       }
       device_sampled_.assign(device_rows_.size(), SampledToken{});
       FATHOM_RETURN_IF_ERROR(backend_.SampleRows(logits, device_rows_, device_adjust_, device_sampled_));

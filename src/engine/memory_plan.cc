@@ -127,8 +127,8 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
                                             cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts * h,
                                             cfg.num_heads * head * cfg.mla.q_lora_rank,
                                             cfg.num_heads * (cfg.mla.qk_nope_head_dim + v_dim) * cfg.mla.kv_lora_rank});
-    scratch = (*method)->PrefillScratchBytes(widest_weight, std::max({h, inter, cfg.num_heads * v_dim}),
-                                             max_batched_tokens);
+    scratch =
+        (*method)->PrefillScratchBytes(widest_weight, std::max({h, inter, cfg.num_heads * v_dim}), max_batched_tokens);
   }
   const int64_t reserve = max_batched_tokens * per_token + logits + scratch;
   return reserve + reserve / 4 + (288ll << 20);

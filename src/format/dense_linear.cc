@@ -28,8 +28,8 @@ class DenseMethod final : public LinearMethod {
           "tensor '{}' holds f8_e4m3 values, but config.json names no fp8 quantization_config for it", name));
     }
     if (!IsFloating(w->dtype())) {
-      return InvalidArgumentError(fmt::format("tensor '{}' has dtype {}, expected a float dtype", name,
-                                              DTypeSafetensorsName(w->dtype())));
+      return InvalidArgumentError(
+          fmt::format("tensor '{}' has dtype {}, expected a float dtype", name, DTypeSafetensorsName(w->dtype())));
     }
     LinearWeight lw;
     lw.format = LinearFormat::kDense;

@@ -1,5 +1,6 @@
-// The block-scaled FP8 weight format of DeepSeek-V3 (`quant_method: fp8`, `weight_block_size: [n, k]`): W [out, in]
-// in f8 e4m3 and `weight_scale_inv` [ceil(out / n), ceil(in / k)] float32, W[r, c] = f8[r, c] * scale_inv[r / n, c / k].
+// The block-scaled FP8 weight format of DeepSeek-V3 (`quant_method: fp8`, `weight_block_size: [n, k]`):
+//   W [out, in] in f8 e4m3, `weight_scale_inv` [ceil(out / n), ceil(in / k)] float32,
+//   W[r, c] = f8[r, c] * scale_inv[r / n, c / k].
 // The CUDA side: backend/cuda/linear_fp8.cc (which path a layer takes) and fp8.cu (its kernels).
 #include <fmt/format.h>
 
@@ -24,11 +25,10 @@ class Fp8BlockMethod final : public LinearMethod {
     // A rank's shard holds whole blocks, so that its scales are a shard of the scales.
     FATHOM_RETURN_IF_ERROR(l.CheckSplit(block_n_, block_k_));
     // Dummy weights: random codes of |value| <= 1.875, scaled by the dummy scales.
-    specs->push_back(
-        LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, DType::kF8E4M3, l.ShardFor(0, 1)));
-    WeightSpec s = LayerTensorSpec(l, ".weight_scale_inv",
-                                   {CeilDiv(l.local_out(), block_n_), CeilDiv(l.local_in(), block_k_)}, DType::kF32,
-                                   l.ShardFor(0, 1));
+    specs->push_back(LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, DType::kF8E4M3, l.ShardFor(0, 1)));
+    WeightSpec s =
+        LayerTensorSpec(l, ".weight_scale_inv", {CeilDiv(l.local_out(), block_n_), CeilDiv(l.local_in(), block_k_)},
+                        DType::kF32, l.ShardFor(0, 1));
     s.init = WeightInit::kConstant;
     s.init_value = 0.02f;
     specs->push_back(std::move(s));

@@ -21,9 +21,9 @@ Status LinearSpec::CheckSplit(int64_t granule_out, int64_t granule_in) const {
   const bool cols = split == LinearSplit::kColumns;
   const int64_t n = cols ? out : in, granule = cols ? granule_out : granule_in;
   if (n % (parallel.tp_size * granule) == 0) return OkStatus();
-  return InvalidArgumentError(fmt::format(
-      "{}: its {} ({}) do not split into {} tensor-parallel parts{}", prefix, cols ? "output rows" : "input columns", n,
-      parallel.tp_size, granule > 1 ? fmt::format(" of whole {}-wide blocks", granule) : ""));
+  return InvalidArgumentError(fmt::format("{}: its {} ({}) do not split into {} tensor-parallel parts{}", prefix,
+                                          cols ? "output rows" : "input columns", n, parallel.tp_size,
+                                          granule > 1 ? fmt::format(" of whole {}-wide blocks", granule) : ""));
 }
 
 Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l, std::vector<WeightSpec>* specs) {
@@ -40,13 +40,14 @@ Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l
 Status CheckQuantConfig(const QuantConfig& q) {
   if (!q.quantized()) return OkStatus();
   if (q.method == "fp8") return CheckFp8Config(q);
-  return UnimplementedError(fmt::format("{}: quantization method '{}' is not supported yet (supported: fp8 with "
-                                        "block-scaled e4m3 weights, as DeepSeek-V3 ships)",
-                                        q.source, q.Describe()));
+  return UnimplementedError(
+      fmt::format("{}: quantization method '{}' is not supported yet (supported: fp8 with "
+                  "block-scaled e4m3 weights, as DeepSeek-V3 ships)",
+                  q.source, q.Describe()));
 }
 
 StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
-                                                               bool quantizable) {
+                                                              bool quantizable) {
   FATHOM_RETURN_IF_ERROR(CheckQuantConfig(q));
   bool dense = !q.quantized() || !quantizable;
   for (const std::string& part : q.modules_to_not_convert) {

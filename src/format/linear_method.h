@@ -95,7 +95,7 @@ Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l
 // false: DeepSeek's router, lm_head) and names in modules_to_not_convert get the dense one. A method or setting fathom
 // cannot run is an Unimplemented error that names it.
 StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
-                                                               bool quantizable = true);
+                                                              bool quantizable = true);
 // Checks the whole configuration once (the same refusal, without a layer name).
 Status CheckQuantConfig(const QuantConfig& q);
 // The stateless instance of each format, for its run-time parts (DequantizeRow, ExactFloatDType).

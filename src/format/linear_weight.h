@@ -22,9 +22,9 @@ enum class LinearFormat : uint8_t {
 
 struct LinearWeight {
   LinearFormat format = LinearFormat::kDense;
-  TensorView weight;     // [out, in]: the stored values (see LinearFormat)
-  TensorView bias;       // [out] or empty
-  TensorView scale_inv;  // kFp8Block: [ceil(out / block_n), ceil(in / block_k)] f32; else empty
+  TensorView weight;      // [out, in]: the stored values (see LinearFormat)
+  TensorView bias;        // [out] or empty
+  TensorView scale_inv;   // kFp8Block: [ceil(out / block_n), ceil(in / block_k)] f32; else empty
   int64_t block_n = 128;  // kFp8Block: output rows per scale
   int64_t block_k = 128;  // kFp8Block: input columns per scale
   // The activations keep float32 precision (a backend may otherwise round them to bf16 for tensor cores): DeepSeek's

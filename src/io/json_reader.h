@@ -68,7 +68,8 @@ class JsonReader {
     return InvalidArgumentError(fmt::format("{}: required key '{}' is missing", where_, key));
   }
   Status Error(const char* key, const char* want, const nlohmann::json& got) {
-    return InvalidArgumentError(fmt::format("{}: '{}' must be {}, got {}", where_, key, want, got.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+    return InvalidArgumentError(fmt::format("{}: '{}' must be {}, got {}", where_, key, want,
+                                            got.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   }
   const nlohmann::json& j_;
   std::string where_;

@@ -27,12 +27,12 @@ struct QuantConfig {
   int64_t block_n = 128;          // weight_block_size[0]: output rows per scale
   int64_t block_k = 128;          // weight_block_size[1]: input columns per scale
   // AWQ / GPTQ
-  int64_t group_size = 0;          // input rows per scale group; -1: one group over all of K (GPTQ)
-  bool zero_point = true;          // AWQ
-  std::string version;             // AWQ: "gemm", "gemv", ...
-  bool desc_act = false;           // GPTQ act-order
-  bool sym = true;                 // GPTQ
-  std::string checkpoint_format;   // GPTQ: "gptq" (zeros stored minus one) or "gptq_v2"
+  int64_t group_size = 0;                           // input rows per scale group; -1: one group over all of K (GPTQ)
+  bool zero_point = true;                           // AWQ
+  std::string version;                              // AWQ: "gemm", "gemv", ...
+  bool desc_act = false;                            // GPTQ act-order
+  bool sym = true;                                  // GPTQ
+  std::string checkpoint_format;                    // GPTQ: "gptq" (zeros stored minus one) or "gptq_v2"
   std::vector<std::string> modules_to_not_convert;  // name parts whose linears stay float
 
   bool quantized() const { return !method.empty(); }

@@ -32,8 +32,7 @@ struct GatedMlp {
 
   // out = down(silu(gate x) * up x), gate and up in one fan-out.   x [m, hidden]; g, u [m, local inter] (scratch);
   // out [m, hidden]
-  void Forward(Backend& be, const TensorView& x, const TensorView& g, const TensorView& u,
-               const TensorView& out) const;
+  void Forward(Backend& be, const TensorView& x, const TensorView& g, const TensorView& u, const TensorView& out) const;
   // The same with its own scratch.
   void Forward(Backend& be, const TensorView& x, const TensorView& out) const;
   int64_t local_inter() const { return gate_up[0].out_features(); }

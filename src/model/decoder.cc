@@ -56,9 +56,9 @@ Status DecoderModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tens
   const int64_t n = meta.num_tokens, h = cfg_.hidden_size;
   const DType act = be.activation_dtype();
   *logits = be.Alloc(DType::kF32, {dev.logits_indices().dim(0), cfg_.vocab_size});
-  Tensor residual = be.Alloc(act, {n, h});                  // [n_tokens, hidden]
-  Tensor normed = be.Alloc(act, {n, h});                    // [n_tokens, hidden]
-  Tensor proj = be.Alloc(act, {n, h});                      // [n_tokens, hidden]: each block's output
+  Tensor residual = be.Alloc(act, {n, h});                 // [n_tokens, hidden]
+  Tensor normed = be.Alloc(act, {n, h});                   // [n_tokens, hidden]
+  Tensor proj = be.Alloc(act, {n, h});                     // [n_tokens, hidden]: each block's output
   Tensor cos = be.Alloc(DType::kF32, {n, rope_dim_ / 2});  // [n_tokens, rope_dim / 2]
   Tensor sin = be.Alloc(DType::kF32, {n, rope_dim_ / 2});
   BeginStep(meta);

@@ -40,8 +40,8 @@ class DeepseekModel final : public DecoderModel {
     FATHOM_RETURN_IF_ERROR(InitDecoder(cfg_.mla.qk_rope_head_dim));
     for (int64_t i = 0; i < cfg_.num_layers; ++i) {
       Layer l;
-      FATHOM_ASSIGN_OR_RETURN(l.attn, MlaAttention::Bind(weights(), backend(), LayerName(i, "self_attn."), cfg_,
-                                                         parallel(), &owned_));
+      FATHOM_ASSIGN_OR_RETURN(
+          l.attn, MlaAttention::Bind(weights(), backend(), LayerName(i, "self_attn."), cfg_, parallel(), &owned_));
       if (cfg_.IsMoeLayer(i)) {
         FATHOM_ASSIGN_OR_RETURN(l.moe, MoeBlock::Bind(weights(), backend(), LayerName(i, "mlp."), cfg_, &owned_));
         // Without the backend's device state the experts take the host-sorted path, which reads the routing back.

@@ -33,8 +33,8 @@ class LlamaModel final : public DecoderModel {
     FATHOM_RETURN_IF_ERROR(InitDecoder(cfg_.head_dim));
     for (int64_t i = 0; i < cfg_.num_layers; ++i) {
       Layer l;
-      FATHOM_ASSIGN_OR_RETURN(l.attn, GqaAttention::Bind(weights(), backend(), LayerName(i, "self_attn."), cfg_,
-                                                         parallel()));
+      FATHOM_ASSIGN_OR_RETURN(l.attn,
+                              GqaAttention::Bind(weights(), backend(), LayerName(i, "self_attn."), cfg_, parallel()));
       FATHOM_ASSIGN_OR_RETURN(l.mlp, GatedMlp::Bind(weights(), backend(), LayerName(i, "mlp.")));
       layers_.push_back(std::move(l));
     }

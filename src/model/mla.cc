@@ -77,9 +77,8 @@ Status SplitKvB(Backend& be, MlaAttention* a, std::vector<Tensor>* constants) {
 
 }  // namespace
 
-StatusOr<MlaAttention> MlaAttention::Bind(const WeightStore& w, Backend& be, const std::string& p,
-                                          const ModelConfig& c, const ParallelConfig& par,
-                                          std::vector<Tensor>* constants) {
+StatusOr<MlaAttention> MlaAttention::Bind(const WeightStore& w, Backend& be, const std::string& p, const ModelConfig& c,
+                                          const ParallelConfig& par, std::vector<Tensor>* constants) {
   MlaAttention a;
   a.m = c.mla;
   a.heads = par.Part(c.num_heads);

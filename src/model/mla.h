@@ -70,14 +70,14 @@ struct MlaAttention {
 
   // A step's activations, shared by the layers.
   struct Scratch {
-    Tensor qa, qa_n;    // [n, q_lora_rank]
-    Tensor q;           // [n, heads, nope + rope]
-    Tensor latent;      // [n, 1, kv_lora + rope]: the cache row
-    Tensor q_abs;       // [n, heads, kv_lora + rope]
-    Tensor attn_lat;    // [n, heads, kv_lora]
-    Tensor attn;        // [n, heads, v_head_dim]
-    Tensor ctx_lat;     // up-projected: [context rows, kv_lora + rope]
-    Tensor ctx_kv;      // up-projected: [context rows, heads, nope + v_head_dim]
+    Tensor qa, qa_n;  // [n, q_lora_rank]
+    Tensor q;         // [n, heads, nope + rope]
+    Tensor latent;    // [n, 1, kv_lora + rope]: the cache row
+    Tensor q_abs;     // [n, heads, kv_lora + rope]
+    Tensor attn_lat;  // [n, heads, kv_lora]
+    Tensor attn;      // [n, heads, v_head_dim]
+    Tensor ctx_lat;   // up-projected: [context rows, kv_lora + rope]
+    Tensor ctx_kv;    // up-projected: [context rows, heads, nope + v_head_dim]
     bool up = false;
   };
   Scratch Allocate(Backend& be, const AttentionMetadata& meta, bool up) const;

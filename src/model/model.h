@@ -58,7 +58,6 @@ class KvCache {
 
 class BatchOnDevice;
 
-
 class Model {
  public:
   virtual ~Model() = default;

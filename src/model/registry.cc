@@ -24,7 +24,8 @@ StatusOr<const Architecture*> FindArchitecture(const std::string& name) {
   return UnimplementedError(fmt::format("architecture '{}' is not supported; supported: {}", name, names));
 }
 
-void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, const Architecture& family) {
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names,
+                    const Architecture& family) {
   for (const char* name : names) {
     out.push_back(family);
     out.back().name = name;

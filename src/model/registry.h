@@ -20,7 +20,7 @@ namespace fathom {
 struct Architecture {
   using KvSpecFn = KvCacheSpec (*)(const ModelConfig& cfg, const ParallelConfig& par);
   using CreateFn = StatusOr<std::unique_ptr<Model>> (*)(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
-                                                       Backend& backend, Communicator& comm);
+                                                        Backend& backend, Communicator& comm);
   std::string name = "";  // "LlamaForCausalLM" (RegisterFamily sets it)
   // Each layer's attention and MLP tensors (the decoder skeleton adds the rest: model/decoder.h DecoderWeightSpecs).
   LayerSpecs attention_specs = nullptr;
@@ -45,7 +45,8 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& model_dir, const M
                                            Communicator& comm = SingleRank());
 
 // Registers one family's functions under each of its architecture names.
-void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names, const Architecture& family);
+void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const char*> names,
+                    const Architecture& family);
 
 // Per-family registration hooks (one per model/<family>.cc).
 void RegisterLlamaFamily(std::vector<Architecture>& out);

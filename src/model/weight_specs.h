@@ -27,8 +27,8 @@ std::string LayerName(int64_t i, const std::string& rest);
 struct LinearOptions {
   bool bias = false;
   LinearSplit split = LinearSplit::kReplicated;
-  double active = 1.0;       // share of the layer one token reads and uses (routed experts: top_k / n_experts)
-  bool quantizable = true;   // false: float in every checkpoint (DeepSeek's router, lm_head)
+  double active = 1.0;      // share of the layer one token reads and uses (routed experts: top_k / n_experts)
+  bool quantizable = true;  // false: float in every checkpoint (DeepSeek's router, lm_head)
 };
 
 class WeightSpecBuilder {

@@ -159,7 +159,8 @@ Tensor ContiguousCopy(const TensorView& v) {
   const int64_t rows = v.numel() / v.dim(v.ndim() - 1), cols = v.dim(v.ndim() - 1);
   FATHOM_CHECK(v.ndim() <= 2 && v.stride(v.ndim() - 1) == 1, "a {}-d strided weight view", v.ndim());
   for (int64_t r = 0; r < rows; ++r) {
-    const char* src = static_cast<const char*>(v.raw()) + static_cast<size_t>(r * (v.ndim() == 2 ? v.stride(0) : 0)) * elem;
+    const char* src =
+        static_cast<const char*>(v.raw()) + static_cast<size_t>(r * (v.ndim() == 2 ? v.stride(0) : 0)) * elem;
     std::memcpy(static_cast<char*>(out.view().raw()) + static_cast<size_t>(r * cols) * elem, src,
                 static_cast<size_t>(cols) * elem);
   }

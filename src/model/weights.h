@@ -16,10 +16,10 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/model_config.h"
-#include "io/safetensors.h"
 #include "format/linear_method.h"
 #include "format/weight_spec.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
 #include "model/backend.h"
 #include "model/run_options.h"
 

@@ -45,11 +45,11 @@ bool Has(const std::vector<WeightSpec>& specs, const std::string& name) {
 
 // Every family refuses a method it cannot run, naming it; nothing is sized as f16 instead.
 TEST(LinearMethodTest, UnsupportedMethodsAreRefusedByNameForEveryFamily) {
-  for (const auto& [config, method] : std::vector<std::pair<std::string, std::string>>{
-           {"deepseek-r1-distill-qwen-7b-awq", "awq"},
-           {"deepseek-coder-6.7b-instruct-awq", "awq"},
-           {"deepseek-r1-distill-llama-8b-gptq", "gptq"},
-           {"deepseek-v2-lite-awq", "awq"}}) {
+  for (const auto& [config, method] :
+       std::vector<std::pair<std::string, std::string>>{{"deepseek-r1-distill-qwen-7b-awq", "awq"},
+                                                        {"deepseek-coder-6.7b-instruct-awq", "awq"},
+                                                        {"deepseek-r1-distill-llama-8b-gptq", "gptq"},
+                                                        {"deepseek-v2-lite-awq", "awq"}}) {
     auto cfg = LoadModelConfig(testing::DataDir() + "/configs/" + config + ".json");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     auto specs = Specs(*cfg);

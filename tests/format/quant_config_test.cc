@@ -17,10 +17,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 TEST(QuantConfigTest, Fp8BlockScaled) {
-  auto q = ParseQuantizationConfig(
-      json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+  auto q = ParseQuantizationConfig(json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                       "weight_block_size": [128, 64]})"),
-      "config.json");
+                                   "config.json");
   ASSERT_TRUE(q.ok()) << q.status().ToString();
   EXPECT_EQ(q->method, "fp8");
   EXPECT_EQ(q->bits, 8);
@@ -28,8 +27,8 @@ TEST(QuantConfigTest, Fp8BlockScaled) {
   EXPECT_EQ(q->block_k, 64);
   EXPECT_EQ(q->Describe(), "fp8 (8-bit, e4m3, 128x64 blocks)");
   // The block size is what the format rests on: required, positive.
-  auto bad = ParseQuantizationConfig(json::parse(R"({"quant_method": "fp8", "weight_block_size": [0, 128]})"),
-                                     "config.json");
+  auto bad =
+      ParseQuantizationConfig(json::parse(R"({"quant_method": "fp8", "weight_block_size": [0, 128]})"), "config.json");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("weight_block_size"), std::string::npos) << bad.status().message();
 }
