@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "core/json.h"
+
 namespace fathom::bench {
 
 using nlohmann::json;
@@ -22,7 +24,7 @@ StatusOr<PromptFormat> ParsePromptFormat(std::string_view name) {
 }
 
 std::string DumpJson(const json& j, int indent) {
-  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+  return JsonText(j, indent);
 }
 
 StatusOr<std::string> BuildRequestBody(const RequestBodyOptions& o, const BenchPrompt& prompt) {

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/cli_util.h"
+#include "core/json.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 #include "io/model_config.h"
@@ -97,7 +98,7 @@ Status RunLogits(const ModelOptions& o, const std::string& tokens_arg, const std
                                       host.begin() + static_cast<int64_t>(t + 1) * vocab));
   }
   j["logits"] = std::move(rows);
-  const std::string text = j.dump();
+  const std::string text = JsonText(j);
   if (output.empty() || output == "-") {
     std::cout << text << "\n";
   } else {

@@ -36,6 +36,8 @@ struct ServeOptions {
   std::string reasoning_parser = "auto";
   std::string chat_template;  // a named template of tokenizer_config.json
   double stream_retention_s = 60;
+  double stream_resume_grace_s = 30;
+  bool metrics_require_key = false;
   std::string stream_retention_memory = "64MiB";
   double shutdown_grace_s = 30;
   std::string access_log = "-";
@@ -104,6 +106,12 @@ Status Serve(ServeOptions o) {
   if (o.http_threads < 1 || o.http_threads > 64) return InvalidArgumentError("--http-threads must be in [1, 64]");
   if (!(o.shutdown_grace_s >= 0)) return InvalidArgumentError("--shutdown-grace-s must be >= 0");
   if (!(o.stream_retention_s >= 0)) return InvalidArgumentError("--stream-retention-s must be >= 0");
+  if (!(o.stream_resume_grace_s >= 0 && o.stream_resume_grace_s <= 3600)) {
+    return InvalidArgumentError("--stream-resume-grace-s must be in [0, 3600]");
+  }
+  if (o.metrics_require_key && o.api_key.empty() && std::getenv("FATHOM_API_KEY") == nullptr) {
+    return InvalidArgumentError("--metrics-require-key needs an API key (--api-key or FATHOM_API_KEY)");
+  }
   if (o.api_key.empty()) {
     if (const char* env = std::getenv("FATHOM_API_KEY"); env != nullptr) o.api_key = env;
   }
@@ -121,6 +129,8 @@ Status Serve(ServeOptions o) {
   so.api_key = o.api_key;
   FATHOM_ASSIGN_OR_RETURN(so.reasoning, server::ParseReasoningParser(o.reasoning_parser, &so.reasoning_auto));
   so.stream_logs.retention_s = o.stream_retention_s;
+  so.stream_resume_grace_s = o.stream_resume_grace_s;
+  so.metrics_require_key = o.metrics_require_key;
   FATHOM_ASSIGN_OR_RETURN(int64_t retention_bytes, ParseBytes(o.stream_retention_memory, "--stream-retention-memory"));
   so.stream_logs.max_bytes = static_cast<size_t>(retention_bytes);
   so.access_log = o.access_log == "off" ? "" : o.access_log;
@@ -134,6 +144,7 @@ Status Serve(ServeOptions o) {
   server::OpenAiServer srv(so);
   srv.SetRecordHook([&metrics](const server::RequestRecord& r) { metrics.OnRequest(r); });
   srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
+  srv.SetInternalErrorHook([&metrics](std::string_view where) { metrics.OnInternalError(where); });
   FATHOM_RETURN_IF_ERROR(srv.Start());
   FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(), o.served_model_name);
 
@@ -207,6 +218,8 @@ void AddServeCommand(CLI::App& app) {
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str()->group(http);
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->group(http);
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (or set FATHOM_API_KEY)")->group(http);
+  cmd->add_flag("--metrics-require-key", o->metrics_require_key, "GET /metrics needs the API key too (default: open)")
+      ->group(http);
   cmd->add_option("--served-model-name", o->served_model_name, "Model name in the API (default: the folder name)")
       ->group(http);
   cmd->add_option("--http-threads", o->http_threads, "I/O threads")->capture_default_str()->group(http);
@@ -239,6 +252,11 @@ void AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->group(api);
   cmd->add_option("--stream-retention-memory", o->stream_retention_memory, "Memory for resumable streams")
+      ->capture_default_str()
+      ->group(api);
+  cmd->add_option("--stream-resume-grace-s", o->stream_resume_grace_s,
+                  "A stream that opted into resuming (stream_options.resumable) keeps generating this long after "
+                  "its client drops, for a resume to pick it up")
       ->capture_default_str()
       ->group(api);
   cmd->add_option("--shutdown-grace-s", o->shutdown_grace_s,

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/cli_util.h"
+#include "core/json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,7 +19,7 @@ namespace {
 using OrderedJson = nlohmann::ordered_json;
 
 std::string Dump(const OrderedJson& j) {
-  return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  return JsonText(j);
 }
 
 StatusOr<std::string> ReadText(const std::string& path) {

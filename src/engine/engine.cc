@@ -30,8 +30,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
     }
     const int32_t waiting = published_waiting_ + static_cast<int32_t>(inbox_.size());
     if (max_queue_len_ > 0 && waiting >= max_queue_len_) {
-      return ResourceExhaustedError(
-          fmt::format("queue full: {} requests are waiting (--max-queue-len {})", waiting, max_queue_len_));
+      return sched::QueueFullError(waiting, max_queue_len_);
     }
     if (!request.arrival) request.arrival = sched::SteadyClock::now();
     stream = std::make_shared<RequestStream>(request.id, request.sampling.n);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "core/json.h"
 #include "core/status.h"
 
 namespace fathom {
@@ -69,7 +70,7 @@ class JsonReader {
   }
   Status Error(const char* key, const char* want, const nlohmann::json& got) {
     return InvalidArgumentError(fmt::format("{}: '{}' must be {}, got {}", where_, key, want,
-                                            got.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+                                            JsonText(got)));
   }
   const nlohmann::json& j_;
   std::string where_;

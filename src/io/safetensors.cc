@@ -13,6 +13,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/json.h"
+
 namespace fathom {
 
 namespace {
@@ -285,7 +287,7 @@ std::vector<uint8_t> SerializeSafetensors(const std::vector<SafetensorsWriteItem
                        {"data_offsets", {offset, offset + it.bytes.size()}}};
     offset += it.bytes.size();
   }
-  std::string h = header.dump();
+  std::string h = JsonText(header);
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // the format pads the header with spaces to 8-byte alignment
   std::vector<uint8_t> out(8 + h.size());
   const uint64_t hl = h.size();

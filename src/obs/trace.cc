@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/json.h"
+
 namespace fathom::obs {
 
 namespace {
@@ -71,7 +73,7 @@ void RecordSimple(char phase, std::string_view name, std::string_view category, 
 
 // JSON string literal; invalid UTF-8 becomes U+FFFD so that the output always parses.
 std::string Quote(std::string_view s) {
-  return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return JsonText(nlohmann::json(std::string(s)));
 }
 
 // Chrome's ts and dur are microseconds; keep nanosecond precision as three decimals.
@@ -115,7 +117,7 @@ std::string Render(const std::vector<Event>& events, const std::map<uint32_t, st
     }
     if (!e.args.is_null()) {
       out += ",\"args\":";
-      out += e.args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out += JsonText(e.args);
     }
     out += '}';
   }

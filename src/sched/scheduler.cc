@@ -6,6 +6,19 @@
 
 namespace fathom::sched {
 
+namespace {
+constexpr std::string_view kQueueFull = "queue full: ";
+}  // namespace
+
+Status QueueFullError(int64_t waiting, int64_t max_queue_len) {
+  return ResourceExhaustedError(
+      fmt::format("{}{} requests are waiting (--max-queue-len {})", kQueueFull, waiting, max_queue_len));
+}
+
+bool IsQueueFull(const Status& status) {
+  return status.code() == StatusCode::kResourceExhausted && status.message().starts_with(kQueueFull);
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, const kv::KvCacheConfig& kv_config,
                      std::unique_ptr<SchedulingPolicy> policy, NowFn now)
     : config_(config), kv_(kv_config), policy_(std::move(policy)), now_(std::move(now)) {
@@ -37,8 +50,7 @@ Status Scheduler::AddRequest(NewRequest nr) {
         prompt_len + max_tokens, kv_.num_blocks(), kv_.block_size()));
   }
   if (config_.max_queue_len > 0 && num_waiting() >= config_.max_queue_len) {
-    return ResourceExhaustedError(
-        fmt::format("queue full: {} requests are waiting (--max-queue-len {})", num_waiting(), config_.max_queue_len));
+    return QueueFullError(num_waiting(), config_.max_queue_len);
   }
   auto r = std::make_unique<Request>();
   r->id = std::move(nr.id);

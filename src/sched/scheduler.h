@@ -65,6 +65,11 @@ struct SchedulerStats {
   kv::PrefixCacheStats prefix_cache;
 };
 
+// The admission rejection of a full queue (kResourceExhausted), made in one place so that every layer above can tell
+// it from other exhaustion (device memory): the server answers it 429 with Retry-After and counts it as queue_full.
+Status QueueFullError(int64_t waiting, int64_t max_queue_len);
+bool IsQueueFull(const Status& status);
+
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, const kv::KvCacheConfig& kv_config, std::unique_ptr<SchedulingPolicy> policy,

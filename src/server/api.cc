@@ -5,38 +5,13 @@
 #include <cmath>
 #include <limits>
 
+#include "server/json_limits.h"
+
 namespace fathom::server {
 
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-constexpr int kMaxJsonDepth = 64;
-
-// Deepest array/object nesting outside strings. Bounded work and no recursion, so that hostile bodies such as
-// "[[[[..." are refused before a parser or a destructor walks them.
-int JsonDepth(std::string_view s) {
-  int depth = 0;
-  int max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
 
 std::string TypeName(const Json& v) {
   if (v.is_null()) return "null";
@@ -134,6 +109,25 @@ class Reader {
   ApiError* error_;
   bool failed_ = false;
 };
+
+// The body as a JSON object, within the request limits (json_limits.h: one linear pass before the parse).
+bool ParseBody(std::string_view body, Json* j, ApiError* error) {
+  if (Status s = CheckJsonLimits(body); !s.ok()) {
+    *error = ApiErrorFromStatus(s, "", "invalid_json");
+    return false;
+  }
+  *j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j->is_discarded()) {
+    *error = ApiErrorFromStatus(InvalidArgumentError("the body is not valid JSON"), "", "invalid_json");
+    return false;
+  }
+  if (!j->is_object()) {
+    *error = ApiErrorFromStatus(
+        InvalidArgumentError(fmt::format("the body must be a JSON object, got {}", TypeName(*j))), "", "invalid_json");
+    return false;
+  }
+  return true;
+}
 
 // "content": a string, null, or an array of {"type": "text", "text": ...} parts (joined with "\n" like vLLM).
 bool FlattenContent(Reader& r, const Json& content, const std::string& param, Json* out) {
@@ -334,22 +328,8 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
                   ApiError* error) {
   *out = ParsedRequest();
   out->endpoint = endpoint;
-  if (JsonDepth(body) > kMaxJsonDepth) {
-    *error = ApiErrorFromStatus(
-        InvalidArgumentError(fmt::format("the JSON body nests deeper than {} levels", kMaxJsonDepth)), "",
-        "invalid_json");
-    return false;
-  }
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    *error = ApiErrorFromStatus(InvalidArgumentError("the body is not valid JSON"), "", "invalid_json");
-    return false;
-  }
-  if (!j.is_object()) {
-    *error = ApiErrorFromStatus(
-        InvalidArgumentError(fmt::format("the body must be a JSON object, got {}", TypeName(j))), "", "invalid_json");
-    return false;
-  }
+  Json j;
+  if (!ParseBody(body, &j, error)) return false;
   Reader r(j, error);
   if (auto model = r.String("model")) out->model = *model;
   if (!RefuseUnsupported(r, endpoint)) return false;
@@ -432,10 +412,57 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
       if (!iu->is_boolean()) return r.Fail("stream_options.include_usage", "'include_usage' must be a boolean");
       out->include_usage = iu->get<bool>();
     }
+    auto rs = so->find("resumable");
+    if (rs != so->end() && !rs->is_null()) {
+      if (!rs->is_boolean()) return r.Fail("stream_options.resumable", "'resumable' must be a boolean");
+      out->resumable = rs->get<bool>();
+    }
   }
   if (auto v = r.String("user")) out->user = *v;
   if (auto v = r.Integer("priority", -1000000, 1000000)) out->priority = static_cast<int32_t>(*v);
   return !r.failed();
+}
+
+}  // namespace fathom::server
+
+namespace fathom::server {
+
+bool ParseTokenizeRequest(std::string_view body, const RequestLimits& limits, TokenizeRequest* out, ApiError* error) {
+  *out = TokenizeRequest();
+  Json j;
+  if (!ParseBody(body, &j, error)) return false;
+  Reader r(j, error);
+  if (auto v = r.Bool("add_special_tokens")) out->add_special_tokens = *v;
+  if (r.failed()) return false;
+  if (j.contains("messages")) {
+    out->chat = true;
+    return ParseRequest(body, Endpoint::kChat, limits, &out->chat_request, error);
+  }
+  std::optional<std::string> prompt = r.String("prompt");
+  if (r.failed()) return false;
+  if (!prompt) return r.Fail("prompt", "'prompt' (a string) or 'messages' is required");
+  out->prompt = std::move(*prompt);
+  return true;
+}
+
+bool ParseDetokenizeRequest(std::string_view body, const RequestLimits& limits, DetokenizeRequest* out,
+                            ApiError* error) {
+  *out = DetokenizeRequest();
+  Json j;
+  if (!ParseBody(body, &j, error)) return false;
+  Reader r(j, error);
+  const Json* tokens = r.Get("tokens");
+  if (tokens == nullptr || !tokens->is_array()) {
+    return r.Fail("tokens", "'tokens' (an array of token ids) is required");
+  }
+  for (const Json& t : *tokens) {
+    if (!(t.is_number_integer() || t.is_number_unsigned()) || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= limits.vocab_size) {
+      return r.Fail("tokens", fmt::format("'tokens' must hold ids in [0, {})", limits.vocab_size));
+    }
+    out->tokens.push_back(t.get<int32_t>());
+  }
+  return true;
 }
 
 }  // namespace fathom::server

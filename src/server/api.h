@@ -47,6 +47,9 @@ struct ParsedRequest {
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;
+  // stream_options.resumable (or the X-Fathom-Resumable header): a dropped client's generation keeps going for
+  // --stream-resume-grace-s, for GET /v1/streams/{id} to resume.
+  bool resumable = false;
   int32_t priority = 0;
   std::string user;
   // Logprobs as asked: chat `logprobs: true` + `top_logprobs`; completions `logprobs: N`.
@@ -54,8 +57,26 @@ struct ParsedRequest {
   int32_t top_logprobs = 0;
 };
 
-// Returns false and fills `error` (400 with `param`) when the body is not a valid request.
+// Returns false and fills `error` (400 with `param`) when the body is not a valid request. Every body is first
+// held to the JSON limits (server/json_limits.h), so that parsing stays linear in its size.
 bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits& limits, ParsedRequest* out,
                   ApiError* error);
+
+// POST /tokenize (vLLM's shape): a completion's `prompt` (a string), or a chat's `messages` (validated as a chat
+// request), and `add_special_tokens` (a boolean, default true).
+struct TokenizeRequest {
+  bool chat = false;
+  ParsedRequest chat_request;  // when chat
+  std::string prompt;          // otherwise
+  bool add_special_tokens = true;
+};
+bool ParseTokenizeRequest(std::string_view body, const RequestLimits& limits, TokenizeRequest* out, ApiError* error);
+
+// POST /detokenize: `tokens`, ids in [0, vocab).
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+};
+bool ParseDetokenizeRequest(std::string_view body, const RequestLimits& limits, DetokenizeRequest* out,
+                            ApiError* error);
 
 }  // namespace fathom::server

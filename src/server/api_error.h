@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/json.h"
 #include "core/status.h"
 
 namespace fathom::server {
@@ -21,7 +22,7 @@ struct ApiError {
   std::string param;    // the request field at fault, when known
 
   nlohmann::json Body() const;
-  std::string BodyString() const { return Body().dump(); }
+  std::string BodyString() const { return JsonText(Body()); }
 };
 
 // StatusCode -> (HTTP status, error type, default code). `code` overrides the default when not empty.

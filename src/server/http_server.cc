@@ -171,7 +171,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     current_ = exchange;
     responded_ = false;
     WatchForDisconnect();
-    handler_(exchange);
+    try {
+      handler_(exchange);
+    } catch (...) {  // the last barrier: a handler that throws answers 500 here and the server stays up
+      FATHOM_LOG_ERROR("{}: the handler of {} threw", client_, exchange->target());
+      if (!exchange->responded()) {
+        responded_ = false;
+        ReplyAndClose(500, "internal_error", "internal error");
+      }
+    }
   }
 
   // While a response is pending, a readable socket with nothing to read means the client closed (EOF) or reset.
@@ -187,7 +195,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       char byte = 0;
       const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0) {
-        self->PeerClosed();  // EOF: the client sends no more; it may still read
+        self->PeerClosed();  // EOF: the client sends no more; it may still read, and gets its answer
       } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         self->Fail();  // reset: the client is gone
       }
@@ -195,17 +203,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
-  // The client shut down its sending side while a response is pending. That is how a vanished client looks, so
-  // the exchange is told (generation stops), but the socket stays open: a reply already being produced (an error
-  // answer, say) is still written, then the connection closes. A reply that never comes is bounded by a timer.
-  void PeerClosed() {
-    keep_alive_ = false;
-    if (current_) current_->NotifyClosed();
-    read_timer_.expires_after(Seconds(options_.write_timeout_s));
-    read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec && self->current_ != nullptr) self->Close();
-    });
-  }
+  // The client shut down its sending side (a half-close) after a complete request. HTTP allows that, and such a
+  // client still reads: the response is produced and written as usual, then the connection closes. A client that
+  // is really gone shows as a reset or a failed write (Fail), which tells the exchange.
+  void PeerClosed() { keep_alive_ = false; }
 
   void QueueWrite(std::string bytes, bool complete, bool close_after) {
     if (closing_ || responded_) return;

@@ -5,13 +5,19 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
+#include <sys/random.h>
+
+#include "core/json.h"
 #include "core/logging.h"
 #include "obs/trace.h"
 #include "server/api.h"
@@ -34,7 +40,7 @@ double EpochSeconds() {
 
 // Model text may hold broken UTF-8 (a token that ends mid-character); JSON output replaces it with U+FFFD.
 std::string Dump(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return JsonText(j);
 }
 
 // X-Request-Id from the client is kept when it is short and plain; otherwise the server's id is used.
@@ -107,6 +113,30 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+std::string_view BearerToken(std::string_view auth) {
+  while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+  constexpr std::string_view kScheme = "bearer";
+  if (auth.size() <= kScheme.size() || auth[kScheme.size()] != ' ') return {};
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != kScheme[i]) return {};
+  }
+  auth.remove_prefix(kScheme.size());
+  while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+  while (!auth.empty() && (auth.back() == ' ' || auth.back() == '\t')) auth.remove_suffix(1);
+  return auth;
+}
+
+std::optional<uint64_t> ParseEventId(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+  return v;
+}
+
 // One generation request from submission to the last byte: drains its RequestStream on its own strand, formats
 // chunks or the final body, keeps the resumable event log, and reports the record.
 class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job> {
@@ -136,6 +166,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         engine_id_(std::move(engine_id)),
         arrival_(arrival),
         strand_(asio::make_strand(server->http_.io_context())),
+        grace_timer_(strand_),
         samples_(static_cast<size_t>(req_.sampling.n)) {
     reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat;
     created_ = static_cast<int64_t>(EpochSeconds());
@@ -156,15 +187,44 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
       if (!self || self->drain_scheduled_.exchange(true)) return;
       asio::post(self->strand_, [self] {
         self->drain_scheduled_.store(false);
-        self->Drain();
+        self->server_->Guard("stream", self->ex_, [&] { self->Drain(); });
       });
     });
   }
 
  private:
+  // The client went away (a reset or a failed write). A stream that opted into resuming keeps generating into its
+  // log for the grace period, for a resume (GET /v1/streams/{id}) to pick up; anything else is aborted at once,
+  // which frees its KV blocks.
   void ClientGone() {
     client_gone_.store(true);
-    if (server_->model_.engine != nullptr) (void)server_->model_.engine->Abort(engine_id_, "the client disconnected");
+    if (req_.stream && req_.resumable && log_ && server_->options_.stream_resume_grace_s > 0) {
+      std::shared_ptr<Job> self = shared_from_this();
+      asio::post(strand_, [self] { self->server_->Guard("stream", self->ex_, [&] { self->ArmGrace(); }); });
+      return;
+    }
+    Abort("the client disconnected");
+  }
+
+  void Abort(const char* reason) {
+    if (server_->model_.engine != nullptr) (void)server_->model_.engine->Abort(engine_id_, reason);
+  }
+
+  // Strand: after the grace period, a stream nobody resumed is aborted; one being read by a resume gets another
+  // period (its reader may drop too).
+  void ArmGrace() {
+    if (done_) return;
+    grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(server_->options_.stream_resume_grace_s)));
+    std::weak_ptr<Job> weak = shared_from_this();
+    grace_timer_.async_wait([weak](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->done_) return;
+      self->server_->Guard("stream", self->ex_, [&] {
+        if (self->log_->live_subscribers() > 0) return self->ArmGrace();
+        self->Abort("the client disconnected and did not resume within --stream-resume-grace-s");
+      });
+    });
   }
 
   void Drain() {
@@ -176,7 +236,11 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   }
 
   HttpHeaders ResponseHeaders() const {
-    return {{"X-Request-Id", record_.request_id}, {"X-Server-Timestamp", fmt::format("{:.6f}", EpochSeconds())}};
+    HttpHeaders h = {{"X-Request-Id", record_.request_id},
+                     {"X-Server-Timestamp", fmt::format("{:.6f}", EpochSeconds())}};
+    // The id to resume this stream with (GET /v1/streams/{id}); it is also the capability to read it.
+    if (req_.stream) h.emplace_back("X-Fathom-Stream-Id", response_id_);
+    return h;
   }
 
   Json ChunkBase() const {
@@ -259,7 +323,11 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
       ApiError err = ApiErrorFromStatus(out.status, "", timeout ? "queue_timeout" : "");
       if (err.http_status == 500) FATHOM_LOG_ERROR("request {}: {}", record_.request_id, out.status.ToString());
       record_.error_code = timeout ? "queue_timeout" : err.code;
-      if (out.status.code() == StatusCode::kResourceExhausted) record_.error_code = "resource_exhausted";
+      // Rejected on the engine thread because the queue filled up after Submit's check: the same queue_full answer
+      // (429 with Retry-After, counted as such) as a rejection at Submit; other exhaustion is device memory.
+      if (out.status.code() == StatusCode::kResourceExhausted) {
+        record_.error_code = sched::IsQueueFull(out.status) ? "queue_full" : "resource_exhausted";
+      }
       record_.finish_reason = std::string(FinishName(out));
       if (log_) {
         log_->Finish();
@@ -342,6 +410,15 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     if (num_finished_ == static_cast<int32_t>(samples_.size())) Complete();
   }
 
+  bool failed_or_aborted() const {
+    for (const Sample& s : samples_) {
+      if (s.final_out.finish_reason == FinishReason::kAbort || s.final_out.finish_reason == FinishReason::kError) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   void FillRecord() {
     const RequestOutput& f0 = samples_[0].final_out;
     record_.prompt_tokens = f0.prompt_tokens;
@@ -395,8 +472,14 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         failure = s.final_out.status;
       }
     }
-    if (client_gone_.load()) {
+    const bool resumed_away = client_gone_.load() && req_.stream && req_.resumable && log_ != nullptr;
+    if (client_gone_.load() && !resumed_away) {
       record_.http_status = 499;
+      // Its log still ends well-formed, for a resume: the abort chunk came above, [DONE] here.
+      if (log_) {
+        const uint64_t seq = ++seq_;
+        log_->Append(seq, SseEvent(seq, "[DONE]"));
+      }
       ex_->Abandon();  // nothing more will be written to a client that left
     } else if (req_.stream) {
       if (failed) FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
@@ -410,12 +493,18 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         record_.serialize += SecondsSince(t0);
         Emit(chunk);
       }
-      record_.http_status = 200;
+      // A resumable stream whose client left still ends its log with [DONE]; it completed (200) unless the grace
+      // period ran out (abort: 499).
+      record_.http_status = resumed_away && failed_or_aborted() ? 499 : 200;
       record_.total = SecondsSince(arrival_);
       server_->Finish(record_);  // metrics before the last bytes leave
       finished_ = true;
       EmitDone();
-      ex_->EndStream();
+      if (resumed_away) {
+        ex_->Abandon();
+      } else {
+        ex_->EndStream();
+      }
     } else if (failed) {
       if (failure.code() == StatusCode::kResourceExhausted) record_.error_code = "resource_exhausted";
       FATHOM_LOG_ERROR("request {}: {}", record_.request_id, failure.ToString());
@@ -478,6 +567,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   std::string engine_id_;
   Clock::time_point arrival_;
   asio::strand<asio::io_context::executor_type> strand_;
+  asio::steady_timer grace_timer_;  // resumable streams after their client left
   std::vector<Sample> samples_;
   std::shared_ptr<RequestStream> stream_;
   std::shared_ptr<StreamLog> log_;
@@ -529,9 +619,10 @@ void OpenAiServer::Attach(ServedModel model) {
   ready_.store(true);
 }
 
+// The listener stays open while draining: a new connection is answered (503 for new generations, /health 503
+// "draining") rather than refused, so that a load balancer sees why and a client gets an error body.
 void OpenAiServer::BeginDrain() {
   draining_.store(true);
-  http_.StopAccepting();
 }
 
 bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
@@ -562,18 +653,36 @@ std::string OpenAiServer::NewId(std::string_view prefix) {
   return fmt::format("{}{:08x}{:06x}", prefix, static_cast<uint32_t>(id_salt_ ^ (id_salt_ >> 32)), n);
 }
 
+std::string OpenAiServer::NewSecretId(std::string_view prefix) {
+  uint8_t bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {  // getrandom blocks only before the kernel's pool is initialized, at boot
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      throw std::runtime_error("getrandom failed");  // the barrier answers 500
+    }
+  }
+  std::string id(prefix);
+  for (uint8_t b : bytes) id += fmt::format("{:02x}", b);
+  return id;
+}
+
 bool OpenAiServer::Authorized(const HttpExchange& ex) const {
   if (options_.api_key.empty()) return true;
-  std::string auth = ex.header("Authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  if (auth.size() < kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return false;
-  return ConstantTimeEquals(std::string_view(auth).substr(kBearer.size()), options_.api_key);
+  const std::string auth = ex.header("Authorization");
+  const std::string_view token = BearerToken(auth);
+  return !token.empty() && ConstantTimeEquals(token, options_.api_key);
 }
 
 void OpenAiServer::ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
                               HttpHeaders headers) {
   record.http_status = error.http_status;
   if (record.error_code.empty()) record.error_code = error.code;
+  // Every 429 says when to come back.
+  const bool has_retry = std::any_of(headers.begin(), headers.end(), [](const auto& h) { return h.first == "Retry-After"; });
+  if (error.http_status == 429 && !has_retry) headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
   headers.emplace_back("X-Request-Id", record.request_id);
   Finish(record);  // metrics first: a client that reads /metrics right after its answer sees itself counted
   if (error.http_status != 499)
@@ -606,7 +715,39 @@ void OpenAiServer::Finish(const RequestRecord& r) {
   std::fflush(access_log_);
 }
 
+template <typename F>
+void OpenAiServer::Guard(const char* where, const std::shared_ptr<HttpExchange>& ex, F&& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    CaughtException(where, ex, e.what());
+  } catch (...) {
+    CaughtException(where, ex, "an exception of unknown type");
+  }
+}
+
+void OpenAiServer::CaughtException(const char* where, const std::shared_ptr<HttpExchange>& ex,
+                                 const char* what) noexcept {
+  internal_errors_.fetch_add(1);
+  try {
+    FATHOM_LOG_ERROR("internal error ({}, {} {}): {}", where, ex ? ex->method() : "", ex ? ex->path() : "", what);
+    if (internal_error_hook_) internal_error_hook_(where);
+    if (ex != nullptr && !ex->responded()) {
+      ReplyError(ex,
+                 ApiErrorFromStatus(InternalError("internal error: the server logged it; please report it"), "",
+                                    "internal_error"),
+                 NewRecord(*ex));
+    }
+  } catch (...) {  // out of memory while answering: the connection is dropped instead
+    if (ex != nullptr) ex->Abandon();
+  }
+}
+
 void OpenAiServer::Handle(const std::shared_ptr<HttpExchange>& ex) {
+  Guard("handler", ex, [&] { Route(ex); });
+}
+
+void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
   const std::string path(ex->path());
   const std::string_view method = ex->method();
   auto json_reply = [&](int status, const Json& body) { ex->Reply(status, "application/json", Dump(body)); };
@@ -615,8 +756,15 @@ void OpenAiServer::Handle(const std::shared_ptr<HttpExchange>& ex) {
     if (draining_.load()) return json_reply(503, {{"status", "draining"}});
     return json_reply(200, {{"status", "ok"}});
   }
-  if (path == "/metrics") {
-    if (metrics_handler_) return ex->Reply(200, "text/plain; version=0.0.4; charset=utf-8", metrics_handler_());
+  if (path == "/metrics" && metrics_handler_) {
+    if (options_.metrics_require_key && !Authorized(*ex)) {
+      RequestRecord record = NewRecord(*ex);
+      record.error_code = "unauthorized";
+      return ReplyError(
+          ex, ApiErrorFromStatus(UnauthenticatedError("invalid or missing API key (Authorization: Bearer ...)")),
+          record, {{"WWW-Authenticate", "Bearer"}});
+    }
+    return ex->Reply(200, "text/plain; version=0.0.4; charset=utf-8", metrics_handler_());
   }
   if (extra_route_ && extra_route_(ex)) return;
 
@@ -690,35 +838,25 @@ void OpenAiServer::HandleModels(const std::shared_ptr<HttpExchange>& ex) {
 
 void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
   RequestRecord record = NewRecord(*ex);
-  Json body = Json::parse(ex->request().body(), nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    return ReplyError(
-        ex, ApiErrorFromStatus(InvalidArgumentError("the body must be a JSON object"), "", "invalid_json"), record);
+  TokenizeRequest req;
+  ApiError err;
+  if (!ParseTokenizeRequest(ex->request().body(), {.vocab_size = model_.vocab_size}, &req, &err)) {
+    return ReplyError(ex, err, record);
   }
   std::vector<int32_t> ids;
-  const bool add_special = body.value("add_special_tokens", true);
-  if (body.contains("messages")) {
-    ParsedRequest req;
-    ApiError err;
-    if (!ParseRequest(ex->request().body(), Endpoint::kChat, {.vocab_size = model_.vocab_size}, &req, &err)) {
-      return ReplyError(ex, err, record);
-    }
+  if (req.chat) {
     if (model_.chat == nullptr) {
       return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template")), record);
     }
     ChatRequest cr;
-    cr.messages = req.messages;
-    cr.extra = req.chat_template_kwargs;
-    cr.add_generation_prompt = req.add_generation_prompt;
+    cr.messages = req.chat_request.messages;
+    cr.extra = req.chat_request.chat_template_kwargs;
+    cr.add_generation_prompt = req.chat_request.add_generation_prompt;
     auto text = model_.chat->Render(cr);
     if (!text.ok()) return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
     ids = model_.chat->EncodePrompt(*text);
-  } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    ids = model_.tokenizer->Encode(body["prompt"].get<std::string>(), {.add_special_tokens = add_special});
   } else {
-    return ReplyError(
-        ex, ApiErrorFromStatus(InvalidArgumentError("'prompt' (a string) or 'messages' is required"), "prompt"),
-        record);
+    ids = model_.tokenizer->Encode(req.prompt, {.add_special_tokens = req.add_special_tokens});
   }
   ex->Reply(200, "application/json",
             Dump({{"tokens", ids},
@@ -728,23 +866,13 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
 
 void OpenAiServer::HandleDetokenize(const std::shared_ptr<HttpExchange>& ex) {
   RequestRecord record = NewRecord(*ex);
-  Json body = Json::parse(ex->request().body(), nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
-    return ReplyError(
-        ex, ApiErrorFromStatus(InvalidArgumentError("'tokens' (an array of token ids) is required"), "tokens"), record);
+  DetokenizeRequest req;
+  ApiError err;
+  if (!ParseDetokenizeRequest(ex->request().body(), {.vocab_size = model_.vocab_size}, &req, &err)) {
+    return ReplyError(ex, err, record);
   }
-  std::vector<int32_t> ids;
-  for (const Json& t : body["tokens"]) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model_.vocab_size) {
-      return ReplyError(
-          ex,
-          ApiErrorFromStatus(InvalidArgumentError(fmt::format("'tokens' must hold ids in [0, {})", model_.vocab_size)),
-                             "tokens"),
-          record);
-    }
-    ids.push_back(t.get<int32_t>());
-  }
-  ex->Reply(200, "application/json", Dump({{"prompt", model_.tokenizer->Decode(ids, /*skip_special_tokens=*/false)}}));
+  ex->Reply(200, "application/json",
+            Dump({{"prompt", model_.tokenizer->Decode(req.tokens, /*skip_special_tokens=*/false)}}));
 }
 
 void OpenAiServer::HandleTrace(const std::shared_ptr<HttpExchange>& ex, RequestRecord record) {
@@ -767,9 +895,11 @@ void OpenAiServer::HandleTrace(const std::shared_ptr<HttpExchange>& ex, RequestR
   }
   auto timer = std::make_shared<asio::steady_timer>(
       http_.io_context(), std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
-  timer->async_wait([ex, timer](const boost::system::error_code&) {
-    ex->Reply(200, "application/json", obs::StopTracing(),
-              {{"Content-Disposition", "attachment; filename=\"fathom-trace.json\""}});
+  timer->async_wait([this, ex, timer](const boost::system::error_code&) {
+    Guard("trace", ex, [&] {
+      ex->Reply(200, "application/json", obs::StopTracing(),
+                {{"Content-Disposition", "attachment; filename=\"fathom-trace.json\""}});
+    });
   });
   record.http_status = 200;
   Finish(record);
@@ -790,27 +920,27 @@ void OpenAiServer::HandleResume(const std::shared_ptr<HttpExchange>& ex, const s
   uint64_t after = 0;
   const std::string last = ex->header("Last-Event-ID");
   if (!last.empty()) {
-    try {
-      size_t pos = 0;
-      after = std::stoull(last, &pos);
-      if (pos != last.size()) throw std::invalid_argument(last);
-    } catch (...) {
-      return ReplyError(
-          ex,
-          ApiErrorFromStatus(InvalidArgumentError("Last-Event-ID must be an event id (an integer)"), "Last-Event-ID"),
-          record);
+    const std::optional<uint64_t> id = ParseEventId(last);
+    if (!id) {
+      return ReplyError(ex,
+                        ApiErrorFromStatus(InvalidArgumentError("Last-Event-ID must be an event id (decimal digits, "
+                                                                "at most 2^63 - 1)"),
+                                           "Last-Event-ID"),
+                        record);
     }
+    after = *id;
   }
   ex->StartStream({{"X-Request-Id", record.request_id}, {"X-Server-Timestamp", fmt::format("{:.6f}", EpochSeconds())}});
   std::weak_ptr<HttpExchange> weak = ex;
   log->Subscribe(after, [weak](const std::string& event, bool done) {
     auto e = weak.lock();
-    if (!e) return;
+    if (!e || e->closed()) return false;  // the resuming client left too
     if (done) {
       e->EndStream();
     } else {
       e->SendEvent(event);
     }
+    return true;
   });
   record.http_status = 200;
   Finish(record);
@@ -892,7 +1022,8 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
   }
 
   const std::string engine_id = NewId("e-");
-  const std::string response_id = NewId(chat ? "chatcmpl-" : "cmpl-");
+  const std::string response_id = NewSecretId(chat ? "chatcmpl-" : "cmpl-");
+  if (const std::string h = ex->header("X-Fathom-Resumable"); h == "1" || h == "true") req.resumable = true;
   EngineRequest er;
   er.id = engine_id;
   er.prompt = std::move(prompt);

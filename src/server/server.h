@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -40,8 +41,12 @@ struct ServerOptions {
   ReasoningParser reasoning = ReasoningParser::kNone;
   bool reasoning_auto = true;
   StreamLogOptions stream_logs;
+  // A resumable stream (the client opted in) whose client drops keeps generating this long for a resume to pick it
+  // up; without a resume by then it is aborted. Streams that did not opt in are aborted at once.
+  double stream_resume_grace_s = 30;
   std::string access_log = "-";  // a file, "-" for stdout, or "" for none
   int retry_after_s = 1;         // Retry-After of 429 answers
+  bool metrics_require_key = false;  // GET /metrics needs the API key too (default: open, as Prometheus expects)
 };
 
 // What the server needs of the loaded model. Pointers outlive the server's use of them (until Stop()).
@@ -91,6 +96,10 @@ class OpenAiServer {
   void SetExtraRoute(std::function<bool(const std::shared_ptr<HttpExchange>&)> route) {
     extra_route_ = std::move(route);
   }
+  // Called (any thread) each time the exception barrier catches something, with where it was caught: a bug.
+  void SetInternalErrorHook(std::function<void(std::string_view where)> hook) { internal_error_hook_ = std::move(hook); }
+  // Exceptions the barrier caught since the start (each answered as a 500 and logged).
+  int64_t internal_errors() const { return internal_errors_.load(); }
 
   void BeginDrain();
   bool draining() const { return draining_.load(); }
@@ -103,7 +112,13 @@ class OpenAiServer {
   class Job;
 
  private:
+  // The exception barrier: runs `f`, and turns anything it throws into a logged, counted 500 (when the exchange has
+  // not answered yet). Every entry from the I/O threads (handler, strand work, timers) goes through it.
+  template <typename F>
+  void Guard(const char* where, const std::shared_ptr<HttpExchange>& ex, F&& f) noexcept;
+  void CaughtException(const char* where, const std::shared_ptr<HttpExchange>& ex, const char* what) noexcept;
   void Handle(const std::shared_ptr<HttpExchange>& ex);
+  void Route(const std::shared_ptr<HttpExchange>& ex);
   void HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool chat);
   void HandleTokenize(const std::shared_ptr<HttpExchange>& ex);
   void HandleDetokenize(const std::shared_ptr<HttpExchange>& ex);
@@ -114,7 +129,10 @@ class OpenAiServer {
   void ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
                   HttpHeaders headers = {});
   void Finish(const RequestRecord& record);
+  // An internal id: prefix + a per-process counter.
   std::string NewId(std::string_view prefix);
+  // A response id, which is also the capability to resume its stream: prefix + 128 random bits (getrandom).
+  static std::string NewSecretId(std::string_view prefix);
   // The record of a request as it arrives: id (the client's X-Request-Id when plain), method, path, client.
   RequestRecord NewRecord(const HttpExchange& ex);
 
@@ -128,6 +146,8 @@ class OpenAiServer {
   std::function<void(const RequestRecord&)> record_hook_;
   std::function<std::string()> metrics_handler_;
   std::function<bool(const std::shared_ptr<HttpExchange>&)> extra_route_;
+  std::function<void(std::string_view)> internal_error_hook_;
+  std::atomic<int64_t> internal_errors_{0};
   std::mutex log_mu_;
   std::FILE* access_log_ = nullptr;
   bool own_access_log_ = false;
@@ -142,5 +162,10 @@ StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* au
 bool TemplateOpensThink(const ChatTemplate& chat);
 // Constant-time comparison of secrets (the time depends on the lengths only).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
+// The token of an `Authorization: Bearer <token>` header: the scheme is case-insensitive (RFC 7235) and spaces
+// around the token are dropped. Empty when the header holds no bearer token.
+std::string_view BearerToken(std::string_view authorization);
+// Last-Event-ID as an event sequence number: plain decimal digits only (no sign, no spaces), at most 2^63 - 1.
+std::optional<uint64_t> ParseEventId(std::string_view text);
 
 }  // namespace fathom::server

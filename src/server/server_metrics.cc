@@ -61,10 +61,18 @@ ServerMetrics::ServerMetrics() {
     rejected_->WithLabels({reason});
   }
   oom_ = &registry_.AddCounter("fathom_oom_events_total", "Steps that failed for lack of device memory").Get();
+  internal_errors_ = &registry_.AddCounter("fathom_internal_errors_total",
+                                           "Exceptions the request barrier caught (answered 500; each one is a bug)",
+                                           {"where"});
+  for (const char* where : {"handler", "stream", "trace"}) internal_errors_->WithLabels({where});
   if (Status s = obs::RegisterProcessMetrics(registry_); !s.ok()) FATHOM_LOG_WARN("process metrics: {}", s.message());
   if (auto gpus = obs::RegisterGpuMetrics(registry_); gpus.ok()) {
     FATHOM_LOG_INFO("GPU metrics: {} device(s) through NVML", *gpus);
   }
+}
+
+void ServerMetrics::OnInternalError(std::string_view where) {
+  internal_errors_->WithLabels({std::string(where)}).Inc();
 }
 
 void ServerMetrics::AttachEngine(const Engine* engine) {

@@ -7,6 +7,7 @@
 //   engine.SetStepObserver([&](const EngineStats& s) { metrics.OnStep(s); });
 //   server.SetRecordHook([&](const RequestRecord& r) { metrics.OnRequest(r); });
 //   server.SetMetricsHandler([&] { return metrics.Expose(); });
+//   server.SetInternalErrorHook([&](std::string_view where) { metrics.OnInternalError(where); });
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,8 @@ class ServerMetrics {
   // `engine` outlives the metrics' use of it; null detaches.
   void AttachEngine(const Engine* engine);
   void OnRequest(const RequestRecord& r);
+  // The server's exception barrier caught something (OpenAiServer::SetInternalErrorHook).
+  void OnInternalError(std::string_view where);
   // Engine thread, after each step.
   void OnStep(const EngineStats& s);
   std::string Expose() const { return registry_.Expose(); }
@@ -53,6 +56,7 @@ class ServerMetrics {
   obs::Counter* preemptions_;
   obs::CounterFamily* rejected_;
   obs::Counter* oom_;
+  obs::CounterFamily* internal_errors_;
   // Engine counters already exported (the engine's are cumulative; the counters get the increments).
   int64_t seen_preemptions_ = 0;
   int64_t seen_hit_tokens_ = 0;

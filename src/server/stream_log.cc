@@ -5,7 +5,7 @@ namespace fathom::server {
 void StreamLog::Append(uint64_t seq, std::string event) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
-  for (const Subscriber& s : subscribers_) s(event, false);
+  std::erase_if(subscribers_, [&](const Subscriber& s) { return !s(event, false); });
   bytes_ += event.size();
   events_.emplace_back(seq, std::move(event));
 }
@@ -21,7 +21,7 @@ void StreamLog::Finish() {
 void StreamLog::Subscribe(uint64_t after_seq, Subscriber subscriber) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [seq, event] : events_) {
-    if (seq > after_seq) subscriber(event, false);
+    if (seq > after_seq && !subscriber(event, false)) return;
   }
   if (finished_) {
     subscriber(std::string(), true);
@@ -33,6 +33,11 @@ void StreamLog::Subscribe(uint64_t after_seq, Subscriber subscriber) {
 bool StreamLog::finished() const {
   std::lock_guard<std::mutex> lock(mu_);
   return finished_;
+}
+
+size_t StreamLog::live_subscribers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return subscribers_.size();
 }
 
 size_t StreamLog::bytes() const {

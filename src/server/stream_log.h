@@ -24,8 +24,9 @@ namespace fathom::server {
 
 class StreamLog {
  public:
-  // (event, done): `done` is true once, after the last event (the event is then empty).
-  using Subscriber = std::function<void(const std::string& event, bool done)>;
+  // (event, done): `done` is true once, after the last event (the event is then empty). Returns false when its
+  // reader is gone: it is dropped.
+  using Subscriber = std::function<bool(const std::string& event, bool done)>;
 
   explicit StreamLog(std::string id) : id_(std::move(id)) {}
   const std::string& id() const { return id_; }
@@ -38,6 +39,8 @@ class StreamLog {
   void Subscribe(uint64_t after_seq, Subscriber subscriber);
   bool finished() const;
   size_t bytes() const;
+  // Subscribers whose readers were still there at the last event (resumable streams keep generating for them).
+  size_t live_subscribers() const;
 
  private:
   std::string id_;

@@ -5,7 +5,7 @@ import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import {buildScriptedModel, readSse, startServer, tmpDir} from './lib/fathom.mjs';
+import {buildScriptedModel, parseResponse, rawRequest, readSse, sleep, startServer, tmpDir} from './lib/fathom.mjs';
 
 const kAssistant = 128804;  // <｜Assistant｜>: every chat prompt of the DeepSeek-V3 template ends with it
 const kKey = 'sk-test-0123456789';
@@ -18,7 +18,8 @@ before(async () => {
     {trigger: 'Loop', text: ' tick tock', end: 'cycle'},
   ]);
   srv = await startServer(['--model', model.dir, '--served-model-name', 'scripted', '--api-key', kKey,
-                           '--reasoning-parser', 'deepseek-r1', '--max-model-len', '256']);
+                           '--reasoning-parser', 'deepseek-r1', '--max-model-len', '256', '--metrics-require-key',
+                           '--stream-resume-grace-s', '3']);
   client = new OpenAI({baseURL: srv.url + '/v1', apiKey: kKey, maxRetries: 0});
 });
 
@@ -178,4 +179,123 @@ test('a dropped stream is resumed from Last-Event-ID', async () => {
   assert.equal(text, ' one two three four five six seven eight nine ten');
   const missing = await fetch(srv.url + '/v1/streams/cmpl-nope', {headers});
   assert.equal(missing.status, 404);
+});
+
+const auth = {authorization: `Bearer ${kKey}`};
+
+// Sends `request` as raw bytes: each character below U+0100 is one byte (so '\xff' is the byte 0xff).
+function raw(request) {
+  return rawRequest(srv.port, [Buffer.from(request, 'latin1')]).then((r) => parseResponse(r.data));
+}
+
+test('requests that once crashed the server get error answers, and it stays up', async () => {
+  // A wrong type in /tokenize (was an uncaught type_error from body.value()).
+  const t = await fetch(srv.url + '/tokenize', {method: 'POST', headers: {...auth, 'content-type': 'application/json'},
+                                                body: JSON.stringify({prompt: 'hi', add_special_tokens: 'x'})});
+  assert.equal(t.status, 400);
+  assert.equal((await t.json()).error.param, 'add_special_tokens');
+  // A non-UTF-8 path, unauthenticated (its 404 body once threw in serialization), and a non-UTF-8 stream id.
+  const p = await raw('GET /\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+  assert.equal(p.status, 404);
+  assert.match(JSON.parse(p.body).error.message, /no route GET \/\ufffd/);
+  const s = await raw(`GET /v1/streams/\xc3\x28 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${kKey}\r\nConnection: close\r\n\r\n`);
+  assert.equal(s.status, 404);
+  assert.equal(JSON.parse(s.body).error.code, 'stream_not_found');
+  assert.equal((await fetch(srv.url + '/health')).status, 200);
+});
+
+test('the Bearer scheme is case-insensitive; /metrics can require the key', async () => {
+  const lower = await fetch(srv.url + '/v1/models', {headers: {authorization: `bearer ${kKey}`}});
+  assert.equal(lower.status, 200);
+  assert.equal((await fetch(srv.url + '/v1/models', {headers: {authorization: `Basic ${kKey}`}})).status, 401);
+  assert.equal((await fetch(srv.url + '/metrics')).status, 401);
+  const m = await fetch(srv.url + '/metrics', {headers: auth});
+  assert.equal(m.status, 200);
+  // Nothing so far reached the exception barrier: each count is a bug.
+  for (const line of (await m.text()).split('\n').filter((l) => l.startsWith('fathom_internal_errors_total'))) {
+    assert.match(line, / 0$/, line);
+  }
+});
+
+test('stream ids are 128 random bits, named in a header; Last-Event-ID must be plain digits', async () => {
+  const headers = {'content-type': 'application/json', ...auth};
+  const r = await fetch(srv.url + '/v1/completions', {method: 'POST', headers,
+                                                     body: JSON.stringify({prompt: 'Count:', max_tokens: 3, stream: true})});
+  const id = r.headers.get('x-fathom-stream-id');
+  assert.match(id, /^cmpl-[0-9a-f]{32}$/);
+  const events = await readSse(r);
+  assert.equal(JSON.parse(events[0].data).id, id);
+  for (const bad of ['-1', '+1', '1 2', '0x10', '99999999999999999999']) {
+    const x = await raw(`GET /v1/streams/${id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${kKey}\r\n` +
+                        `Last-Event-ID: ${bad}\r\nConnection: close\r\n\r\n`);
+    assert.equal(x.status, 400, bad);
+    assert.equal(JSON.parse(x.body).error.param, 'Last-Event-ID');
+  }
+});
+
+// Reads a stream until `n` events arrived, then drops the connection.
+async function dropAfter(body, n) {
+  const controller = new AbortController();
+  const r = await fetch(srv.url + '/v1/completions', {method: 'POST', signal: controller.signal,
+                                                     headers: {'content-type': 'application/json', ...auth},
+                                                     body: JSON.stringify(body)});
+  const id = r.headers.get('x-fathom-stream-id');
+  const got = [];
+  try {
+    await readSse(r, {onEvent: (e) => {
+      got.push(e);
+      if (got.length === n) controller.abort();
+    }});
+  } catch (e) {
+    assert.equal(e.name, 'AbortError');
+  }
+  return {id, got};
+}
+
+test('a resumable stream keeps generating after its client drops, and a resume gets the rest and [DONE]', async () => {
+  const body = {prompt: 'Loop', max_tokens: 60, stream: true, stream_options: {resumable: true}};
+  const whole = await readSse(await fetch(srv.url + '/v1/completions', {
+    method: 'POST', headers: {'content-type': 'application/json', ...auth}, body: JSON.stringify(body)}));
+  const text = (events) => events.filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices[0].text).join('');
+  const {id, got} = await dropAfter(body, 3);
+  const resumed = await fetch(srv.url + `/v1/streams/${id}`, {headers: {...auth, 'last-event-id': String(got.at(-1).id)}});
+  assert.equal(resumed.status, 200);
+  const rest = await readSse(resumed);
+  assert.equal(rest.at(-1).data, '[DONE]');
+  const chunks = [...got, ...rest].filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices[0]);
+  assert.equal(chunks.at(-1).finish_reason, 'length');  // ran to max_tokens: not aborted by the drop
+  assert.equal(text([...got, ...rest]), text(whole));
+});
+
+test('a resumable stream nobody resumes is aborted after the grace period; others are aborted at once', async () => {
+  const local = await startServer(['--model', model.dir, '--stream-resume-grace-s', '1', '--access-log', 'off']);
+  try {
+    const open = async (body, n) => {
+      const controller = new AbortController();
+      const r = await fetch(local.url + '/v1/completions', {method: 'POST', signal: controller.signal,
+                                                             headers: {'content-type': 'application/json'},
+                                                             body: JSON.stringify(body)});
+      const id = r.headers.get('x-fathom-stream-id');
+      try {
+        await readSse(r, {onEvent: (e, all) => (all.length === n ? controller.abort() : undefined)});
+      } catch (e) {
+        assert.equal(e.name, 'AbortError');
+      }
+      return id;
+    };
+    const replay = async (id) => readSse(await fetch(local.url + `/v1/streams/${id}`, {headers: {'last-event-id': '0'}}));
+    const resumable = await open({prompt: 'Loop', max_tokens: 4000, stream: true, stream_options: {resumable: true}}, 2);
+    await sleep(2500);  // past the grace period of 1 s
+    const late = await replay(resumable);
+    assert.equal(late.at(-1).data, '[DONE]');
+    assert.equal(JSON.parse(late.at(-2).data).choices[0].finish_reason, 'abort');
+    const plain = await open({prompt: 'Loop', max_tokens: 4000, stream: true}, 2);
+    await sleep(300);
+    const cut = await replay(plain);
+    assert.equal(cut.at(-1).data, '[DONE]');
+    assert.equal(JSON.parse(cut.at(-2).data).choices[0].finish_reason, 'abort');
+    assert.ok(cut.length < late.length, `${cut.length} events after a plain drop, ${late.length} after the grace`);
+  } finally {
+    await local.stop('SIGKILL');
+  }
 });

@@ -105,6 +105,31 @@ test('a half-closed connection still gets its error answer', async () => {
   assert.equal((await completion(srv.url, {prompt: 'Count:', max_tokens: 1})).status, 200);
 });
 
+test('a half-close after a complete request still gets the whole answer', async () => {
+  const r = await rawRequest(srv.port, [post('/v1/completions', {prompt: 'Count:', max_tokens: 3})], {halfClose: true});
+  const res = parseResponse(r.data);
+  assert.equal(res.status, 200, r.data);
+  assert.equal(JSON.parse(res.body).choices[0].text, ' one two three');
+});
+
+test('JSON that would parse in quadratic time is refused at once, naming the limit', async () => {
+  // 100k keys in one object (about 1 MB): nlohmann's ordered_json inserts in linear time per key.
+  const keys = Array.from({length: 100000}, (_, i) => `"k${i}":0`).join(',');
+  const body = `{"prompt":"Count:","unknown":{${keys}}}`;
+  const local = await startServer(['--model', model.dir, '--max-request-bytes', '4MiB', '--access-log', 'off']);
+  try {
+    const [r, health] = await Promise.all([
+      fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'}, body}),
+      fetch(local.url + '/health'),
+    ]);
+    assert.equal(r.status, 400);
+    assert.match((await r.json()).error.message, /more than 1024 keys/);
+    assert.equal(health.status, 200);
+  } finally {
+    await local.stop('SIGKILL');
+  }
+});
+
 test('a client that disconnects mid-stream has its request aborted and its KV blocks freed', async () => {
   const controller = new AbortController();
   const before = await scrape(srv.url);
@@ -197,6 +222,28 @@ test('SIGTERM under load: in-flight requests finish or end with abort, and the e
   }
 });
 
+test('while draining, a new connection is answered 503 (and /health says draining), not refused', async () => {
+  const local = await startServer(['--model', model.dir, '--shutdown-grace-s', '3', '--access-log', 'off']);
+  try {
+    const stream = fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'},
+                                                          body: JSON.stringify({prompt: 'Loop', max_tokens: 100000, stream: true})})
+                       .then((r) => readSse(r));
+    await sleep(300);
+    local.child.kill('SIGTERM');
+    await sleep(300);
+    const health = await fetch(local.url + '/health');
+    assert.equal(health.status, 503);
+    assert.equal((await health.json()).status, 'draining');
+    const late = await completion(local.url, {prompt: 'Count:', max_tokens: 3});
+    assert.equal(late.status, 503);
+    assert.equal(late.body.error.code, 'draining');
+    assert.equal(await local.exited, 0, local.stderr);
+    assert.equal((await stream).at(-1).data, '[DONE]');
+  } finally {
+    await local.stop('SIGKILL');
+  }
+});
+
 test('overload: 429 with Retry-After when the queue is full, 503 after the queue delay', async () => {
   const local = await startServer(['--model', model.dir, '--max-num-seqs', '1', '--max-queue-len', '1',
                                    '--max-queue-delay-ms', '1500', '--shutdown-grace-s', '1', '--access-log', 'off']);
@@ -229,4 +276,36 @@ test('overload: 429 with Retry-After when the queue is full, 503 after the queue
   } finally {
     await local.stop('SIGKILL');
   }
+});
+
+test('every 429 carries Retry-After and is counted as queue_full, however the race falls', async () => {
+  const local = await startServer(['--model', model.dir, '--max-num-seqs', '1', '--max-queue-len', '1',
+                                   '--shutdown-grace-s', '0', '--access-log', 'off']);
+  try {
+    const before = await scrape(local.url);
+    // Many at once: some are refused at Submit, some (the queue filled between Submit's check and the engine thread)
+    // on the engine thread.
+    const rs = await Promise.all(Array.from({length: 200}, () =>
+      fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'},
+                                            body: JSON.stringify({prompt: 'Count:', max_tokens: 2})})));
+    const refused = rs.filter((r) => r.status === 429);
+    assert.ok(refused.length > 0);
+    for (const r of refused) {
+      assert.ok(Number(r.headers.get('retry-after')) >= 1);
+      assert.equal((await r.json()).error.code, 'queue_full');
+    }
+    for (const r of rs.filter((x) => x.status !== 429)) assert.equal(r.status, 200);
+    const after = await scrape(local.url);
+    const key = 'fathom_requests_rejected_total{reason="queue_full"}';
+    assert.equal(after[key] - (before[key] || 0), refused.length);
+  } finally {
+    await local.stop('SIGKILL');
+  }
+});
+
+test('no request so far reached the exception barrier', async () => {
+  const m = await scrape(srv.url);
+  const seen = Object.entries(m).filter(([k]) => k.startsWith('fathom_internal_errors_total'));
+  assert.ok(seen.length >= 1);
+  for (const [k, v] of seen) assert.equal(v, 0, k);
 });

@@ -23,6 +23,7 @@ TEST(StreamLogTest, ReplaysAfterLastEventThenGoesLive) {
     } else {
       got.push_back(e);
     }
+    return true;
   });
   EXPECT_EQ(got, (std::vector<std::string>{"b", "c"}));
   log.Append(4, "d");
@@ -32,9 +33,31 @@ TEST(StreamLogTest, ReplaysAfterLastEventThenGoesLive) {
   EXPECT_TRUE(done);
   bool late_done = false;
   std::vector<std::string> late;
-  log.Subscribe(3, [&](const std::string& e, bool d) { d ? void(late_done = true) : late.push_back(e); });
+  log.Subscribe(3, [&](const std::string& e, bool d) {
+    d ? void(late_done = true) : late.push_back(e);
+    return true;
+  });
   EXPECT_EQ(late, (std::vector<std::string>{"d"}));
   EXPECT_TRUE(late_done);
+}
+
+// A subscriber whose reader left says so; it is dropped, and live_subscribers (what a resumable stream's grace
+// period looks at) counts only readers still there.
+TEST(StreamLogTest, DropsSubscribersWhoseReaderLeft) {
+  StreamLog log("s");
+  int calls = 0;
+  bool alive = true;
+  log.Subscribe(0, [&](const std::string&, bool) {
+    ++calls;
+    return alive;
+  });
+  EXPECT_EQ(log.live_subscribers(), 1u);
+  log.Append(1, "a");
+  alive = false;
+  log.Append(2, "b");  // the reader is gone: dropped
+  EXPECT_EQ(log.live_subscribers(), 0u);
+  log.Append(3, "c");
+  EXPECT_EQ(calls, 2);
 }
 
 TEST(StreamLogsTest, RetentionAndByteBudget) {
@@ -53,6 +76,27 @@ TEST(StreamLogsTest, RetentionAndByteBudget) {
   logs.MarkFinished("b");
   logs.Sweep(StreamLogs::Clock::now() + std::chrono::seconds(11));
   EXPECT_EQ(logs.size(), 0u);
+}
+
+// RFC 7235: the auth scheme is case-insensitive; the token is exact.
+TEST(ServerHelpersTest, BearerToken) {
+  EXPECT_EQ(BearerToken("Bearer abc"), "abc");
+  EXPECT_EQ(BearerToken("bearer abc"), "abc");
+  EXPECT_EQ(BearerToken("BEARER  abc "), "abc");
+  EXPECT_EQ(BearerToken("Basic abc"), "");
+  EXPECT_EQ(BearerToken("Bearer"), "");
+  EXPECT_EQ(BearerToken("Bearerabc"), "");
+  EXPECT_EQ(BearerToken(""), "");
+}
+
+// Last-Event-ID: decimal digits only; -1, " 1", "+1" and overflow are refused rather than wrapped or trimmed.
+TEST(ServerHelpersTest, ParseEventId) {
+  EXPECT_EQ(ParseEventId("0"), 0u);
+  EXPECT_EQ(ParseEventId("42"), 42u);
+  EXPECT_EQ(ParseEventId("9223372036854775807"), 9223372036854775807ull);
+  for (const char* bad : {"-1", " 1", "+1", "1 ", "", "1e3", "0x10", "9223372036854775808", "99999999999999999999"}) {
+    EXPECT_FALSE(ParseEventId(bad).has_value()) << bad;
+  }
 }
 
 TEST(ServerHelpersTest, ConstantTimeEquals) {
