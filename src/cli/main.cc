@@ -1,6 +1,8 @@
 // `fathom`: one executable, one subcommand per task (run, logits, inspect, tokenize, render-chat, ...).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "cli/bench_command.h"
 #include "cli/model_commands.h"
@@ -29,6 +31,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {  // a size no check foresaw: an error, never an abort
+    std::fprintf(stderr, "error: RESOURCE_EXHAUSTED: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: INTERNAL: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 // Byte counts for people, in binary units: FormatBytes(1536) == "1.5 KiB", FormatBytes(3 << 30) == "3.00 GiB".
-// Used by progress lines and the device memory plan.
+// Used by progress lines and the memory plans. AvailableHostMemoryBytes() bounds what host allocations may ask for.
 #pragma once
 
 #include <cstdint>
@@ -8,5 +8,8 @@
 namespace fathom {
 
 std::string FormatBytes(int64_t bytes);
+
+// The host memory the kernel says is available now (/proc/meminfo MemAvailable), or 0 when it cannot tell.
+int64_t AvailableHostMemoryBytes();
 
 }  // namespace fathom

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -225,6 +227,83 @@ Status ParseTokenIds(const json& j, ModelConfig* c) {
 
 }  // namespace
 
+namespace {
+
+// Every number of a config in a range no real model leaves, checked before anything is sized by it: a hostile or
+// broken config.json gets an error naming the key, never an allocation of terabytes or NaN logits.
+Status CheckRange(const char* key, double v, double lo, double hi, bool lo_open = false) {
+  if (std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi) return OkStatus();
+  return InvalidArgumentError(
+      fmt::format("config.json: '{}' is {}, outside {}{}, {}]", key, v, lo_open ? "(" : "[", lo, hi));
+}
+
+Status ValidateRanges(const ModelConfig& c) {
+  struct IntRange {
+    const char* key;
+    int64_t v, lo, hi;
+  };
+  const MlaConfig& m = c.mla;
+  const MoeConfig& e = c.moe;
+  std::vector<IntRange> ints = {
+      {"vocab_size", c.vocab_size, 1, int64_t{1} << 24},
+      {"hidden_size", c.hidden_size, 1, 1 << 17},
+      {"intermediate_size", c.intermediate_size, 1, 1 << 20},
+      {"num_hidden_layers", c.num_layers, 1, 1024},
+      {"num_attention_heads", c.num_heads, 1, 1024},
+      {"num_key_value_heads", c.num_kv_heads, 1, 1024},
+      {"head_dim", c.head_dim, 2, 1024},
+      {"max_position_embeddings", c.max_position_embeddings, 1, int64_t{1} << 24},
+      {"num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 64},
+  };
+  if (c.is_mla) {
+    ints.insert(ints.end(), {{"q_lora_rank", m.q_lora_rank, 0, 1 << 17},
+                             {"kv_lora_rank", m.kv_lora_rank, 1, 1 << 17},
+                             {"qk_nope_head_dim", m.qk_nope_head_dim, 1, 1024},
+                             {"qk_rope_head_dim", m.qk_rope_head_dim, 2, 1024},
+                             {"v_head_dim", m.v_head_dim, 1, 1024}});
+  }
+  if (c.is_moe()) {
+    ints.insert(ints.end(), {{"moe_intermediate_size", e.moe_intermediate_size, 1, 1 << 20},
+                             {"n_shared_experts", e.n_shared_experts, 0, 64},
+                             {"first_k_dense_replace", e.first_k_dense_replace, 0, c.num_layers},
+                             {"moe_layer_freq", e.moe_layer_freq, 1, std::max<int64_t>(c.num_layers, 1)}});
+  }
+  for (const IntRange& r : ints) {
+    if (r.v < r.lo || r.v > r.hi) {
+      return InvalidArgumentError(
+          fmt::format("config.json: '{}' is {}, outside [{}, {}]", r.key, r.v, r.lo, r.hi));
+    }
+  }
+  FATHOM_RETURN_IF_ERROR(CheckRange("rms_norm_eps", c.rms_norm_eps, 0, 1, /*lo_open=*/true));
+  FATHOM_RETURN_IF_ERROR(CheckRange("rope_theta", c.rope.theta, 1, 1e15));  // below 1, inv_freq overflows
+  FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.factor", c.rope.factor, 0, 1e6, /*lo_open=*/true));
+  if (c.rope.type == RopeType::kLlama3) {
+    FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.low_freq_factor", c.rope.low_freq_factor, 0, 1e6, true));
+    FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.high_freq_factor", c.rope.high_freq_factor, 0, 1e6, true));
+  }
+  if (c.rope.type == RopeType::kYarn) {
+    FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.beta_fast", c.rope.beta_fast, 0, 1e6, true));
+    FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.beta_slow", c.rope.beta_slow, 0, 1e6, true));
+    if (c.rope.mscale) FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.mscale", *c.rope.mscale, -1e3, 1e3));
+    if (c.rope.mscale_all_dim) {
+      FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.mscale_all_dim", *c.rope.mscale_all_dim, -1e3, 1e3));
+    }
+    if (c.rope.attention_factor) {
+      FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.attention_factor", *c.rope.attention_factor, 0, 1e3, true));
+    }
+  }
+  if (c.rope.original_max_position_embeddings < 0 || c.rope.original_max_position_embeddings > (int64_t{1} << 24)) {
+    return InvalidArgumentError(fmt::format("config.json: 'original_max_position_embeddings' is {}, outside [0, {}]",
+                                            c.rope.original_max_position_embeddings, int64_t{1} << 24));
+  }
+  if (c.is_moe()) {
+    FATHOM_RETURN_IF_ERROR(CheckRange("routed_scaling_factor", e.routed_scaling_factor, 0, 1e6, /*lo_open=*/true));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 std::string_view RopeTypeName(RopeType t) {
   switch (t) {
     case RopeType::kDefault:
@@ -363,6 +442,7 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
     FATHOM_ASSIGN_OR_RETURN(c.quant, ParseQuantizationConfig(*q, "config.json"));
   }
   if (c.max_position_embeddings <= 0) c.max_position_embeddings = 4096;
+  FATHOM_RETURN_IF_ERROR(ValidateRanges(c));
   return c;
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "core/bytes.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 
@@ -182,6 +183,16 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
   }
   int64_t total_bytes = 0;
   for (const WeightSpec& s : specs) total_bytes += s.numel() * static_cast<int64_t>(DTypeSize(s.dtype));
+  // Dummy weights filled in host memory (the CPU backend's) must fit there: a config that asks for more is an error
+  // naming both sizes, not an allocation that fails halfway (std::bad_alloc).
+  if (format == LoadFormat::kDummy && backend.device() == Device::kCpu) {
+    const int64_t available = AvailableHostMemoryBytes();
+    if (available > 0 && total_bytes > available) {
+      return ResourceExhaustedError(fmt::format(
+          "dummy weights of this config need {} of host memory; {} is available", FormatBytes(total_bytes),
+          FormatBytes(available)));
+    }
+  }
   std::optional<Progress> progress;
   if (options.show_progress) {
     progress.emplace(format == LoadFormat::kDummy ? "generating dummy weights" : "loading weights", total_bytes, "B");

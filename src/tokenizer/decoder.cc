@@ -193,8 +193,11 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json) {
   if (type == "ByteFallback") return std::unique_ptr<Decoder>(new ByteFallbackDecoder());
   if (type == "Fuse") return std::unique_ptr<Decoder>(new FuseDecoder());
   if (type == "Strip") {
-    return std::unique_ptr<Decoder>(new StripDecoder(json.at("content").get<std::string>(),
-                                                     json.value("start", size_t{0}), json.value("stop", size_t{0})));
+    const std::string content = json.at("content").get<std::string>();
+    // HF's content is one character: an empty one would strip forever without moving.
+    if (content.empty()) return InvalidArgumentError("the Strip decoder's content must not be empty");
+    return std::unique_ptr<Decoder>(
+        new StripDecoder(content, json.value("start", size_t{0}), json.value("stop", size_t{0})));
   }
   if (type == "Metaspace") {
     bool strip_first = true;
@@ -203,8 +206,9 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json) {
     } else if (json.contains("add_prefix_space")) {
       strip_first = json.at("add_prefix_space").get<bool>();
     }
-    return std::unique_ptr<Decoder>(
-        new MetaspaceDecoder(json.value("replacement", std::string("\xE2\x96\x81")), strip_first));
+    const std::string replacement = json.value("replacement", std::string("\xE2\x96\x81"));
+    FATHOM_RETURN_IF_ERROR(CheckMetaspaceReplacement(replacement));
+    return std::unique_ptr<Decoder>(new MetaspaceDecoder(replacement, strip_first));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> parts;

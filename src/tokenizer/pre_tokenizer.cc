@@ -275,6 +275,15 @@ const std::array<std::string, 256>& ByteLevelAlphabetUtf8() {
   return table;
 }
 
+Status CheckMetaspaceReplacement(std::string_view r) {
+  size_t len = 0;
+  if (r.empty() || (DecodeUtf8(r, 0, &len), len != r.size()) || !IsValidUtf8(r)) {
+    return InvalidArgumentError(
+        fmt::format("Metaspace replacement \"{}\" must be exactly one character", Utf8Lossy(std::string(r))));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& json) {
   if (json.is_null()) return std::unique_ptr<PreTokenizer>();
   if (!json.is_object() || !json.contains("type")) return InvalidArgumentError("pre_tokenizer without a \"type\"");
@@ -308,8 +317,9 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& 
     } else if (json.contains("add_prefix_space")) {
       scheme = json.at("add_prefix_space").get<bool>() ? PrependScheme::kAlways : PrependScheme::kNever;
     }
-    return std::unique_ptr<PreTokenizer>(new MetaspacePreTokenizer(
-        json.value("replacement", std::string("\xE2\x96\x81")), scheme, json.value("split", true)));
+    const std::string replacement = json.value("replacement", std::string("\xE2\x96\x81"));
+    FATHOM_RETURN_IF_ERROR(CheckMetaspaceReplacement(replacement));
+    return std::unique_ptr<PreTokenizer>(new MetaspacePreTokenizer(replacement, scheme, json.value("split", true)));
   }
   if (type == "Digits") {
     return std::unique_ptr<PreTokenizer>(new DigitsPreTokenizer(json.value("individual_digits", false)));

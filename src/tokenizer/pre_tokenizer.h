@@ -47,4 +47,8 @@ const std::array<std::string, 256>& ByteLevelAlphabetUtf8();
 
 StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& json);
 
+// Metaspace's replacement (pre-tokenizer and decoder) is one character, as HF's `char` field is: an empty one would
+// make its search and its strip loop without moving.
+Status CheckMetaspaceReplacement(std::string_view replacement);
+
 }  // namespace fathom

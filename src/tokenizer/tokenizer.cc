@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json.h"
 #include "tokenizer/utf8.h"
 
 namespace fathom {
@@ -23,6 +24,9 @@ class PostProcessor {
 };
 
 namespace {
+
+// The largest token id a tokenizer.json may use (the ids of the largest real vocabularies are under 2^18).
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -159,7 +163,8 @@ class TokenizerJsonSax {
     return false;
   }
   bool AddVocab(int64_t id) {
-    if (id < 0 || id > INT32_MAX) return Fail(fmt::format("vocab id {} out of range", id));
+    // Ids index tables sized by the largest one: a bound keeps a hostile file from asking for gigabytes.
+    if (id < 0 || id >= kMaxTokenId) return Fail(fmt::format("vocab id {} out of range [0, {})", id, kMaxTokenId));
     vocab.emplace_back(std::move(vocab_key_), static_cast<int32_t>(id));
     return true;
   }
@@ -615,7 +620,13 @@ Status Tokenizer::Init(const nlohmann::json& json, std::unique_ptr<BpeModel> mod
   for (const auto& item : json.value("added_tokens", nlohmann::json::array())) {
     AddedToken t;
     t.content = item.at("content").get<std::string>();
-    t.id = item.at("id").get<int32_t>();
+    const auto& id = item.at("id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId) {
+      return InvalidArgumentError(fmt::format("added token \"{}\" has id {}, outside [0, {})", t.content, JsonText(id),
+                                              kMaxTokenId));
+    }
+    if (t.content.empty()) return InvalidArgumentError(fmt::format("added token {} has no content", id.get<int64_t>()));
+    t.id = id.get<int32_t>();
     t.special = item.value("special", false);
     t.lstrip = item.value("lstrip", false);
     t.rstrip = item.value("rstrip", false);

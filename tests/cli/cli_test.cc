@@ -127,6 +127,34 @@ TEST(CliTest, InspectRefusesAnAwqConfigByName) {
   EXPECT_NE(r.err.find("quantization method 'awq (4-bit, group 128)' is not supported"), std::string::npos) << r.err;
 }
 
+// Hostile configs end in an error naming the problem, exit 1, never an abort (rc 134) or NaN logits.
+TEST(CliTest, AbsurdConfigsAreErrorsNotCrashes) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_absurd_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  struct Case {
+    std::string key, value, expect;
+  };
+  for (const Case& c : std::vector<Case>{{"num_hidden_layers", "1000000000", "'num_hidden_layers' is 1000000000"},
+                                         {"rope_theta", "0", "'rope_theta' is 0"},
+                                         {"rope_theta", "-1", "'rope_theta' is -1"},
+                                         {"rope_theta", "1e-320", "'rope_theta'"}}) {
+    std::ifstream in(testing::ModelDir("qwen2-distill-tiny") + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j[c.key] = nlohmann::json::parse(c.value);
+    std::ofstream(dir / "config.json") << j.dump();
+    RunResult r = RunFathom("logits --model " + dir.string() + " --load-format dummy --tokens 1,2");
+    EXPECT_EQ(r.exit_code, 1) << c.key << "=" << c.value << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+  }
+  // A real config too large for this host's memory as dummy weights: refused before allocating (DeepSeek-V3: 627 GiB).
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  RunResult big = RunFathom("logits --model " + dir.string() + " --load-format dummy --tokens 1,2");
+  EXPECT_EQ(big.exit_code, 1) << big.err;
+  EXPECT_NE(big.err.find("RESOURCE_EXHAUSTED: dummy weights of this config need"), std::string::npos) << big.err;
+  fs::remove_all(dir);
+}
+
 TEST(CliTest, DeepseekLogitsMatchTheOracle) {
   for (const char* name : {"deepseek-v2-lite-tiny", "deepseek-v3-fp8-tiny"}) {
     const std::string dir = testing::ModelDir(name);

@@ -149,6 +149,34 @@ TEST(ModelConfigTest, BrokenConfigsAreRejectedClearly) {
   EXPECT_EQ(LoadModelConfig("/no/such/dir").status().code(), StatusCode::kNotFound);
 }
 
+// Numbers no real model has are refused, naming the key, before anything is sized by them (a billion layers once
+// became a 3.8 GB allocation and bad_alloc; a rope_theta of 0 made every logit NaN).
+TEST(ModelConfigTest, AbsurdNumbersAreRefusedBeforeAnythingIsSized) {
+  const std::vector<BadConfig> cases = {
+      {"layers", [](json& j) { j["num_hidden_layers"] = 1000000000; }, "'num_hidden_layers' is 1000000000, outside"},
+      {"vocab", [](json& j) { j["vocab_size"] = int64_t{1} << 40; }, "'vocab_size'"},
+      {"hidden", [](json& j) { j["hidden_size"] = 1 << 20; }, "'hidden_size'"},
+      {"theta_zero", [](json& j) { j["rope_theta"] = 0.0; }, "'rope_theta' is 0"},
+      {"theta_negative", [](json& j) { j["rope_theta"] = -1.0; }, "'rope_theta' is -1"},
+      {"theta_denormal", [](json& j) { j["rope_theta"] = 1e-320; }, "'rope_theta'"},
+      {"eps_huge", [](json& j) { j["rms_norm_eps"] = 10.0; }, "'rms_norm_eps' is 10"},
+      {"positions", [](json& j) { j["max_position_embeddings"] = int64_t{1} << 40; }, "'max_position_embeddings'"},
+      {"yarn_beta",
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1.0}};
+       },
+       "'rope_scaling.beta_fast'"},
+  };
+  for (const auto& c : cases) {
+    json j = Base();
+    c.edit(j);
+    auto r = ParseModelConfig(j);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.name << ": " << r.status().message();
+  }
+}
+
 TEST(ModelConfigTest, MalformedMoeConfigs) {
   auto base = LoadModelConfig(testing::ModelDir("deepseek-v3-tiny"));
   ASSERT_TRUE(base.ok()) << base.status().ToString();

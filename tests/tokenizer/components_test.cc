@@ -272,6 +272,33 @@ TEST(LoadTest, UnsupportedComponentsAreRejectedByName) {
   EXPECT_FALSE(Tokenizer::FromJson("{not json", "").ok());
 }
 
+// Degenerate settings that once hung or were taken silently are errors at load: an empty Metaspace replacement
+// (its pre-tokenizer grew memory without end; its decoder spun), an empty Strip content, ids beyond any vocabulary.
+TEST(LoadTest, DegenerateSettingsAreErrorsAtLoad) {
+  for (const char* r : {R"({"type":"Metaspace","replacement":""})", R"({"type":"Metaspace","replacement":"ab"})",
+                        R"({"type":"Metaspace","replacement":"\u2581\u2581"})"}) {
+    const auto pre = ParsePreTokenizer(json::parse(r));
+    EXPECT_FALSE(pre.ok()) << r;
+    EXPECT_NE(pre.status().message().find("must be exactly one character"), std::string::npos) << r;
+    EXPECT_FALSE(ParseDecoder(json::parse(r)).ok()) << r;
+  }
+  EXPECT_TRUE(ParsePreTokenizer(json::parse(R"({"type":"Metaspace","replacement":"\u2581"})")).ok());
+  EXPECT_FALSE(ParseDecoder(json::parse(R"({"type":"Strip","content":"","start":1000000000000,"stop":0})")).ok());
+  const auto huge_added = Tokenizer::FromJson(
+      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":1000000000000,"content":"<x>"}]})",
+      "");
+  ASSERT_FALSE(huge_added.ok());
+  EXPECT_NE(huge_added.status().message().find("has id 1000000000000, outside"), std::string::npos)
+      << huge_added.status().message();
+  const auto negative_added = Tokenizer::FromJson(
+      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":-1,"content":"<x>"}]})", "");
+  EXPECT_FALSE(negative_added.ok());
+  // A vocab id of 2^31 - 1 would size the id tables at 2^31 entries.
+  const auto huge_vocab = Tokenizer::FromJson(R"({"model":{"type":"BPE","vocab":{"a":2147483647},"merges":[]}})", "");
+  ASSERT_FALSE(huge_vocab.ok());
+  EXPECT_NE(huge_vocab.status().message().find("out of range"), std::string::npos);
+}
+
 // ----------------------------------------------------------------------------------------------------------- BPE
 
 std::string Tokens(const Tokenizer& tok, const std::vector<int32_t>& ids) {
