@@ -83,7 +83,7 @@ std::string SseEvent(uint64_t id, std::string_view data) {
 
 // One TCP connection: reads a request, hands it to the handler as an HttpExchange, writes what the exchange sends,
 // then reads the next request (keep-alive). Every member is touched on the connection's strand only.
-class HttpSession : public std::enable_shared_from_this<HttpSession> {
+class HttpSession final : public HttpSink, public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket socket, const HttpOptions& options, const HttpHandler& handler,
               std::shared_ptr<std::atomic<int64_t>> counter)
@@ -104,7 +104,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   // From any thread: queue bytes of the current response. `complete`: the response ends with these bytes.
-  void Write(std::string bytes, bool complete, bool close_after) {
+  void Write(std::string bytes, bool complete, bool close_after) override {
     asio::post(stream_.get_executor(),
                [self = shared_from_this(), bytes = std::move(bytes), complete, close_after]() mutable {
                  self->QueueWrite(std::move(bytes), complete, close_after);
@@ -321,8 +321,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool closing_ = false;
 };
 
-HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request, std::string client)
-    : session_(std::move(session)), request_(std::move(request)), client_(std::move(client)) {}
+HttpExchange::HttpExchange(std::shared_ptr<HttpSink> sink, HttpRequest request, std::string client)
+    : sink_(std::move(sink)), request_(std::move(request)), client_(std::move(client)) {}
 
 HttpExchange::~HttpExchange() = default;
 
@@ -347,7 +347,7 @@ void HttpExchange::Reply(int status, std::string content_type, std::string body,
   for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
   head += "\r\n";
   head += body;
-  session_->Write(std::move(head), /*complete=*/true, /*close_after=*/!keep_alive);
+  sink_->Write(std::move(head), /*complete=*/true, /*close_after=*/!keep_alive);
 }
 
 void HttpExchange::StartStream(HttpHeaders headers) {
@@ -358,7 +358,7 @@ void HttpExchange::StartStream(HttpHeaders headers) {
   head += request_.keep_alive() ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
   head += "\r\n";
-  session_->Write(std::move(head), false, false);
+  sink_->Write(std::move(head), false, false);
 }
 
 void HttpExchange::SendEvent(std::string event) {
@@ -366,17 +366,17 @@ void HttpExchange::SendEvent(std::string event) {
   std::string chunk = fmt::format("{:x}\r\n", event.size());
   chunk += event;
   chunk += "\r\n";
-  session_->Write(std::move(chunk), false, false);
+  sink_->Write(std::move(chunk), false, false);
 }
 
 void HttpExchange::EndStream() {
   if (responded_.exchange(true)) return;
-  session_->Write("0\r\n\r\n", /*complete=*/true, /*close_after=*/!request_.keep_alive());
+  sink_->Write("0\r\n\r\n", /*complete=*/true, /*close_after=*/!request_.keep_alive());
 }
 
 void HttpExchange::Abandon() {
   if (responded_.exchange(true)) return;
-  session_->Write("", /*complete=*/true, /*close_after=*/true);
+  sink_->Write("", /*complete=*/true, /*close_after=*/true);
 }
 
 void HttpExchange::OnClose(std::function<void()> callback) {

@@ -49,11 +49,18 @@ struct HttpOptions {
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
 
-class HttpSession;
+// Where an exchange's response bytes go: its connection (the server's sessions), or a capture in tests and fuzz
+// targets that drive a handler without a socket.
+class HttpSink {
+ public:
+  virtual ~HttpSink() = default;
+  // From any thread: bytes of the current response, in order. `complete`: the response ends with these bytes.
+  virtual void Write(std::string bytes, bool complete, bool close_after) = 0;
+};
 
 class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  public:
-  HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request, std::string client);
+  HttpExchange(std::shared_ptr<HttpSink> sink, HttpRequest request, std::string client);
   ~HttpExchange();
 
   const HttpRequest& request() const { return request_; }
@@ -82,7 +89,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  private:
   friend class HttpSession;
   void NotifyClosed();
-  std::shared_ptr<HttpSession> session_;
+  std::shared_ptr<HttpSink> sink_;
   HttpRequest request_;
   std::string client_;
   std::atomic<bool> closed_{false};

@@ -101,6 +101,10 @@ class OpenAiServer {
   // Exceptions the barrier caught since the start (each answered as a 500 and logged).
   int64_t internal_errors() const { return internal_errors_.load(); }
 
+  // Handles one exchange as an HTTP thread does (the server registers this as its handler); tests and fuzz targets
+  // call it with an HttpExchange over their own HttpSink.
+  void Dispatch(const std::shared_ptr<HttpExchange>& ex) { Handle(ex); }
+
   void BeginDrain();
   bool draining() const { return draining_.load(); }
   int64_t active_requests() const { return active_->load(); }
