@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace fathom::jinja {
@@ -36,6 +39,17 @@ std::vector<std::string> SplitChars(const std::string& s) {
     i += len;
   }
   return chars;
+}
+
+// Code points in `s`, counted as SplitChars splits.
+int64_t CountChars(const std::string& s) {
+  int64_t n = 0;
+  for (size_t i = 0; i < s.size(); ++n) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    i += std::min(len, s.size() - i);
+  }
+  return n;
 }
 
 bool IsPySpace(char c) {
@@ -96,6 +110,16 @@ struct Chunk {
   std::vector<Token> tokens;  // kExpr / kStmt, ending with kEnd
   int line;
 };
+
+// A tag holds at most this many tokens, which bounds how deep a chain like 1+1+...+1 nests its syntax tree.
+constexpr size_t kMaxTagTokens = 4096;
+
+// Whether decimal digits `num` fit in int64 (the lexer checks, so that parsing a literal never throws).
+bool FitsInt64(const std::string& num) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+  return ec == std::errc() && end == num.data() + num.size();
+}
 
 class Lexer {
  public:
@@ -205,6 +229,7 @@ class Lexer {
       while (pos < src_.size() && IsPySpace(src_[pos])) ++pos;
       const int line = LineAt(pos);
       if (pos >= src_.size()) Fail(line, "unexpected end of template inside a tag");
+      if (tokens.size() >= kMaxTagTokens) Fail(line, fmt::format("a tag of more than {} tokens", kMaxTagTokens));
       if (src_[pos] == '-' && pos + 2 < src_.size() + 0 && src_[pos + 1] == close && src_[pos + 2] == '}') {
         *strip = true;
         tokens.push_back({TokKind::kEnd, "", line});
@@ -234,6 +259,9 @@ class Lexer {
         }
         std::string num(src_.substr(pos, e - pos));
         num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
+        if (is_float ? !std::isfinite(std::strtod(num.c_str(), nullptr)) : !FitsInt64(num)) {
+          Fail(line, fmt::format("number {} is out of range", num.substr(0, 40)));
+        }
         tokens.push_back({is_float ? TokKind::kFloat : TokKind::kInt, num, line});
         pos = e;
         continue;
@@ -308,6 +336,9 @@ class Lexer {
 // ---------------------------------------------------------------------------------------------------------------------
 // Runtime context
 
+// The longest list a template may build (range(), list(), +, a string's characters).
+constexpr size_t kMaxListItems = size_t{1} << 20;
+
 struct LoopControl {
   bool break_ = false;
   bool continue_ = false;
@@ -315,7 +346,7 @@ struct LoopControl {
 
 class Context {
  public:
-  explicit Context(const Object& globals) {
+  Context(const Object& globals, const TemplateOptions& options) : options(options) {
     scopes_.emplace_back();
     for (const auto& [k, v] : globals.items) scopes_[0][k] = v;
   }
@@ -331,9 +362,30 @@ class Context {
   void Pop() { scopes_.pop_back(); }
   size_t depth() const { return scopes_.size(); }
 
+  // One unit of the render's work (a statement, a loop iteration, a call, a filter): an error past the budget.
+  void Step() {
+    if (++steps > options.max_render_steps) {
+      Fail(line, fmt::format("the template ran more than {} steps (the render limit)", options.max_render_steps));
+    }
+  }
+  // A string the template built, or its output so far: an error past the size limit.
+  void CheckBytes(size_t bytes) const {
+    if (bytes > static_cast<size_t>(options.max_output_bytes)) {
+      Fail(line, fmt::format("the template built a string of more than {} bytes (the render limit)",
+                             options.max_output_bytes));
+    }
+  }
+  // A list the template built: an error past kMaxListItems.
+  void CheckItems(size_t items) const {
+    if (items > kMaxListItems) Fail(line, fmt::format("the template built a list of more than {} items", kMaxListItems));
+  }
+
+  const TemplateOptions& options;
   LoopControl loop;
   int line = 0;
   int call_depth = 0;
+  int eval_depth = 0;  // Eval and Exec calls on the stack
+  int64_t steps = 0;
 
  private:
   std::vector<std::unordered_map<std::string, Value>> scopes_;
@@ -342,19 +394,53 @@ class Context {
 // ---------------------------------------------------------------------------------------------------------------------
 // AST
 
+// Evaluation recurses once per nested expression, statement and macro call; past this depth a render stops with an
+// error instead of running out of stack (the parser's limits keep real templates far below it).
+constexpr int kMaxEvalDepth = 1000;
+
+// Counts a level of Eval/Exec recursion for its scope.
+class EvalDepth {
+ public:
+  EvalDepth(Context& ctx, int line) : ctx_(ctx) {
+    if (++ctx_.eval_depth > kMaxEvalDepth) {
+      Fail(line, fmt::format("expressions, blocks and calls nested more than {} deep at run time", kMaxEvalDepth));
+    }
+  }
+  ~EvalDepth() { --ctx_.eval_depth; }
+  EvalDepth(const EvalDepth&) = delete;
+  EvalDepth& operator=(const EvalDepth&) = delete;
+
+ private:
+  Context& ctx_;
+};
+
 struct Expr {
   explicit Expr(int l) : line(l) {}
   virtual ~Expr() = default;
-  virtual Value Eval(Context& ctx) const = 0;
+  Value Eval(Context& ctx) const {
+    EvalDepth depth(ctx, line);
+    return DoEval(ctx);
+  }
   int line;
+
+ protected:
+  virtual Value DoEval(Context& ctx) const = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 
 struct Stmt {
   explicit Stmt(int l) : line(l) {}
   virtual ~Stmt() = default;
-  virtual void Exec(Context& ctx, std::string& out) const = 0;
+  void Exec(Context& ctx, std::string& out) const {
+    EvalDepth depth(ctx, line);
+    ctx.Step();
+    DoExec(ctx, out);
+    ctx.CheckBytes(out.size());
+  }
   int line;
+
+ protected:
+  virtual void DoExec(Context& ctx, std::string& out) const = 0;
 };
 using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
@@ -372,7 +458,7 @@ void ExecBody(const Body& body, Context& ctx, std::string& out) {
 }
 
 int64_t Len(const Context& ctx, const Value& v) {
-  if (v.is_string()) return static_cast<int64_t>(SplitChars(v.as_string()).size());
+  if (v.is_string()) return CountChars(v.as_string());
   if (v.is_array()) return static_cast<int64_t>(v.as_array().size());
   if (v.is_object()) return static_cast<int64_t>(v.as_object().items.size());
   if (v.is_undefined()) return 0;
@@ -389,6 +475,7 @@ Array Iterate(const Context& ctx, const Value& v) {
     return keys;
   }
   if (v.is_string()) {
+    ctx.CheckItems(static_cast<size_t>(CountChars(v.as_string())));
     Array chars;
     for (auto& c : SplitChars(v.as_string())) chars.emplace_back(std::move(c));
     return chars;
@@ -497,7 +584,10 @@ Value Slice(const Context& ctx, const Value& obj, const Value& start_v, const Va
   const int64_t start = clamp(start_v, step > 0 ? 0 : size - 1);
   const int64_t stop = clamp(stop_v, step > 0 ? size : -1);
   std::vector<size_t> idx;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) idx.push_back(static_cast<size_t>(i));
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    idx.push_back(static_cast<size_t>(i));
+    if (__builtin_add_overflow(i, step, &i)) break;  // past int64: past the end too
+  }
   if (obj.is_array()) {
     Array out;
     for (size_t i : idx) out.push_back(obj.as_array()[i]);
@@ -512,11 +602,19 @@ Value Add(const Context& ctx, const Value& a, const Value& b) {
   if (a.is_undefined()) FailUndefined(ctx, a);
   if (b.is_undefined()) FailUndefined(ctx, b);
   if (a.is_number() && b.is_number()) {
-    if (a.is_int() && b.is_int()) return Value(a.as_int() + b.as_int());
+    int64_t r = 0;
+    if (a.is_int() && b.is_int()) {
+      if (__builtin_add_overflow(a.as_int(), b.as_int(), &r)) Fail(ctx.line, "integer overflow in +");
+      return Value(r);
+    }
     return Value(a.as_double() + b.as_double());
   }
-  if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+  if (a.is_string() && b.is_string()) {
+    ctx.CheckBytes(a.as_string().size() + b.as_string().size());
+    return Value(a.as_string() + b.as_string());
+  }
   if (a.is_array() && b.is_array()) {
+    ctx.CheckItems(a.as_array().size() + b.as_array().size());
     Array out = a.as_array();
     out.insert(out.end(), b.as_array().begin(), b.as_array().end());
     return Value(std::move(out));
@@ -532,7 +630,12 @@ Value Arith(const Context& ctx, const std::string& op, const Value& a, const Val
   if (op == "*" && ((a.is_string() && b.is_int()) || (a.is_int() && b.is_string()))) {
     const std::string& s = a.is_string() ? a.as_string() : b.as_string();
     const int64_t n = a.is_int() ? a.as_int() : b.as_int();
+    if (n <= 0 || s.empty()) return Value(std::string());
+    if (static_cast<uint64_t>(n) > static_cast<uint64_t>(ctx.options.max_output_bytes) / s.size()) {
+      ctx.CheckBytes(static_cast<size_t>(ctx.options.max_output_bytes) + 1);
+    }
     std::string out;
+    out.reserve(s.size() * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) out += s;
     return Value(std::move(out));
   }
@@ -540,17 +643,33 @@ Value Arith(const Context& ctx, const std::string& op, const Value& a, const Val
     Fail(ctx.line, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.TypeName(), b.TypeName()));
   }
   const bool ints = a.is_int() && b.is_int();
-  if (op == "-") return ints ? Value(a.as_int() - b.as_int()) : Value(a.as_double() - b.as_double());
-  if (op == "*") return ints ? Value(a.as_int() * b.as_int()) : Value(a.as_double() * b.as_double());
+  // Python's ints are unbounded; these are 64-bit, and leaving that range is an error rather than a wrap.
+  auto overflow = [&]() -> Value { Fail(ctx.line, fmt::format("integer overflow in {}", op)); };
+  int64_t res = 0;
+  if (op == "-") {
+    if (!ints) return Value(a.as_double() - b.as_double());
+    return __builtin_sub_overflow(a.as_int(), b.as_int(), &res) ? overflow() : Value(res);
+  }
+  if (op == "*") {
+    if (!ints) return Value(a.as_double() * b.as_double());
+    return __builtin_mul_overflow(a.as_int(), b.as_int(), &res) ? overflow() : Value(res);
+  }
   if (op == "**") {
-    if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-      return Value(r);
+    if (ints && b.as_int() >= 0) {  // by squaring: 64 rounds at most
+      int64_t base = a.as_int(), result = 1;
+      for (int64_t e = b.as_int(); e > 0; e >>= 1) {
+        if ((e & 1) != 0 && __builtin_mul_overflow(result, base, &result)) return overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow();
+      }
+      return Value(result);
     }
     return Value(std::pow(a.as_double(), b.as_double()));
   }
   if ((op == "/" || op == "//" || op == "%") && b.as_double() == 0.0) Fail(ctx.line, "division by zero");
+  if (ints && (op == "//" || op == "%") && a.as_int() == INT64_MIN && b.as_int() == -1) {
+    if (op == "%") return Value(int64_t{0});
+    return overflow();
+  }
   if (op == "/") return Value(a.as_double() / b.as_double());
   if (op == "//") {
     if (ints) {
@@ -587,21 +706,22 @@ bool ApplyTest(Context& ctx, const std::string& name, const Value& v, std::vecto
 
 struct LiteralExpr : Expr {
   LiteralExpr(int l, Value v) : Expr(l), value(std::move(v)) {}
-  Value Eval(Context&) const override { return value; }
+  Value DoEval(Context&) const override { return value; }
   Value value;
 };
 
 struct NameExpr : Expr {
   NameExpr(int l, std::string n) : Expr(l), name(std::move(n)) {}
-  Value Eval(Context& ctx) const override { return ctx.Lookup(name); }
+  Value DoEval(Context& ctx) const override { return ctx.Lookup(name); }
   std::string name;
 };
 
 struct ListExpr : Expr {
   explicit ListExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     Array a;
     for (const auto& item : items) a.push_back(item->Eval(ctx));
+    ctx.line = line;
     return Value(std::move(a));
   }
   std::vector<ExprPtr> items;
@@ -609,7 +729,7 @@ struct ListExpr : Expr {
 
 struct DictExpr : Expr {
   explicit DictExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     Value obj = Value::MakeObject();
     for (const auto& [k, v] : items) {
       const Value key = k->Eval(ctx);
@@ -624,7 +744,7 @@ struct DictExpr : Expr {
 
 struct AttrExpr : Expr {
   AttrExpr(int l, ExprPtr o, std::string n) : Expr(l), obj(std::move(o)), name(std::move(n)) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value o = obj->Eval(ctx);
     ctx.line = line;
     return GetAttr(ctx, o, name);
@@ -635,7 +755,7 @@ struct AttrExpr : Expr {
 
 struct ItemExpr : Expr {
   ItemExpr(int l, ExprPtr o, ExprPtr k) : Expr(l), obj(std::move(o)), key(std::move(k)) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value o = obj->Eval(ctx);
     const Value k = key->Eval(ctx);
     ctx.line = line;
@@ -646,7 +766,7 @@ struct ItemExpr : Expr {
 
 struct SliceExpr : Expr {
   explicit SliceExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value o = obj->Eval(ctx);
     const Value a = start ? start->Eval(ctx) : Value(None{});
     const Value b = stop ? stop->Eval(ctx) : Value(None{});
@@ -669,9 +789,11 @@ struct Args {
 Value CallMethod(Context& ctx, const Value& obj, const std::string& name, std::vector<Value>& args, KwArgs& kwargs);
 Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::vector<Value>& args, KwArgs& kwargs);
 
+constexpr int kMaxCallDepth = 64;  // macro calls inside macro calls
+
 struct CallExpr : Expr {
   explicit CallExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     std::vector<Value> args;
     KwArgs kwargs;
     if (const auto* attr = dynamic_cast<const AttrExpr*>(callee.get())) {
@@ -685,7 +807,8 @@ struct CallExpr : Expr {
     ctx.line = line;
     if (f.is_undefined()) FailUndefined(ctx, f);
     if (!f.is_function()) Fail(line, fmt::format("'{}' object is not callable", f.TypeName()));
-    if (++ctx.call_depth > 200) Fail(line, "maximum call depth exceeded");
+    ctx.Step();
+    if (++ctx.call_depth > kMaxCallDepth) Fail(line, fmt::format("calls nested more than {} deep", kMaxCallDepth));
     Value result = f.as_function()(args, kwargs);
     --ctx.call_depth;
     return result;
@@ -696,12 +819,13 @@ struct CallExpr : Expr {
 
 struct FilterExpr : Expr {
   explicit FilterExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value v = value->Eval(ctx);
     std::vector<Value> args;
     KwArgs kwargs;
     arguments.Eval(ctx, args, kwargs);
     ctx.line = line;
+    ctx.Step();
     return ApplyFilter(ctx, name, v, args, kwargs);
   }
   ExprPtr value;
@@ -711,7 +835,7 @@ struct FilterExpr : Expr {
 
 struct TestExpr : Expr {
   explicit TestExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value v = value->Eval(ctx);
     std::vector<Value> args;
     KwArgs kwargs;
@@ -727,13 +851,14 @@ struct TestExpr : Expr {
 
 struct UnaryExpr : Expr {
   UnaryExpr(int l, std::string o, ExprPtr e) : Expr(l), op(std::move(o)), operand(std::move(e)) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     const Value v = operand->Eval(ctx);
     ctx.line = line;
     if (op == "not") return Value(!v.Truthy());
     if (v.is_undefined()) FailUndefined(ctx, v);
     if (!v.is_number()) Fail(line, fmt::format("bad operand type for unary {}: '{}'", op, v.TypeName()));
     if (op == "+") return v;
+    if (v.is_int() && v.as_int() == INT64_MIN) Fail(line, "integer overflow in unary -");
     return v.is_int() ? Value(-v.as_int()) : Value(-v.as_double());
   }
   std::string op;
@@ -743,7 +868,7 @@ struct UnaryExpr : Expr {
 struct BinaryExpr : Expr {
   BinaryExpr(int l, std::string o, ExprPtr a, ExprPtr b)
       : Expr(l), op(std::move(o)), lhs(std::move(a)), rhs(std::move(b)) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     if (op == "and") {
       Value a = lhs->Eval(ctx);
       return a.Truthy() ? rhs->Eval(ctx) : a;
@@ -763,7 +888,12 @@ struct BinaryExpr : Expr {
     if (op == ">=") return Value(Compare(ctx, a, b, ">=") >= 0);
     if (op == "in") return Value(Contains(ctx, b, a));
     if (op == "not in") return Value(!Contains(ctx, b, a));
-    if (op == "~") return Value(a.ToString() + b.ToString());
+    if (op == "~") {
+      std::string x = a.ToString();
+      const std::string y = b.ToString();
+      ctx.CheckBytes(x.size() + y.size());
+      return Value(std::move(x += y));
+    }
     if (op == "+") return Add(ctx, a, b);
     return Arith(ctx, op, a, b);
   }
@@ -773,7 +903,7 @@ struct BinaryExpr : Expr {
 
 struct CondExpr : Expr {
   explicit CondExpr(int l) : Expr(l) {}
-  Value Eval(Context& ctx) const override {
+  Value DoEval(Context& ctx) const override {
     if (cond->Eval(ctx).Truthy()) return then->Eval(ctx);
     return otherwise ? otherwise->Eval(ctx) : Value::MakeUndefined("");
   }
@@ -784,13 +914,13 @@ struct CondExpr : Expr {
 
 struct TextStmt : Stmt {
   TextStmt(int l, std::string t) : Stmt(l), text(std::move(t)) {}
-  void Exec(Context&, std::string& out) const override { out += text; }
+  void DoExec(Context&, std::string& out) const override { out += text; }
   std::string text;
 };
 
 struct OutputStmt : Stmt {
   OutputStmt(int l, ExprPtr e) : Stmt(l), expr(std::move(e)) {}
-  void Exec(Context& ctx, std::string& out) const override {
+  void DoExec(Context& ctx, std::string& out) const override {
     ctx.line = line;
     out += expr->Eval(ctx).ToString();
   }
@@ -799,7 +929,7 @@ struct OutputStmt : Stmt {
 
 struct IfStmt : Stmt {
   explicit IfStmt(int l) : Stmt(l) {}
-  void Exec(Context& ctx, std::string& out) const override {
+  void DoExec(Context& ctx, std::string& out) const override {
     for (const auto& [cond, body] : branches) {
       ctx.line = cond->line;
       if (cond->Eval(ctx).Truthy()) {
@@ -827,7 +957,7 @@ void Assign(Context& ctx, const std::vector<std::string>& targets, const Value& 
 
 struct ForStmt : Stmt {
   explicit ForStmt(int l) : Stmt(l) {}
-  void Exec(Context& ctx, std::string& out) const override {
+  void DoExec(Context& ctx, std::string& out) const override {
     ctx.line = line;
     const Value seq = iter->Eval(ctx);
     ctx.line = line;
@@ -836,6 +966,7 @@ struct ForStmt : Stmt {
     if (filter) {
       Array kept;
       for (const Value& item : items) {
+        ctx.Step();
         ctx.Push();
         Assign(ctx, targets, item, line);
         const bool keep = filter->Eval(ctx).Truthy();
@@ -851,6 +982,8 @@ struct ForStmt : Stmt {
     const LoopControl saved = ctx.loop;
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      ctx.line = line;
+      ctx.Step();
       ctx.Push();
       Assign(ctx, targets, items[i], line);
       Value loop = Value::MakeObject();
@@ -883,7 +1016,7 @@ struct ForStmt : Stmt {
 
 struct SetStmt : Stmt {
   explicit SetStmt(int l) : Stmt(l) {}
-  void Exec(Context& ctx, std::string& out) const override {
+  void DoExec(Context& ctx, std::string& out) const override {
     ctx.line = line;
     Value v;
     if (value) {
@@ -900,6 +1033,7 @@ struct SetStmt : Stmt {
       if (!ns.is_object() || !ns.as_object().is_namespace) {
         Fail(line, fmt::format("cannot assign attribute on non-namespace object '{}'", targets[0]));
       }
+      if (v.holds_namespace()) Fail(line, "a namespace attribute cannot hold a namespace");
       ns.as_object().Set(attr, std::move(v));
       return;
     }
@@ -913,7 +1047,7 @@ struct SetStmt : Stmt {
 
 struct MacroStmt : Stmt {
   explicit MacroStmt(int l) : Stmt(l) {}
-  void Exec(Context& ctx, std::string&) const override {
+  void DoExec(Context& ctx, std::string&) const override {
     const MacroStmt* self = this;
     Context* context = &ctx;
     ctx.Set(name, Value(Function([self, context](std::vector<Value>& args, KwArgs& kwargs) -> Value {
@@ -944,7 +1078,7 @@ struct MacroStmt : Stmt {
 
 struct LoopControlStmt : Stmt {
   LoopControlStmt(int l, bool b) : Stmt(l), is_break(b) {}
-  void Exec(Context& ctx, std::string&) const override {
+  void DoExec(Context& ctx, std::string&) const override {
     if (is_break) {
       ctx.loop.break_ = true;
     } else {
@@ -956,12 +1090,16 @@ struct LoopControlStmt : Stmt {
 
 struct BlockStmt : Stmt {  // {% generation %} and other transparent blocks
   explicit BlockStmt(int l) : Stmt(l) {}
-  void Exec(Context& ctx, std::string& out) const override { ExecBody(body, ctx, out); }
+  void DoExec(Context& ctx, std::string& out) const override { ExecBody(body, ctx, out); }
   Body body;
 };
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Parser
+
+// Blocks in blocks and expressions in expressions nest at most this deep in a template's source (the parser recurses
+// once per level); real chat templates stay under 10.
+constexpr int kMaxParseNesting = 100;
 
 class Parser {
  public:
@@ -976,6 +1114,7 @@ class Parser {
  private:
   // Parses statements until a {% tag %} whose name is in `ends`; leaves the tag's tokens current.
   Body ParseBody(const std::vector<std::string>& ends, std::string* end_tag) {
+    Nest nest(*this);
     Body body;
     while (index_ < chunks_.size()) {
       Chunk& chunk = chunks_[index_];
@@ -1158,6 +1297,7 @@ class Parser {
   ExprPtr ParseExpression() { return ParseOr(true); }
 
   ExprPtr ParseOr(bool allow_cond) {
+    Nest nest(*this);
     ExprPtr e = ParseOrOnly();
     while (allow_cond && IsName("if")) {
       const int line = Next().line;
@@ -1192,6 +1332,7 @@ class Parser {
   }
 
   ExprPtr ParseNot() {
+    Nest nest(*this);
     if (IsName("not")) {
       const int line = Next().line;
       return std::make_unique<UnaryExpr>(line, "not", ParseNot());
@@ -1259,6 +1400,7 @@ class Parser {
   }
 
   ExprPtr ParseUnary(bool with_filter) {
+    Nest nest(*this);
     ExprPtr e;
     if (IsOp("-") || IsOp("+")) {
       const Token t = Next();
@@ -1439,6 +1581,27 @@ class Parser {
 
   std::vector<Chunk> chunks_;
   size_t index_ = 0;
+  // One level of the parser's recursion, for its scope: an error past kMaxParseNesting.
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxParseNesting) {
+        Fail(p_.Line(), fmt::format("blocks or expressions nested more than {} deep", kMaxParseNesting));
+      }
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+  int Line() const {
+    if (tokens_ != nullptr && pos_ < tokens_->size()) return (*tokens_)[pos_].line;
+    return index_ < chunks_.size() ? chunks_[index_].line : 0;
+  }
+
+  int depth_ = 0;
   const std::vector<Token>* tokens_ = nullptr;
   size_t pos_ = 0;
 };
@@ -1468,7 +1631,8 @@ std::string Title(const std::string& s) {
   return out;
 }
 
-std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+std::string Replace(const Context& ctx, const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count) {
   if (from.empty()) return s;
   std::string out;
   size_t pos = 0;
@@ -1478,6 +1642,7 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
     if (f == std::string::npos) break;
     out.append(s, pos, f - pos);
     out += to;
+    ctx.CheckBytes(out.size());
     pos = f + from.size();
     ++n;
   }
@@ -1558,7 +1723,7 @@ Value CallMethod(Context& ctx, const Value& obj, const std::string& name, std::v
     if (name == "capitalize") return Value(Capitalize(s));
     if (name == "replace") {
       if (args.size() < 2) Fail(ctx.line, "replace() takes at least 2 arguments");
-      return Value(Replace(s, args[0].ToString(), args[1].ToString(),
+      return Value(Replace(ctx, s, args[0].ToString(), args[1].ToString(),
                            args.size() > 2 && args[2].is_int() ? args[2].as_int() : -1));
     }
     if (name == "find") {
@@ -1584,6 +1749,7 @@ Value CallMethod(Context& ctx, const Value& obj, const std::string& name, std::v
           Fail(ctx.line, fmt::format("sequence item {}: expected str instance, {} found", i, items[i].TypeName()));
         }
         out += items[i].as_string();
+        ctx.CheckBytes(out.size());
       }
       return Value(std::move(out));
     }
@@ -1709,7 +1875,8 @@ Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::ve
   if (name == "trim") return Value(StripChars(v.ToString(), Arg(args, kwargs, 0, "chars"), true, true));
   if (name == "tojson") {
     const Value& indent = Arg(args, kwargs, 0, "indent");
-    return Value(v.ToJson(indent.is_int() ? static_cast<int>(indent.as_int()) : -1));
+    if (indent.is_int() && indent.as_int() > 1024) Fail(ctx.line, "tojson indent must be at most 1024");
+    return Value(v.ToJson(indent.is_int() ? static_cast<int>(std::max<int64_t>(indent.as_int(), -1)) : -1));
   }
   if (name == "length" || name == "count") return Value(Len(ctx, v));
   if (name == "lower") return Value(AsciiLower(v.ToString()));
@@ -1751,6 +1918,7 @@ Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::ve
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += sep.ToString();
       out += (attribute.is_string() ? AttributePath(ctx, items[i], attribute.as_string()) : items[i]).ToString();
+      ctx.CheckBytes(out.size());
     }
     return Value(std::move(out));
   }
@@ -1762,12 +1930,16 @@ Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::ve
   }
   if (name == "replace") {
     if (args.size() < 2) Fail(ctx.line, "replace filter takes 2 arguments");
-    return Value(Replace(v.ToString(), args[0].ToString(), args[1].ToString(),
+    return Value(Replace(ctx, v.ToString(), args[0].ToString(), args[1].ToString(),
                          args.size() > 2 && args[2].is_int() ? args[2].as_int() : -1));
   }
   if (name == "int") {
     if (v.is_int()) return v;
-    if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+    if (v.is_float()) {
+      const double d = v.as_double();
+      if (!(d > -9.2e18 && d < 9.2e18)) Fail(ctx.line, fmt::format("cannot convert float {} to integer", d));
+      return Value(static_cast<int64_t>(d));
+    }
     if (v.is_bool()) return Value(int64_t{v.as_bool()});
     if (v.is_string()) {
       try {
@@ -1839,6 +2011,9 @@ Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::ve
   if (name == "indent") {
     const Value& width_v = Arg(args, kwargs, 0, "width");
     const Value& first_v = Arg(args, kwargs, 1, "first");
+    if (width_v.is_int() && (width_v.as_int() < 0 || width_v.as_int() > 1024)) {
+      Fail(ctx.line, "indent width must be in [0, 1024]");
+    }
     const std::string pad = width_v.is_string()
                                 ? width_v.as_string()
                                 : std::string(width_v.is_int() ? static_cast<size_t>(width_v.as_int()) : 4, ' ');
@@ -1846,7 +2021,10 @@ Value ApplyFilter(Context& ctx, const std::string& name, const Value& v, std::ve
     std::string out;
     bool at_line_start = first_v.Truthy();
     for (size_t i = 0; i < s.size(); ++i) {
-      if (at_line_start && s[i] != '\n') out += pad;
+      if (at_line_start && s[i] != '\n') {
+        out += pad;
+        ctx.CheckBytes(out.size());
+      }
       at_line_start = false;
       out += s[i];
       if (s[i] == '\n') at_line_start = true;
@@ -1898,9 +2076,10 @@ void AddGlobals(Context& ctx) {
             }
             if (step == 0) Fail(c->line, "range() arg 3 must not be zero");
             Array out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+            for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
               out.emplace_back(i);
-              if (out.size() > 1000000) Fail(c->line, "range() too large");
+              if (out.size() >= kMaxListItems) c->CheckItems(out.size() + 1);
+              if (__builtin_add_overflow(i, step, &i)) break;  // past int64: past `stop` too
             }
             return Value(std::move(out));
           })));
@@ -1929,6 +2108,7 @@ StatusOr<std::unique_ptr<Template>> Template::Parse(std::string_view source, std
                                                     TemplateOptions options) {
   std::unique_ptr<Template> t(new Template());
   t->name_ = std::move(name);
+  t->options_ = options;
   try {
     Lexer lexer(source, options);
     Parser parser(lexer.Run());
@@ -1936,6 +2116,8 @@ StatusOr<std::unique_ptr<Template>> Template::Parse(std::string_view source, std
     t->root_->body = parser.ParseTemplate();
   } catch (const TemplateError& e) {
     return InvalidArgumentError(fmt::format("template '{}', line {}: syntax error: {}", t->name_, e.line, e.message));
+  } catch (const std::exception& e) {  // bad_alloc and the like: nothing a template holds escapes as an exception
+    return InvalidArgumentError(fmt::format("template '{}': cannot parse: {}", t->name_, e.what()));
   }
   return t;
 }
@@ -1943,13 +2125,15 @@ StatusOr<std::unique_ptr<Template>> Template::Parse(std::string_view source, std
 StatusOr<std::string> Template::Render(const Value& context) const {
   if (!context.is_object()) return InvalidArgumentError("the template context must be an object");
   std::string out;
+  Context ctx(context.as_object(), options_);
   try {
-    Context ctx(context.as_object());
     ctx.Push();  // the template's own scope, above the globals
     AddGlobals(ctx);
     ExecBody(root_->body, ctx, out);
   } catch (const TemplateError& e) {
     return InvalidArgumentError(fmt::format("template '{}', line {}: {}", name_, e.line, e.message));
+  } catch (const std::exception& e) {  // a value nested or printed past its limit (value.h), bad_alloc
+    return InvalidArgumentError(fmt::format("template '{}', line {}: {}", name_, ctx.line, e.what()));
   }
   return out;
 }

@@ -16,6 +16,7 @@
 // and the line: "template 'default', line 3: ...".
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,9 +26,15 @@
 
 namespace fathom::jinja {
 
+// A template is a program from a file (a model's tokenizer_config.json), so the interpreter bounds what one render may
+// do; each bound broken is an error that names it. Fixed bounds: tags of at most 4096 tokens, blocks and expressions
+// nested at most 100 deep in the source and 1000 at run time, macro calls 64 deep, lists of at most 2^20 items,
+// lists and dicts nested at most 128 deep (value.h), 64-bit integers that error instead of wrapping.
 struct TemplateOptions {
   bool trim_blocks = true;    // drop the first newline after a block tag
   bool lstrip_blocks = true;  // strip spaces and tabs before a block tag at the start of a line
+  int64_t max_render_steps = 5'000'000;  // statements run, loop iterations, calls and filters, per render
+  int64_t max_output_bytes = 64 << 20;    // the output, and any one string a render builds
 };
 
 class Template {
@@ -46,6 +53,7 @@ class Template {
  private:
   Template() = default;
   std::string name_;
+  TemplateOptions options_;
   std::unique_ptr<Node> root_;
 };
 

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 namespace fathom::jinja {
 
@@ -14,7 +16,47 @@ const Value* Object::Find(std::string_view key) const {
   return nullptr;
 }
 
+namespace {
+
+[[noreturn]] void TooDeep() {
+  throw std::length_error(fmt::format("lists and dicts nested more than {} deep", kMaxValueNesting));
+}
+
+[[noreturn]] void TooLong() {
+  throw std::length_error(fmt::format("a value printed longer than {} MiB", kMaxPrintBytes >> 20));
+}
+
+}  // namespace
+
+Value::Value(Array a) {
+  int depth = 0;
+  bool ns = false;
+  for (const Value& v : a) {
+    depth = std::max(depth, v.depth());
+    ns = ns || v.holds_namespace();
+  }
+  if (depth + 1 > kMaxValueNesting) TooDeep();
+  v_ = std::make_shared<Array>(std::move(a));
+  list_depth_ = static_cast<int16_t>(depth + 1);
+  list_holds_namespace_ = ns;
+}
+
+int Value::depth() const {
+  if (is_array()) return list_depth_;
+  if (is_object()) return as_object().depth;
+  return 0;
+}
+
+bool Value::holds_namespace() const {
+  if (is_array()) return list_holds_namespace_;
+  if (is_object()) return as_object().is_namespace || as_object().holds_namespace;
+  return false;
+}
+
 void Object::Set(std::string key, Value value) {
+  if (value.depth() + 1 > kMaxValueNesting) TooDeep();
+  depth = std::max(depth, value.depth() + 1);
+  holds_namespace = holds_namespace || value.holds_namespace();
   for (auto& [k, v] : items) {
     if (k == key) {
       v = std::move(value);
@@ -27,7 +69,8 @@ void Object::Set(std::string key, Value value) {
 namespace {
 
 template <typename Json>
-Value FromJsonImpl(const Json& json) {
+Value FromJsonImpl(const Json& json, int depth) {
+  if (depth > kMaxValueNesting) TooDeep();
   switch (json.type()) {
     case Json::value_t::null:
       return Value(None{});
@@ -42,12 +85,17 @@ Value FromJsonImpl(const Json& json) {
       return Value(json.template get<std::string>());
     case Json::value_t::array: {
       Array a;
-      for (const auto& item : json) a.push_back(FromJsonImpl(item));
+      for (const auto& item : json) a.push_back(FromJsonImpl(item, depth + 1));
       return Value(std::move(a));
     }
     case Json::value_t::object: {
       auto o = std::make_shared<Object>();
-      for (auto it = json.begin(); it != json.end(); ++it) o->items.emplace_back(it.key(), FromJsonImpl(it.value()));
+      for (auto it = json.begin(); it != json.end(); ++it) {
+        Value member = FromJsonImpl(it.value(), depth + 1);  // keys are unique in JSON: no Find, linear time
+        o->depth = std::max(o->depth, member.depth() + 1);
+        o->holds_namespace = o->holds_namespace || member.holds_namespace();
+        o->items.emplace_back(it.key(), std::move(member));
+      }
       return Value(std::move(o));
     }
     default:
@@ -58,10 +106,10 @@ Value FromJsonImpl(const Json& json) {
 }  // namespace
 
 Value Value::FromJson(const nlohmann::json& json) {
-  return FromJsonImpl(json);
+  return FromJsonImpl(json, 1);
 }
 Value Value::FromJson(const nlohmann::ordered_json& json) {
-  return FromJsonImpl(json);
+  return FromJsonImpl(json, 1);
 }
 
 namespace {
@@ -113,9 +161,12 @@ void JsonString(const std::string& s, std::string& out) {
 
 void ToJsonImpl(const Value& v, int indent, int depth, std::string& out) {
   auto newline = [&](int d) {
+    const size_t pad = static_cast<size_t>(indent) * static_cast<size_t>(d);
+    if (pad > kMaxPrintBytes || out.size() + pad > kMaxPrintBytes) TooLong();
     out += '\n';
-    out.append(static_cast<size_t>(indent * d), ' ');
+    out.append(pad, ' ');
   };
+  if (out.size() > kMaxPrintBytes) TooLong();
   const char* item_sep = indent >= 0 ? "," : ", ";
   if (v.is_none() || v.is_undefined()) {
     out += "null";
@@ -192,6 +243,7 @@ std::string StringRepr(const std::string& s) {
 std::string Value::ToJson(int indent) const {
   std::string out;
   ToJsonImpl(*this, indent, 0, out);
+  if (out.size() > kMaxPrintBytes) TooLong();
   return out;
 }
 
@@ -201,33 +253,56 @@ std::string Value::ToString() const {
   return Repr();
 }
 
-std::string Value::Repr() const {
-  if (is_undefined()) return "";
-  if (is_none()) return "None";
-  if (is_bool()) return as_bool() ? "True" : "False";
-  if (is_int()) return std::to_string(as_int());
-  if (is_float()) return FloatRepr(as_double());
-  if (is_string()) return StringRepr(as_string());
-  if (is_array()) {
-    std::string out = "[";
-    const Array& a = as_array();
+namespace {
+
+// Python repr into `out`, which stays within kMaxPrintBytes.
+void ReprImpl(const Value& v, std::string& out) {
+  if (out.size() > kMaxPrintBytes) TooLong();
+  if (v.is_undefined()) return;
+  if (v.is_none()) {
+    out += "None";
+  } else if (v.is_bool()) {
+    out += v.as_bool() ? "True" : "False";
+  } else if (v.is_int()) {
+    out += std::to_string(v.as_int());
+  } else if (v.is_float()) {
+    out += FloatRepr(v.as_double());
+  } else if (v.is_string()) {
+    out += StringRepr(v.as_string());
+  } else if (v.is_array()) {
+    out += '[';
+    const Array& a = v.as_array();
     for (size_t i = 0; i < a.size(); ++i) {
       if (i) out += ", ";
-      out += a[i].Repr();
+      ReprImpl(a[i], out);
     }
-    return out + "]";
-  }
-  if (is_object()) {
-    const Object& o = as_object();
-    if (o.is_namespace) return "<Namespace>";
-    std::string out = "{";
+    out += ']';
+  } else if (v.is_object()) {
+    const Object& o = v.as_object();
+    if (o.is_namespace) {
+      out += "<Namespace>";
+      return;
+    }
+    out += '{';
     for (size_t i = 0; i < o.items.size(); ++i) {
       if (i) out += ", ";
-      out += StringRepr(o.items[i].first) + ": " + o.items[i].second.Repr();
+      out += StringRepr(o.items[i].first);
+      out += ": ";
+      ReprImpl(o.items[i].second, out);
     }
-    return out + "}";
+    out += '}';
+  } else {
+    out += "<function>";
   }
-  return "<function>";
+}
+
+}  // namespace
+
+std::string Value::Repr() const {
+  std::string out;
+  ReprImpl(*this, out);
+  if (out.size() > kMaxPrintBytes) TooLong();
+  return out;
 }
 
 bool Value::Truthy() const {
@@ -267,6 +342,7 @@ bool operator==(const Value& a, const Value& b) {
   if (a.is_string() && b.is_string()) return a.as_string() == b.as_string();
   if (a.is_array() && b.is_array()) {
     const Array &x = a.as_array(), &y = b.as_array();
+    if (&x == &y) return true;
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i) {
       if (!(x[i] == y[i])) return false;

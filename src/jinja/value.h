@@ -22,11 +22,23 @@ class Value;
 using Array = std::vector<Value>;
 using KwArgs = std::vector<std::pair<std::string, Value>>;
 
+// Lists and dicts nest at most this deep (a list in a list is 2). Deeper nesting, from a template or from JSON, is
+// refused with std::length_error: printing, comparing and freeing a value recurse once per level.
+inline constexpr int kMaxValueNesting = 128;
+// Printing a value (ToString, Repr, ToJson) stops with std::length_error past this many bytes: a list that holds
+// itself twice per level prints 2^depth times its size.
+inline constexpr size_t kMaxPrintBytes = size_t{64} << 20;
+
 // An insertion-ordered dict (Python 3.7+ order, which tojson and iteration show).
 struct Object {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false;  // namespace() objects accept attribute assignment
+  // Kept by Set: the nesting of this dict (1 + its deepest member's), and whether a namespace is among or inside
+  // its members (a namespace that held one could hold itself: a cycle).
+  int depth = 1;
+  bool holds_namespace = false;
   const Value* Find(std::string_view key) const;
+  // Adds or replaces a member; std::length_error past kMaxValueNesting.
   void Set(std::string key, Value value);
 };
 
@@ -51,7 +63,7 @@ class Value {
   Value(double d) : v_(d) {}                                           // NOLINT
   Value(std::string s) : v_(std::move(s)) {}                           // NOLINT
   Value(const char* s) : v_(std::string(s)) {}                         // NOLINT
-  Value(Array a) : v_(std::make_shared<Array>(std::move(a))) {}        // NOLINT
+  Value(Array a);                                                      // NOLINT: std::length_error when too deep
   Value(std::shared_ptr<Object> o) : v_(std::move(o)) {}               // NOLINT
   Value(Function f) : v_(std::make_shared<Function>(std::move(f))) {}  // NOLINT
   static Value MakeUndefined(std::string name) { return Value(Storage(Undefined{std::move(name)})); }
@@ -90,12 +102,21 @@ class Value {
   Function& as_function() const { return *std::get<std::shared_ptr<Function>>(v_); }
   const std::string& undefined_name() const { return std::get<Undefined>(v_).name; }
 
+  // Nesting: 0 for a scalar, 1 for a list or dict of scalars, and so on.
+  int depth() const;
+  // Whether a namespace is inside this list or dict (or this is one).
+  bool holds_namespace() const;
+
   // Python ==.
   friend bool operator==(const Value& a, const Value& b);
 
  private:
   explicit Value(Storage v) : v_(std::move(v)) {}
   Storage v_;
+  // Of a list, computed when it is built (lists do not change after): its nesting and whether it holds a namespace.
+  // A dict keeps its own (Object::depth), since namespaces change.
+  int16_t list_depth_ = 0;
+  bool list_holds_namespace_ = false;
 };
 
 }  // namespace fathom::jinja

@@ -231,12 +231,15 @@ T& Family<T>::Get() {
 template <typename T>
 T& Family<T>::SetCallback(const LabelValues& values, std::function<double()> fn) requires std::is_same_v<T, Gauge> {
   FATHOM_CHECK(fn != nullptr);
-  Gauge& g = GetOrCreate(values);
-  auto* owned = new std::function<double()>(std::move(fn));
-  const std::function<double()>* expected = nullptr;
-  if (!g.callback_.compare_exchange_strong(expected, owned, std::memory_order_acq_rel)) {
-    delete owned;
-    FATHOM_CHECK(false, "{}: a callback is already set for these labels", name_);
+  T& g = GetOrCreate(values);
+  // (if constexpr: clang 14 instantiates constrained members in an explicit instantiation of Family<Counter>.)
+  if constexpr (std::is_same_v<T, Gauge>) {
+    auto* owned = new std::function<double()>(std::move(fn));
+    const std::function<double()>* expected = nullptr;
+    if (!g.callback_.compare_exchange_strong(expected, owned, std::memory_order_acq_rel)) {
+      delete owned;
+      FATHOM_CHECK(false, "{}: a callback is already set for these labels", name_);
+    }
   }
   return g;
 }

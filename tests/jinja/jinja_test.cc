@@ -145,5 +145,96 @@ TEST(JinjaTest, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(Render("{{ 'unterminated }}"), "ERROR: template 'test', line 1: syntax error: unterminated string literal");
 }
 
+// A template is a program from a file: whatever it does, a render ends, with an error that names the bound it broke,
+// and never with a crash, a hang or memory without end. Before these bounds each case below aborted (stack
+// overflow, std::out_of_range, a signed overflow under UBSan, SIGFPE) or ran without end.
+TEST(JinjaTest, HostileTemplatesEndInErrors) {
+  auto error_of = [](const std::string& source, TemplateOptions options = {}) {
+    const std::string out = Render(source, "{}", options);
+    EXPECT_EQ(out.rfind("ERROR: ", 0), 0u) << source.substr(0, 80) << " rendered " << out.substr(0, 80);
+    return out;
+  };
+  // Syntax nested past the parser's depth: 1000 parentheses, 10k nested ifs, a 10k-term chain.
+  EXPECT_NE(error_of("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}")
+                .find("nested more than 100 deep"),
+            std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 10000; ++i) ifs += "{% if true %}";
+  EXPECT_NE(error_of(ifs).find("nested more than 100 deep"), std::string::npos);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 10000; ++i) chain += " + 1";
+  EXPECT_NE(error_of(chain + " }}").find("more than 4096 tokens"), std::string::npos);
+  std::string nots = "{{ ";
+  for (int i = 0; i < 1000; ++i) nots += "not ";
+  EXPECT_NE(error_of(nots + "1 }}").find("nested more than"), std::string::npos);
+  // Numbers: literals past int64, arithmetic past int64 (each was UB or an uncaught exception).
+  EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("out of range"), std::string::npos);
+  EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow in +"), std::string::npos);
+  EXPECT_NE(error_of("{{ -9223372036854775807 - 2 }}").find("integer overflow in -"), std::string::npos);
+  EXPECT_NE(error_of("{{ 4294967296 * 4294967296 }}").find("integer overflow in *"), std::string::npos);
+  EXPECT_NE(error_of("{{ 3 ** 100 }}").find("integer overflow in **"), std::string::npos);
+  EXPECT_EQ(Render("{{ 1 ** 9223372036854775807 }} {{ (-1) ** 9223372036854775807 }}"), "1 -1");  // was 2^63 rounds
+  EXPECT_NE(error_of("{{ (-9223372036854775807 - 1) // -1 }}").find("integer overflow"), std::string::npos);
+  EXPECT_EQ(Render("{{ (-9223372036854775807 - 1) % -1 }}"), "0");  // was SIGFPE
+  EXPECT_NE(error_of("{{ (10.0 ** 300 * 10.0 ** 300) | int }}").find("cannot convert float"), std::string::npos);
+  EXPECT_EQ(Render("{{ range(0, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[0, 4611686018427387904]");  // the step past int64 ends the range
+  EXPECT_EQ(Render("{{ [1, 2, 3][::9223372036854775807] }}"), "[1]");
+  // Work without end: loops in loops, recursion without a base case.
+  TemplateOptions few_steps;  // (the default, 5M steps, takes a minute to reach under ASan)
+  few_steps.max_render_steps = 100000;
+  EXPECT_NE(error_of("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", few_steps)
+                .find("more than 100000 steps"),
+            std::string::npos);
+  EXPECT_EQ(TemplateOptions().max_render_steps, 5'000'000);
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("calls nested more than 64 deep"),
+            std::string::npos);
+  // Memory without end: repetition, doubling, replace and indent blow-ups, long lists.
+  EXPECT_NE(error_of("{{ 'x' * 9223372036854775807 }}").find("more than 67108864 bytes"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}"
+                     "{% endfor %}")
+                .find("more than 67108864 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(s=[1]) %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}"
+                     "{% endfor %}")
+                .find("list of more than 1048576 items"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 10000000) | replace('x', 'yyyyyyyyyyyyyyyyyyyy') }}").find("bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a' | indent(-1) }}").find("indent width"), std::string::npos);  // was a 2^64-byte string
+  EXPECT_NE(error_of("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}").find("bytes"), std::string::npos);
+  EXPECT_NE(error_of("{{ range(2000000) | list | length }}").find("list of more than"), std::string::npos);
+  // Values nested without end, and a namespace that would hold itself (a cycle: printing it never ended).
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                     "{{ ns.x }}")
+                .find("nested more than 128 deep"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns.x | tojson }}")
+                .find("a namespace attribute cannot hold a namespace"),
+            std::string::npos);
+  // A list that holds itself twice per level prints 2^depth times: the printer stops at its bound.
+  EXPECT_NE(error_of("{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}"
+                     "{% endfor %}{{ ns.x }}")
+                .find("printed longer than"),
+            std::string::npos);
+  // The bounds are options: a caller (the fuzz target) may set tighter ones.
+  TemplateOptions tight;
+  tight.max_render_steps = 100;
+  tight.max_output_bytes = 1000;
+  EXPECT_NE(error_of("{% for i in range(1000) %}{% endfor %}", tight).find("more than 100 steps"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'x' * 1001 }}", tight).find("more than 1000 bytes"), std::string::npos);
+  EXPECT_EQ(Render("{{ 'x' * 3 }}", "{}", tight), "xxx");
+}
+
+// Values from JSON nest at most kMaxValueNesting deep: deeper input is refused, not recursed into without end.
+TEST(JinjaTest, DeepJsonIsRefused) {
+  nlohmann::json deep = 1;
+  for (int i = 0; i < 200; ++i) deep = nlohmann::json::array({deep});
+  EXPECT_THROW(Value::FromJson(deep), std::length_error);
+  nlohmann::json ok = 1;
+  for (int i = 0; i < 100; ++i) ok = nlohmann::json::array({ok});
+  EXPECT_EQ(Value::FromJson(ok).depth(), 100);
+}
+
 }  // namespace
 }  // namespace fathom::jinja
