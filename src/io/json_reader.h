@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,13 +25,20 @@ class JsonReader {
   Status Int(const char* key, int64_t* out, bool required = false) {
     auto it = j_.find(key);
     if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Error(key, "an integer below 2^63", *it);
+    }
     if (it->is_number_integer()) {
       *out = it->get<int64_t>();
       return OkStatus();
     }
-    if (it->is_number_float() && it->get<double>() == static_cast<double>(static_cast<int64_t>(it->get<double>()))) {
-      *out = static_cast<int64_t>(it->get<double>());
-      return OkStatus();
+    // 2.0 counts as an integer; 7.7e108 or 0.5 does not (a double outside int64's range may not even be cast).
+    if (it->is_number_float()) {
+      const double d = it->get<double>();
+      if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == std::trunc(d)) {
+        *out = static_cast<int64_t>(d);
+        return OkStatus();
+      }
     }
     return Error(key, "an integer", *it);
   }

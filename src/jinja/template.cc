@@ -183,7 +183,10 @@ class Lexer {
         const size_t end = FindEndRaw(pos);
         if (end == std::string_view::npos) Fail(line, "unterminated raw block");
         chunks.push_back({ChunkKind::kText, std::string(src_.substr(pos, end - pos)), {}, LineAt(pos)});
+        // "{% endraw" without its "%}" ends the source: without this check the scan would restart at the top, forever
+        // (found by fuzz_chat_template).
         const size_t close = src_.find("%}", end);
+        if (close == std::string_view::npos) Fail(LineAt(end), "unterminated endraw tag");
         pos = close + 2;
         strip_next = false;
         continue;
@@ -377,7 +380,9 @@ class Context {
   }
   // A list the template built: an error past kMaxListItems.
   void CheckItems(size_t items) const {
-    if (items > kMaxListItems) Fail(line, fmt::format("the template built a list of more than {} items", kMaxListItems));
+    if (items > kMaxListItems) {
+      Fail(line, fmt::format("the template built a list of more than {} items", kMaxListItems));
+    }
   }
 
   const TemplateOptions& options;

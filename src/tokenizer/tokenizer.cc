@@ -453,7 +453,15 @@ Status ParsePostProcessor(const nlohmann::json& json, const Tokenizer& tok, Post
       const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
       std::vector<int32_t> ids;
       if (specials.contains(name)) {
-        for (const auto& id : specials.at(name).at("ids")) ids.push_back(id.get<int32_t>());
+        for (const auto& id : specials.at(name).at("ids")) {
+          // An id the vocabulary lacks would reach the model as an out-of-range token (found by fuzz_tokenizer).
+          const int64_t vocab = static_cast<int64_t>(tok.vocab_size());
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
+            return InvalidArgumentError(fmt::format("TemplateProcessing: special token '{}' has id {}, not a token "
+                                                    "of the vocabulary [0, {})", name, JsonText(id), vocab));
+          }
+          ids.push_back(id.get<int32_t>());
+        }
       } else if (auto id = tok.TokenToId(name)) {
         ids.push_back(*id);
       } else {

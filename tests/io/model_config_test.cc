@@ -161,6 +161,13 @@ TEST(ModelConfigTest, AbsurdNumbersAreRefusedBeforeAnythingIsSized) {
       {"theta_denormal", [](json& j) { j["rope_theta"] = 1e-320; }, "'rope_theta'"},
       {"eps_huge", [](json& j) { j["rms_norm_eps"] = 10.0; }, "'rms_norm_eps' is 10"},
       {"positions", [](json& j) { j["max_position_embeddings"] = int64_t{1} << 40; }, "'max_position_embeddings'"},
+      // An integer written as a float far outside int64's range: casting it would be undefined (fuzz_model_files).
+      {"layers_float_huge", [](json& j) { j["num_hidden_layers"] = 7.77778e+108; },
+       "'num_hidden_layers' must be an integer"},
+      {"heads_float_huge", [](json& j) { j["num_attention_heads"] = -1e300; },
+       "'num_attention_heads' must be an integer"},
+      {"vocab_uint64", [](json& j) { j["vocab_size"] = UINT64_MAX; }, "'vocab_size' must be an integer below 2^63"},
+      {"layers_fraction", [](json& j) { j["num_hidden_layers"] = 2.5; }, "'num_hidden_layers' must be an integer"},
       {"yarn_beta",
        [](json& j) {
          j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1.0}};

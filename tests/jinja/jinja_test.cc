@@ -167,6 +167,9 @@ TEST(JinjaTest, HostileTemplatesEndInErrors) {
   std::string nots = "{{ ";
   for (int i = 0; i < 1000; ++i) nots += "not ";
   EXPECT_NE(error_of(nots + "1 }}").find("nested more than"), std::string::npos);
+  // "{% endraw" with no "%}" after it: the lexer restarted at the top and filled memory (found by fuzz_chat_template).
+  EXPECT_NE(error_of("a{% raw %}b{%endraw{{ x }}").find("unterminated endraw tag"), std::string::npos);
+  EXPECT_EQ(Render("a{% raw %}{{ b }}{%- endraw %}c"), "a{{ b }}c");
   // Numbers: literals past int64, arithmetic past int64 (each was UB or an uncaught exception).
   EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("out of range"), std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow in +"), std::string::npos);

@@ -2,6 +2,8 @@
 // SentencePiece-style BPE with byte fallback, as Llama-2 and Gemma use).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "tests_tokenizer_util.h"
@@ -297,6 +299,25 @@ TEST(LoadTest, DegenerateSettingsAreErrorsAtLoad) {
   const auto huge_vocab = Tokenizer::FromJson(R"({"model":{"type":"BPE","vocab":{"a":2147483647},"merges":[]}})", "");
   ASSERT_FALSE(huge_vocab.ok());
   EXPECT_NE(huge_vocab.status().message().find("out of range"), std::string::npos);
+  // A post-processor's special token id must be a token of the vocabulary, or encoding with special tokens would
+  // hand the model an id it does not have (found by fuzz_tokenizer: a mangled "added_tokens" key).
+  const char* const kTemplate =
+      R"({"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]},"post_processor":{"type":"TemplateProcessing",)"
+      R"("single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],)"
+      R"("special_tokens":{"<s>":{"id":"<s>","ids":[%s],"tokens":["<s>"]}}}})";
+  for (const char* id : {"2", "-1", "1.5", "\"x\""}) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, kTemplate, id);
+    const auto bad_special = Tokenizer::FromJson(buf, "");
+    ASSERT_FALSE(bad_special.ok()) << id;
+    EXPECT_NE(bad_special.status().message().find("not a token of the vocabulary [0, 2)"), std::string::npos)
+        << bad_special.status().message();
+  }
+  char ok[512];
+  std::snprintf(ok, sizeof ok, kTemplate, "1");
+  const auto good = Tokenizer::FromJson(ok, "");
+  ASSERT_TRUE(good.ok()) << good.status().message();
+  EXPECT_EQ((*good)->Encode("a", {.add_special_tokens = true}), (std::vector<int32_t>{1, 0}));
 }
 
 // ----------------------------------------------------------------------------------------------------------- BPE
