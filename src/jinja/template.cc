@@ -1720,7 +1720,10 @@ Value CallMethod(Context& ctx, const Value& obj, const std::string& name, std::v
     if (name == "rstrip") return Value(StripChars(s, Arg(args, kwargs, 0, "chars"), false, true));
     if (name == "split") {
       const Value& maxsplit = Arg(args, kwargs, 1, "maxsplit");
-      return Value(Split(s, Arg(args, kwargs, 0, "sep"), maxsplit.is_int() ? maxsplit.as_int() : -1));
+      const Value& sep = Arg(args, kwargs, 0, "sep");
+      // Python's ValueError; searching for "" would never advance (found by fuzz_chat_template).
+      if (!sep.is_none() && !sep.is_undefined() && sep.ToString().empty()) Fail(ctx.line, "split(): empty separator");
+      return Value(Split(s, sep, maxsplit.is_int() ? maxsplit.as_int() : -1));
     }
     if (name == "lower") return Value(AsciiLower(s));
     if (name == "upper") return Value(AsciiUpper(s));

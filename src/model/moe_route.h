@@ -40,8 +40,17 @@ FATHOM_HOST_DEVICE float Exp(float x) {
   return static_cast<float>(exp(static_cast<double>(x)));
 }
 
+// The value a score ranks by: NaN ranks as -inf, so that the order stays total whatever the router computes (with
+// NaN compared as is, every later pick of TopK was skipped and returned -1, an expert id outside the table: found by
+// fuzz_model_files with NaN router weights).
+FATHOM_HOST_DEVICE float RankValue(float x) {
+  return x != x ? -INFINITY : x;
+}
+
 // True when (va, a) ranks above (vb, b): the higher value, or the lower index among equal values.
 FATHOM_HOST_DEVICE bool RanksAbove(float va, int32_t a, float vb, int32_t b) {
+  va = RankValue(va);
+  vb = RankValue(vb);
   return va > vb || (va == vb && a < b);
 }
 

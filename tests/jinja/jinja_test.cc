@@ -170,6 +170,10 @@ TEST(JinjaTest, HostileTemplatesEndInErrors) {
   // "{% endraw" with no "%}" after it: the lexer restarted at the top and filled memory (found by fuzz_chat_template).
   EXPECT_NE(error_of("a{% raw %}b{%endraw{{ x }}").find("unterminated endraw tag"), std::string::npos);
   EXPECT_EQ(Render("a{% raw %}{{ b }}{%- endraw %}c"), "a{{ b }}c");
+  // split('') looped forever, filling memory (fuzz_chat_template); Python raises "empty separator".
+  EXPECT_NE(error_of("{{ 'a,b'.split('') }}").find("split(): empty separator"), std::string::npos);
+  EXPECT_EQ(Render("{{ 'a,b'.split(',') }} {{ ' a  b '.split() }} {{ 'a,b,c'.split(',', 1) }}"),
+            "['a', 'b'] ['a', 'b'] ['a', 'b,c']");
   // Numbers: literals past int64, arithmetic past int64 (each was UB or an uncaught exception).
   EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("out of range"), std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow in +"), std::string::npos);

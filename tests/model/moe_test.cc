@@ -54,6 +54,33 @@ TEST(MoeRoutingTest, TiesGoToTheLowerIndex) {
   EXPECT_EQ(ids[1], 3);
 }
 
+TEST(MoeRoutingTest, NanScoresRankLastAndEveryPickIsAnExpert) {
+  // NaN router logits (NaN weights in a checkpoint) once left picks at -1, an index outside the expert table.
+  const float nan = std::nanf("");
+  for (const RouterConfig& rc : {V3(8, 4, 4, 2), [] {
+                                   RouterConfig g;
+                                   g.n_experts = 8;
+                                   g.top_k = 4;
+                                   return g;
+                                 }()}) {
+    const float logits[] = {nan, 1.0f, nan, nan, -2.0f, nan, nan, nan};
+    int32_t ids[4];
+    float w[4];
+    RouteExperts(rc, logits, 1, nullptr, ids, w);
+    for (int32_t id : ids) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, 8);
+    }
+    EXPECT_NE(ids[0], ids[1]);
+    const float all_nan[8] = {nan, nan, nan, nan, nan, nan, nan, nan};
+    RouteExperts(rc, all_nan, 1, nullptr, ids, w);
+    for (int32_t id : ids) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, 8);
+    }
+  }
+}
+
 TEST(MoeRoutingTest, GroupLimitedGreedyRanksGroupsByMax) {
   RouterConfig rc;
   rc.n_experts = 6;
