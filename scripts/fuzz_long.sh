@@ -20,7 +20,7 @@ for spec in "$@"; do
   seconds="${spec##*:}"
   dir="$out/$target"
   mkdir -p "$dir/corpus" "$dir/artifacts"
-  cp -r --update=none "$root/tests/data/fuzz/$target"/. "$dir/corpus/" 2>/dev/null || cp -rn "$root/tests/data/fuzz/$target"/. "$dir/corpus/"
+  cp -rn "$root/tests/data/fuzz/$target"/. "$dir/corpus/" 2>/dev/null  # what an earlier run kept stays
   echo "fuzz_$target: $seconds s on $workers workers" >&2
   start=$SECONDS
   "$bin/fuzz_$target" -fork="$workers" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
