@@ -7,6 +7,8 @@
 #   scripts/fuzz_long.sh build/fuzz-fast/tests/fuzz /tmp/fuzz-out json_routes:600 http:1200
 #   # then replay each grown corpus under ASan + UBSan (the fuzz preset):
 #   build/fuzz/tests/fuzz/fuzz_http -runs=0 /tmp/fuzz-out/http/corpus
+# FATHOM_FUZZ_FLAGS adds libFuzzer flags to every run (e.g. -max_len=16384: the tokenizer target's real
+# tokenizer.json seeds are up to 49 KB, and at that length parsing them, not mutating, is most of the time).
 set -uo pipefail
 bin="$1"
 out="$2"
@@ -23,7 +25,7 @@ for spec in "$@"; do
   cp -rn "$root/tests/data/fuzz/$target"/. "$dir/corpus/" 2>/dev/null  # what an earlier run kept stays
   echo "fuzz_$target: $seconds s on $workers workers" >&2
   start=$SECONDS
-  "$bin/fuzz_$target" -fork="$workers" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
+  "$bin/fuzz_$target" -fork="$workers" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 ${FATHOM_FUZZ_FLAGS:-} \
     -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log.txt" 2>&1
   rc=$?
   took=$((SECONDS - start))

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json.h"
+#include "core/logging.h"
 
 namespace fathom {
 
@@ -155,6 +156,22 @@ Status SafetensorsFile::Parse() {
                                         prev->end, cur->name, cur->begin, cur->end));
     }
   }
+  // Misaligned tensors (legal in the format, rare from real writers) get an aligned copy: readers cast the bytes to
+  // uint16_t/float pointers, and a misaligned load is undefined behaviour (and a fault on some targets).
+  uint64_t copied_bytes = 0;
+  for (const auto& [name, e] : entries_) {
+    const uint64_t bytes = e.end - e.begin;
+    if (bytes == 0 || reinterpret_cast<uintptr_t>(data_ + e.begin) % DTypeSize(e.dtype) == 0) continue;
+    auto copy = std::make_unique_for_overwrite<uint64_t[]>((bytes + 7) / 8);
+    std::memcpy(copy.get(), data_ + e.begin, bytes);
+    aligned_copies_.emplace(name, std::move(copy));
+    copied_bytes += bytes;
+  }
+  if (!aligned_copies_.empty()) {
+    FATHOM_LOG_WARN("'{}': {} tensor(s) are not aligned to their element size in the file; copied {:.1f} MiB to "
+                    "aligned memory (re-save the checkpoint with a current safetensors to avoid this)",
+                    path_, aligned_copies_.size(), static_cast<double>(copied_bytes) / (1 << 20));
+  }
   return OkStatus();
 }
 
@@ -164,6 +181,9 @@ const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
 }
 
 TensorView SafetensorsFile::View(const SafetensorsEntry& e) const {
+  if (auto it = aligned_copies_.find(e.name); it != aligned_copies_.end()) {
+    return TensorView(reinterpret_cast<uint8_t*>(it->second.get()), e.dtype, std::span<const int64_t>(e.shape));
+  }
   return TensorView(const_cast<uint8_t*>(data_ + e.begin), e.dtype, std::span<const int64_t>(e.shape));
 }
 

@@ -6,7 +6,9 @@
 //
 // Every header is validated when opened: JSON shape, known dtypes, shapes whose byte size matches the offsets,
 // offsets inside the file, no overlaps. Errors name the file and the tensor. Views point into the mapping and
-// stay valid while the Checkpoint lives.
+// stay valid while the Checkpoint lives. The format does not promise alignment (an odd header length or a 1-byte
+// tensor before a 2-byte one shifts what follows): a tensor whose bytes are not aligned to its element size is
+// copied to aligned memory at open, with a warning, so that no reader ever loads a misaligned float.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,7 @@ class SafetensorsFile {
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, std::unique_ptr<uint64_t[]>> aligned_copies_;  // by tensor name: the misaligned ones
 };
 
 // All the tensors of a checkpoint folder.

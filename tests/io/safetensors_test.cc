@@ -63,6 +63,48 @@ TEST(SafetensorsTest, RoundTripSingleFile) {
   EXPECT_EQ((*file)->metadata().at("format"), "pt");
 }
 
+// The format promises no alignment: an odd header length and a 3-byte tensor first leave every later tensor off
+// its element size (found by the model_files fuzz target: UBSan's misaligned uint16_t load in ConvertToF32).
+TEST(SafetensorsTest, MisalignedTensorsAreReadThroughAlignedCopies) {
+  TempDir d;
+  const std::string header =
+      R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+      R"("h":{"dtype":"BF16","shape":[2],"data_offsets":[3,7]},"f":{"dtype":"F32","shape":[2],"data_offsets":[7,15]}})";
+  ASSERT_EQ((8 + header.size()) % 2, 1u) << "the test needs an odd data start";
+  std::vector<uint8_t> data = {9, 8, 7};
+  for (uint16_t b : {F32ToBf16(1.5f), F32ToBf16(-2.0f)}) {
+    data.push_back(static_cast<uint8_t>(b & 0xff));
+    data.push_back(static_cast<uint8_t>(b >> 8));
+  }
+  for (float f : {3.25f, -4.5f}) {
+    uint8_t b[4];
+    std::memcpy(b, &f, 4);
+    data.insert(data.end(), b, b + 4);
+  }
+  {
+    std::ofstream out(d.file("model.safetensors"), std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  }
+  auto ck = Checkpoint::Open(d.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  auto h = (*ck)->Get("h", DType::kBF16, std::vector<int64_t>{2});
+  auto f = (*ck)->Get("f", DType::kF32, std::vector<int64_t>{2});
+  auto u = (*ck)->Get("u", DType::kU8, std::vector<int64_t>{3});
+  ASSERT_TRUE(h.ok() && f.ok() && u.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(h->data<uint16_t>()) % 2, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f->data<float>()) % 4, 0u);
+  float hv[2];
+  ConvertToF32(h->data<uint16_t>(), DType::kBF16, 0, 2, hv);
+  EXPECT_EQ(hv[0], 1.5f);
+  EXPECT_EQ(hv[1], -2.0f);
+  EXPECT_EQ(f->data<float>()[0], 3.25f);
+  EXPECT_EQ(f->data<float>()[1], -4.5f);
+  EXPECT_EQ(u->data<uint8_t>()[2], 7);
+}
+
 TEST(SafetensorsTest, WrongDtypeShapeAndMissingNameTheTensorAndFile) {
   TempDir d;
   auto a = Bytes({1, 2, 3, 4});
