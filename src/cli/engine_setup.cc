@@ -57,8 +57,11 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
       ->group(engine_group);
   cmd->add_option("--num-kv-blocks", o.num_kv_blocks, "KV-cache blocks (overrides --kv-cache-memory)")
       ->group(engine_group);
-  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.enable_prefix_caching,
+  cmd->add_flag("--enable-prefix-caching", o.enable_prefix_caching,
                 "Reuse cached KV blocks of shared prefixes (on by default)")
+      ->group(engine_group);
+  cmd->add_flag_callback(
+         "--no-enable-prefix-caching", [p = &o.enable_prefix_caching] { *p = false; }, "Turn prefix caching off")
       ->group(engine_group);
   cmd->add_option("--scheduling-policy", o.scheduling_policy, "fcfs | priority")
       ->capture_default_str()
@@ -156,8 +159,43 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
-  FATHOM_ASSIGN_OR_RETURN(m.model, LoadModel(m.folder, m.config, lo, *m.backend));
+  auto model = LoadModel(m.folder, m.config, lo, *m.backend);
+  if (!model.ok() && model.status().code() == StatusCode::kNotFound && format != LoadFormat::kDummy) {
+    namespace fs = std::filesystem;
+    bool has_weights = false;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(m.folder, ec)) {
+      has_weights = has_weights || entry.path().extension() == ".safetensors";
+    }
+    if (!has_weights) {
+      return NotFoundError(fmt::format("{} (the folder has a config but no weights: --load-format dummy runs it "
+                                       "with random weights)",
+                                       model.status().message()));
+    }
+  }
+  if (!model.ok()) return model.status();
+  m.model = std::move(model).value();
   return m;
+}
+
+std::string DemoDir() {
+  if (const char* env = std::getenv("FATHOM_DEMO_DIR"); env != nullptr && *env != '\0') return env;
+  return FATHOM_DEMO_DIR;
+}
+
+StatusOr<bool> UseDemoWithoutModel(EngineOptions& o) {
+  if (!o.model.empty()) return false;
+  const std::string dir = DemoDir();
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+    return NotFoundError(fmt::format(
+        "the demo model's tokenizer is missing from {}: run scripts/setup to fetch it, or pass --model DIR", dir));
+  }
+  o.model = dir;
+  o.load_format = "dummy";
+  FATHOM_LOG_WARN(
+      "no --model: using the built-in demo, a tiny DeepSeek-V3-architecture model with random weights; its text is "
+      "noise. Pass --model /path/to/hf-checkpoint for real output.");
+  return true;
 }
 
 StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedModel& m) {

@@ -53,6 +53,12 @@ struct EngineOptions {
 // whether --model must be given.
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required = true);
 
+// The demo model's folder: $FATHOM_DEMO_DIR, or the one in the source tree this binary was built from.
+std::string DemoDir();
+// With no --model, points `o` at the built-in demo (random weights: --load-format dummy) and says so on stderr;
+// returns true then. An error when the demo's files are missing.
+StatusOr<bool> UseDemoWithoutModel(EngineOptions& o);
+
 struct LoadedModel {
   ModelConfig config;
   std::string folder;  // where config.json (and usually the tokenizer) lives

@@ -63,9 +63,10 @@ StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(const std::vecto
   return out;
 }
 
-Status RunEngine(const RunOptions& o) {
+Status RunEngine(RunOptions o) {
   const int inputs = (o.prompt.empty() ? 0 : 1) + (o.chat.empty() ? 0 : 1) + (o.tokens.empty() ? 0 : 1);
   if (inputs != 1) return InvalidArgumentError("give exactly one of --prompt, --chat or --tokens");
+  FATHOM_RETURN_IF_ERROR(UseDemoWithoutModel(o.engine).status());
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, o.tokens.empty() || !o.stop.empty()));
   Tokenizer* tokenizer = m.tokenizer.get();
 
@@ -189,7 +190,7 @@ Status RunEngine(const RunOptions& o) {
 void AddRunCommand(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt through the engine and stream the text");
-  AddEngineOptions(cmd, o->engine);
+  AddEngineOptions(cmd, o->engine, /*model_required=*/false);
 
   cmd->add_option("--prompt", o->prompt, "Prompt text (tokenized with BOS as tokenizer_config.json says)");
   cmd->add_option("--chat", o->chat, "A user message, formatted with the model's chat template");

@@ -1,6 +1,7 @@
 #include "cli/serve_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -33,7 +34,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
-  std::string served_model_name;
+  std::vector<std::string> served_model_names;
   std::string reasoning_parser = "auto";
   std::string chat_template;  // a named template of tokenizer_config.json
   double stream_retention_s = 60;
@@ -49,12 +50,6 @@ struct ServeOptions {
   double write_timeout_s = 60;
   std::string trace_file;
 };
-
-// The demo model's folder: $FATHOM_DEMO_DIR, or the one in the source tree this binary was built from.
-std::string DemoDir() {
-  if (const char* env = std::getenv("FATHOM_DEMO_DIR"); env != nullptr && *env != '\0') return env;
-  return FATHOM_DEMO_DIR;
-}
 
 // Many concurrent streams need many sockets: raise the soft descriptor limit to the hard one, as nginx does.
 void RaiseFileLimit() {
@@ -90,24 +85,18 @@ Status Serve(ServeOptions o) {
   // MALLOC_MMAP_THRESHOLD_ in the environment still decides, when set.
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 
-  const bool demo = o.engine.model.empty();
-  if (demo) {
-    const std::string dir = DemoDir();
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
-      return NotFoundError(fmt::format(
-          "the demo model's tokenizer is missing from {}: run scripts/setup to fetch it, or pass --model DIR", dir));
-    }
-    o.engine.model = dir;
-    o.engine.load_format = "dummy";
-    if (o.served_model_name.empty()) o.served_model_name = "deepseek-v3-demo";
-    FATHOM_LOG_WARN(
-        "no --model: serving the built-in demo, a tiny DeepSeek-V3-architecture model with random "
-        "weights; its text is noise. Pass --model /path/to/hf-checkpoint for real output.");
+  FATHOM_ASSIGN_OR_RETURN(const bool demo, UseDemoWithoutModel(o.engine));
+  // The demo answers to the DeepSeek API's names too, so that a DeepSeek client works against it unchanged.
+  if (demo && o.served_model_names.empty()) {
+    o.served_model_names = {"deepseek-v3-demo", "deepseek-chat", "deepseek-reasoner"};
   }
-  if (o.served_model_name.empty()) {
+  if (o.served_model_names.empty()) {
     std::filesystem::path p(ModelFolder(o.engine.model));
-    o.served_model_name = std::filesystem::weakly_canonical(p).filename().string();
-    if (o.served_model_name.empty()) o.served_model_name = "fathom";
+    std::string name = std::filesystem::weakly_canonical(p).filename().string();
+    o.served_model_names.push_back(name.empty() ? "fathom" : name);
+  }
+  for (const std::string& name : o.served_model_names) {
+    if (name.empty()) return InvalidArgumentError("--served-model-name: a name is empty");
   }
   if (o.port < 0 || o.port > 65535) return InvalidArgumentError("--port must be in [0, 65535]");
   if (o.http_threads < 1 || o.http_threads > 64) return InvalidArgumentError("--http-threads must be in [1, 64]");
@@ -132,7 +121,8 @@ Status Serve(ServeOptions o) {
   so.http.header_timeout_s = o.header_timeout_s;
   so.http.idle_timeout_s = o.idle_timeout_s;
   so.http.write_timeout_s = o.write_timeout_s;
-  so.served_model_name = o.served_model_name;
+  so.served_model_name = o.served_model_names.front();
+  so.served_model_aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
   so.api_key = o.api_key;
   FATHOM_ASSIGN_OR_RETURN(so.reasoning, server::ParseReasoningParser(o.reasoning_parser, &so.reasoning_auto));
   so.stream_logs.retention_s = o.stream_retention_s;
@@ -153,7 +143,7 @@ Status Serve(ServeOptions o) {
   srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
   srv.SetInternalErrorHook([&metrics](std::string_view where) { metrics.OnInternalError(where); });
   FATHOM_RETURN_IF_ERROR(srv.Start());
-  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(), o.served_model_name);
+  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(), fmt::join(o.served_model_names, "', '"));
 
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, /*need_tokenizer=*/true));
   std::unique_ptr<ChatTemplate> chat;
@@ -172,7 +162,7 @@ Status Serve(ServeOptions o) {
       {.engine = &engine, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
   const EngineStats st = engine.Stats();
   FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens",
-                  o.served_model_name, o.host, srv.port(), engine.config().scheduler.max_model_len, st.num_blocks,
+                  fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engine.config().scheduler.max_model_len, st.num_blocks,
                   ec.block_size);
 
   int sig = 0;
@@ -227,7 +217,10 @@ void AddServeCommand(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (or set FATHOM_API_KEY)")->group(http);
   cmd->add_flag("--metrics-require-key", o->metrics_require_key, "GET /metrics needs the API key too (default: open)")
       ->group(http);
-  cmd->add_option("--served-model-name", o->served_model_name, "Model name in the API (default: the folder name)")
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "Model names in the API, space- or comma-separated; the first is the main one (default: the folder "
+                  "name; the demo: deepseek-v3-demo deepseek-chat deepseek-reasoner)")
+      ->delimiter(',')
       ->group(http);
   cmd->add_option("--http-threads", o->http_threads, "I/O threads")->capture_default_str()->group(http);
   cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body (413 above)")

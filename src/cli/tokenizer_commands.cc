@@ -121,7 +121,13 @@ Status RunRenderChat(const RenderChatOptions& o, std::ostream& out) {
   }
   ChatRequest request;
   request.messages = input.at("messages");
+  for (const char* flag : {"add_generation_prompt", "continue_final_message"}) {
+    if (input.contains(flag) && !input.at(flag).is_boolean()) {
+      return InvalidArgumentError(fmt::format("{}: \"{}\" must be a boolean", o.input, flag));
+    }
+  }
   request.add_generation_prompt = input.value("add_generation_prompt", false);
+  request.continue_final_message = input.value("continue_final_message", false);
   if (input.contains("tools")) request.tools = input.at("tools");
   if (input.contains("chat_template_kwargs")) request.extra = input.at("chat_template_kwargs");
   const bool has_tools = !request.tools.is_null();

@@ -184,6 +184,17 @@ bool ParseMessages(Reader& r, const Json& body, ParsedRequest* out) {
           param + ".role",
           fmt::format("'{}.role' must be system, developer, user, assistant or tool, got '{}'", param, role_name));
     }
+    if (auto prefix = m.find("prefix"); prefix != m.end() && !prefix->is_null()) {
+      if (!prefix->is_boolean()) {
+        return r.Fail(param + ".prefix", fmt::format("'{}.prefix' must be a boolean", param));
+      }
+      if (prefix->get<bool>()) {
+        if (i + 1 != messages->size() || role_name != "assistant") {
+          return r.Fail(param + ".prefix", "'prefix': true is allowed on the last message only, an assistant's");
+        }
+        out->continue_final_message = true;
+      }
+    }
     Json msg = m;
     auto content = m.find("content");
     if (content == m.end()) {
@@ -339,7 +350,22 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
       if (!kw->is_object()) return r.Fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       out->chat_template_kwargs = *kw;
     }
-    if (auto agp = r.Bool("add_generation_prompt")) out->add_generation_prompt = *agp;
+    const std::optional<bool> agp = r.Bool("add_generation_prompt");
+    if (agp) out->add_generation_prompt = *agp;
+    if (auto cfm = r.Bool("continue_final_message"); cfm && *cfm) {
+      if (out->messages.empty() || out->messages.back().value("role", "") != "assistant") {
+        return r.Fail("continue_final_message", "'continue_final_message' needs an assistant message last");
+      }
+      out->continue_final_message = true;
+    }
+    if (out->continue_final_message) {
+      if (agp && *agp) {
+        return r.Fail("add_generation_prompt",
+                      "'add_generation_prompt' and prefix completion ('continue_final_message' or 'prefix') "
+                      "contradict: one opens a new turn, the other continues the last");
+      }
+      out->add_generation_prompt = false;
+    }
   } else if (!ParsePrompt(r, limits, out)) {
     return false;
   }
@@ -416,6 +442,11 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
     if (rs != so->end() && !rs->is_null()) {
       if (!rs->is_boolean()) return r.Fail("stream_options.resumable", "'resumable' must be a boolean");
       out->resumable = rs->get<bool>();
+    }
+    auto ei = so->find("event_ids");
+    if (ei != so->end() && !ei->is_null()) {
+      if (!ei->is_boolean()) return r.Fail("stream_options.event_ids", "'event_ids' must be a boolean");
+      out->event_ids = ei->get<bool>();
     }
   }
   if (auto v = r.String("user")) out->user = *v;

@@ -38,6 +38,9 @@ struct ParsedRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
+  // Prefix completion: `"prefix": true` on the last (assistant) message, as DeepSeek's API has it, or vLLM's
+  // `continue_final_message: true` (with add_generation_prompt false). The model continues that message's text.
+  bool continue_final_message = false;
   // Completion: text, or token ids.
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
@@ -50,6 +53,10 @@ struct ParsedRequest {
   // stream_options.resumable (or the X-Fathom-Resumable header): a dropped client's generation keeps going for
   // --stream-resume-grace-s, for GET /v1/streams/{id} to resume.
   bool resumable = false;
+  // SSE `id: N` lines before each event, for clients that resume with Last-Event-ID: asked for with
+  // stream_options.event_ids (or the X-Fathom-Event-Ids header), and implied by `resumable`. Off by default, as in
+  // OpenAI's API: many clients hand every non-empty line to a JSON parser. Resumed streams always carry ids.
+  bool event_ids = false;
   int32_t priority = 0;
   std::string user;
   // Logprobs as asked: chat `logprobs: true` + `top_logprobs`; completions `logprobs: N`.

@@ -81,6 +81,8 @@ std::string SseEvent(uint64_t id, std::string_view data) {
   return fmt::format("id: {}\ndata: {}\n\n", id, data);
 }
 
+std::string SseData(std::string_view data) { return fmt::format("data: {}\n\n", data); }
+
 // One TCP connection: reads a request, hands it to the handler as an HttpExchange, writes what the exchange sends,
 // then reads the next request (keep-alive). Every member is touched on the connection's strand only.
 class HttpSession final : public HttpSink, public std::enable_shared_from_this<HttpSession> {

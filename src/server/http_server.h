@@ -131,6 +131,8 @@ class HttpServer {
 
 // "id: <id>\ndata: <data>\n\n" (data holds no newline: JSON from dump() never does).
 std::string SseEvent(uint64_t id, std::string_view data);
+// "data: <data>\n\n", an event without an id (what OpenAI's API sends).
+std::string SseData(std::string_view data);
 
 // The reason phrase of an HTTP status code ("Too Many Requests").
 std::string_view HttpReason(int status);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -64,6 +65,14 @@ Json TimingJson(const RequestRecord& r) {
   return {{"queue", us(r.queue)},   {"tokenize", us(r.tokenize)},     {"prefill", us(r.prefill)},
           {"decode", us(r.decode)}, {"detokenize", us(r.detokenize)}, {"serialize", us(r.serialize)},
           {"total", us(r.total)}};
+}
+
+// Unicode code points in UTF-8 text (every byte that is not a continuation byte starts one; an invalid byte counts
+// as the one U+FFFD it would print as).
+int64_t CodePoints(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
 Json TokenBytes(const std::string& s) {
@@ -154,6 +163,10 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     std::vector<std::string> lp_tokens;
     std::vector<double> lp_values;
     std::vector<Json> lp_top;
+    // Legacy completions' text_offset, as vLLM counts it: the characters (code points) of the tokens before this
+    // one in the completion (its prompt is not echoed, so offsets start at 0).
+    std::vector<int64_t> lp_offsets;
+    int64_t lp_chars = 0;
   };
 
   Job(OpenAiServer* server, std::shared_ptr<HttpExchange> ex, ParsedRequest req, RequestRecord record,
@@ -254,17 +267,17 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   void Emit(const Json& chunk) {
     const auto t0 = Clock::now();
     const uint64_t seq = ++seq_;
-    std::string event = SseEvent(seq, Dump(chunk));
+    Send(seq, Dump(chunk));
     record_.serialize += SecondsSince(t0);
-    if (log_) log_->Append(seq, event);
-    ex_->SendEvent(std::move(event));
   }
 
-  void EmitDone() {
-    const uint64_t seq = ++seq_;
-    std::string event = SseEvent(seq, "[DONE]");
+  void EmitDone() { Send(++seq_, "[DONE]"); }
+
+  // The log (replayed by GET /v1/streams/{id}) always holds ids; the live stream only when the client asked.
+  void Send(uint64_t seq, std::string_view data) {
+    std::string event = SseEvent(seq, data);
     if (log_) log_->Append(seq, event);
-    ex_->SendEvent(std::move(event));
+    ex_->SendEvent(req_.event_ids ? std::move(event) : SseData(data));
   }
 
   void AddLogprobs(Sample& s, const RequestOutput& out) {
@@ -284,6 +297,8 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
             {{"token", token}, {"logprob", r.logprob}, {"bytes", TokenBytes(token)}, {"top_logprobs", top}});
       } else {
         s.lp_tokens.push_back(token);
+        s.lp_offsets.push_back(s.lp_chars);
+        s.lp_chars += CodePoints(token);
         s.lp_values.push_back(r.logprob);
         Json top = Json::object();
         for (const TokenLogprob& t : r.top) top[piece(t.token)] = t.logprob;
@@ -308,7 +323,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
       lp["tokens"].push_back(s.lp_tokens[i]);
       lp["token_logprobs"].push_back(s.lp_values[i]);
       lp["top_logprobs"].push_back(s.lp_top[i]);
-      lp["text_offset"].push_back(0);
+      lp["text_offset"].push_back(s.lp_offsets[i]);
     }
     return lp;
   }
@@ -828,12 +843,18 @@ void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 void OpenAiServer::HandleModels(const std::shared_ptr<HttpExchange>& ex) {
-  const Json model = {{"id", options_.served_model_name},
-                      {"object", "model"},
-                      {"created", created_},
-                      {"owned_by", "fathom"},
-                      {"max_model_len", model_.engine->config().scheduler.max_model_len}};
-  ex->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
+  Json data = Json::array();
+  auto add = [&](const std::string& name) {
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", created_},
+                    {"owned_by", "fathom"},
+                    {"root", options_.served_model_name},
+                    {"max_model_len", model_.engine->config().scheduler.max_model_len}});
+  };
+  add(options_.served_model_name);
+  for (const std::string& alias : options_.served_model_aliases) add(alias);
+  ex->Reply(200, "application/json", Dump({{"object", "list"}, {"data", data}}));
 }
 
 void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
@@ -852,6 +873,7 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
     cr.messages = req.chat_request.messages;
     cr.extra = req.chat_request.chat_template_kwargs;
     cr.add_generation_prompt = req.chat_request.add_generation_prompt;
+    cr.continue_final_message = req.chat_request.continue_final_message;
     auto text = model_.chat->Render(cr);
     if (!text.ok()) return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
     ids = model_.chat->EncodePrompt(*text);
@@ -964,13 +986,18 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
   record.stream = req.stream;
   record.user = req.user;
   if (!req.model.empty() && req.model != options_.served_model_name) {
-    record.error_code = "model_not_found";
-    return ReplyError(
-        ex,
-        ApiErrorFromStatus(NotFoundError(fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                                     req.model, options_.served_model_name)),
-                           "model", "model_not_found"),
-        record);
+    const auto& aliases = options_.served_model_aliases;
+    if (std::find(aliases.begin(), aliases.end(), req.model) == aliases.end()) {
+      std::string names = fmt::format("'{}'", options_.served_model_name);
+      for (const std::string& a : aliases) names += fmt::format(", '{}'", a);
+      record.error_code = "model_not_found";
+      return ReplyError(ex,
+                        ApiErrorFromStatus(NotFoundError(fmt::format(
+                                               "the model '{}' does not exist; this server serves {}", req.model, names)),
+                                           "model", "model_not_found"),
+                        record);
+    }
+    record.model = req.model;  // the response names the model as the client did
   }
 
   // Prompt tokens.
@@ -986,6 +1013,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     cr.messages = req.messages;
     cr.extra = req.chat_template_kwargs;
     cr.add_generation_prompt = req.add_generation_prompt;
+    cr.continue_final_message = req.continue_final_message;
     auto text = model_.chat->Render(cr);
     if (!text.ok()) {
       record.error_code = "invalid";
@@ -1024,6 +1052,8 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
   const std::string engine_id = NewId("e-");
   const std::string response_id = NewSecretId(chat ? "chatcmpl-" : "cmpl-");
   if (const std::string h = ex->header("X-Fathom-Resumable"); h == "1" || h == "true") req.resumable = true;
+  if (const std::string h = ex->header("X-Fathom-Event-Ids"); h == "1" || h == "true") req.event_ids = true;
+  if (req.resumable) req.event_ids = true;
   EngineRequest er;
   er.id = engine_id;
   er.prompt = std::move(prompt);

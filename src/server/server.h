@@ -36,6 +36,8 @@ namespace fathom::server {
 struct ServerOptions {
   HttpOptions http;
   std::string served_model_name = "fathom";
+  // More names the model answers to (vLLM's several --served-model-name); a response names the one asked for.
+  std::vector<std::string> served_model_aliases;
   std::string api_key;  // empty: no authentication
   // kNone, or kDeepSeekR1; `reasoning_auto` picks R1 when the chat template opens a <think> block.
   ReasoningParser reasoning = ReasoningParser::kNone;

@@ -48,8 +48,30 @@ StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request) const {
       ctx.Set(it.key(), jinja::Value::FromJson(it.value()));
     }
   }
+  std::string final_text;
+  if (request.continue_final_message) {
+    const auto& msgs = request.messages;
+    if (!msgs.is_array() || msgs.empty() || !msgs.back().is_object() || msgs.back().value("role", "") != "assistant") {
+      return InvalidArgumentError("prefix completion continues the last message, which must be an assistant's");
+    }
+    const auto content = msgs.back().find("content");
+    if (content == msgs.back().end() || !content->is_string() || content->get<std::string>().empty()) {
+      return InvalidArgumentError("prefix completion needs text in the last (assistant) message to continue");
+    }
+    final_text = content->get<std::string>();
+    ctx.Set("add_generation_prompt", jinja::Value(false));
+  }
   auto rendered = template_->Render(context);
   if (!rendered.ok()) return rendered.status().WithContext("chat template");
+  if (request.continue_final_message) {
+    const size_t at = rendered->rfind(final_text);
+    if (at == std::string::npos) {
+      return InvalidArgumentError(
+          "prefix completion: the chat template does not render the last message's text verbatim, so the prompt "
+          "cannot end inside it");
+    }
+    rendered->resize(at + final_text.size());
+  }
   return rendered;
 }
 

@@ -23,6 +23,11 @@ struct ChatRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null: no tools
   bool add_generation_prompt = false;
+  // Prefix completion (DeepSeek's `prefix: true`, vLLM's `continue_final_message`): the prompt ends inside the last
+  // message, an assistant turn, right after its text, so that the model continues it. As vLLM does it: render the
+  // conversation without a generation prompt, then cut after the last occurrence of that text. An error when the
+  // last message is not an assistant's with text, or when the template does not render that text verbatim.
+  bool continue_final_message = false;
   // Extra template variables, e.g. {"enable_thinking": false}.
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };

@@ -237,7 +237,49 @@ TEST(CliTest, BadArgumentsFailCleanly) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("/no/such/dir"), std::string::npos) << r.err;
   r = RunFathom("frobnicate");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+// Usage errors: exit status 2, one line naming what was typed, in the order typed, and the help to read.
+TEST(CliTest, UsageErrorsExitTwoAndSayWhatWasWrong) {
+  RunResult r = RunFathom("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown command 'frobnicate' (commands: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("serve"), std::string::npos) << r.err;
+  r = RunFathom("serve --max-tokens 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("error: unknown option '--max-tokens'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Run 'fathom serve --help'"), std::string::npos) << r.err;
+  r = RunFathom("serve --port x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = RunFathom("logits");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+  r = RunFathom("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  r = RunFathom("serve --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--no-enable-prefix-caching  Turn prefix caching off"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("{false}"), std::string::npos) << r.out;
+}
+
+// `fathom run` with no --model runs the demo, as `serve` does; a folder with a config and no weights names the
+// dummy load format.
+TEST(CliTest, RunDefaultsToTheDemoAndAFolderWithoutWeightsSuggestsDummy) {
+  RunResult r = RunFathom("run --tokens 1,2,3 --max-tokens 4 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no --model: using the built-in demo"), std::string::npos) << r.err;
+  int numbers = 0;
+  for (size_t i = 0; i < r.out.size(); ++i) numbers += r.out[i] != ' ' && r.out[i] != '\n' && (i == 0 || r.out[i - 1] == ' ');
+  EXPECT_EQ(numbers, 4) << r.out;
+  const fs::path dir = fs::temp_directory_path() / ("fathom_noweights_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  r = RunFathom("run --model " + dir.string() + " --tokens 1,2");
+  fs::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--load-format dummy runs it with random weights"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -127,6 +127,17 @@ test('prompt token ids, logprobs and the models list', async () => {
   const r = await client.completions.create({model: 'scripted', prompt: [0, ids], max_tokens: 2, logprobs: 2});
   assert.equal(r.choices[0].text, ' one two');
   assert.deepEqual(r.choices[0].logprobs.tokens, [' one', ' two']);
+  assert.deepEqual(r.choices[0].logprobs.text_offset, [0, 4]);  // characters into the completion, as vLLM counts
+  const streamed = await client.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 4, logprobs: 1,
+                                                    stream: true});
+  const offsets = [], tokens = [];
+  for await (const chunk of streamed) {
+    if (!chunk.choices[0]?.logprobs) continue;
+    offsets.push(...chunk.choices[0].logprobs.text_offset);
+    tokens.push(...chunk.choices[0].logprobs.tokens);
+  }
+  assert.deepEqual(tokens, [' one', ' two', ' three', ' four']);
+  assert.deepEqual(offsets, [0, 4, 8, 14]);
   for (const lp of r.choices[0].logprobs.token_logprobs) assert.ok(lp > -1e-3 && lp <= 0, String(lp));
   const chat = await client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}], max_tokens: 1,
                                                      logprobs: true, top_logprobs: 2});
@@ -162,12 +173,28 @@ test('a bad or missing API key gets 401; /health needs none', async () => {
   assert.equal((await fetch(srv.url + '/health')).status, 200);
 });
 
-test('a dropped stream is resumed from Last-Event-ID', async () => {
-  const body = {model: 'scripted', prompt: 'Count:', max_tokens: 50, stream: true};
+test('event ids are opt-in; a dropped stream is resumed from Last-Event-ID, and a resume always carries ids', async () => {
+  const plainBody = {model: 'scripted', prompt: 'Count:', max_tokens: 50, stream: true};
   const headers = {'content-type': 'application/json', authorization: `Bearer ${kKey}`};
-  const full = await readSse(await fetch(srv.url + '/v1/completions', {method: 'POST', headers, body: JSON.stringify(body)}));
+  const post = async (b, h = headers) => readSse(await fetch(srv.url + '/v1/completions', {method: 'POST', headers: h, body: JSON.stringify(b)}));
+  // By default no `id:` lines, as in OpenAI's API.
+  const plain = await post(plainBody);
+  assert.ok(plain.length > 3 && plain.every((e) => e.id === undefined), JSON.stringify(plain.slice(0, 2)));
+  // Asked for with the header, or with stream_options.event_ids.
+  const viaHeader = await post(plainBody, {...headers, 'x-fathom-event-ids': '1'});
+  assert.deepEqual(viaHeader.map((e) => e.id), viaHeader.map((_, i) => i + 1));
+  const body = {...plainBody, stream_options: {event_ids: true}};
+  const full = await post(body);
   const ids = full.map((e) => e.id);
   assert.deepEqual(ids, ids.map((_, i) => i + 1));
+  // The plain stream was logged too: its replay carries ids.
+  const replay = await readSse(await fetch(srv.url + `/v1/streams/${JSON.parse(plain[0].data).id}`, {headers}));
+  assert.deepEqual(replay.map((e) => e.id), plain.map((_, i) => i + 1));
+  assert.deepEqual(replay.map((e) => e.data), plain.map((e) => e.data));
+  const bad = await fetch(srv.url + '/v1/completions', {method: 'POST', headers,
+                                                        body: JSON.stringify({...plainBody, stream_options: {event_ids: 1}})});
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, 'stream_options.event_ids');
   assert.equal(full.at(-1).data, '[DONE]');
   const first = JSON.parse(full[0].data);
   // Reconnect as if only the first three events had arrived.

@@ -107,6 +107,36 @@ TEST_P(ReferenceTest, ChatRendersExactly) {
   EXPECT_EQ(passed, total);
 }
 
+// Prefix completion: the prompt is the conversation without a generation prompt, cut right after the last
+// (assistant) message's text, so the model continues that text instead of opening a new turn.
+TEST(PrefixCompletionTest, DeepSeekV3EndsInsideTheLastAssistantMessage) {
+  const Tokenizer& tok = GetTokenizer("deepseek-v3");
+  auto chat = ChatTemplate::FromTokenizer(tok);
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  ChatRequest request;
+  request.messages = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "Write a haiku"}, {"role": "assistant", "content": "Autumn wind,"}])");
+  const auto whole = (*chat)->Render(request);
+  ASSERT_TRUE(whole.ok());
+  request.continue_final_message = true;
+  request.add_generation_prompt = true;  // overridden: a prefix completion opens no new turn
+  const auto cut = (*chat)->Render(request);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_EQ(*cut, "<｜begin▁of▁sentence｜><｜User｜>Write a haiku<｜Assistant｜>Autumn wind,");
+  EXPECT_EQ(whole->substr(0, cut->size()), *cut);
+  EXPECT_GT(whole->size(), cut->size());  // the end of the turn, which the cut leaves out
+
+  request.messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+  auto err = (*chat)->Render(request);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("must be an assistant's"), std::string::npos) << err.status().message();
+  request.messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant",
+      "content": ""}])");
+  err = (*chat)->Render(request);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("needs text"), std::string::npos) << err.status().message();
+}
+
 TEST_P(ReferenceTest, SpecialTokensMatchTheOracle) {
   const Tokenizer& tok = GetTokenizer(GetParam());
   const auto special = Expected(GetParam()).at("special");
