@@ -168,9 +168,10 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
       has_weights = has_weights || entry.path().extension() == ".safetensors";
     }
     if (!has_weights) {
-      return NotFoundError(fmt::format("{} (the folder has a config but no weights: --load-format dummy runs it "
-                                       "with random weights)",
-                                       model.status().message()));
+      return NotFoundError(
+          fmt::format("{} (the folder has a config but no weights: --load-format dummy runs it "
+                      "with random weights)",
+                      model.status().message()));
     }
   }
   if (!model.ok()) return model.status();

@@ -2,12 +2,12 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <string>
-#include <string_view>
-#include <vector>
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli/bench_command.h"
 #include "cli/model_commands.h"
@@ -45,7 +45,7 @@ int UsageError(const CLI::App& app, const CLI::ParseError& e, int argc, char** a
     std::string list;
     for (const std::string& x : extras) list += (list.empty() ? "" : " ") + x;
     message = !extras.empty() && extras[0].starts_with("-") ? fmt::format("unknown option '{}'", extras[0])
-                                                              : fmt::format("unexpected arguments: {}", list);
+                                                            : fmt::format("unexpected arguments: {}", list);
   }
   std::fprintf(stderr, "error: %s\nRun '%s --help' for the options.\n", message.c_str(), command.c_str());
   return 2;
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == 0) return app.exit(e);                                       // --help, --version
     if (dynamic_cast<const CLI::RuntimeError*>(&e) != nullptr) return e.get_exit_code();  // ExitOnError: said
     return fathom::UsageError(app, e, argc, argv);
   } catch (const std::bad_alloc&) {  // a size no check foresaw: an error, never an abort

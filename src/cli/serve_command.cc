@@ -143,7 +143,8 @@ Status Serve(ServeOptions o) {
   srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
   srv.SetInternalErrorHook([&metrics](std::string_view where) { metrics.OnInternalError(where); });
   FATHOM_RETURN_IF_ERROR(srv.Start());
-  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(), fmt::join(o.served_model_names, "', '"));
+  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(),
+                  fmt::join(o.served_model_names, "', '"));
 
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, /*need_tokenizer=*/true));
   std::unique_ptr<ChatTemplate> chat;
@@ -162,8 +163,8 @@ Status Serve(ServeOptions o) {
       {.engine = &engine, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
   const EngineStats st = engine.Stats();
   FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens",
-                  fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engine.config().scheduler.max_model_len, st.num_blocks,
-                  ec.block_size);
+                  fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engine.config().scheduler.max_model_len,
+                  st.num_blocks, ec.block_size);
 
   int sig = 0;
   while (!WaitForSignal(signals, 3600, &sig)) {

@@ -168,9 +168,10 @@ Status SafetensorsFile::Parse() {
     copied_bytes += bytes;
   }
   if (!aligned_copies_.empty()) {
-    FATHOM_LOG_WARN("'{}': {} tensor(s) are not aligned to their element size in the file; copied {:.1f} MiB to "
-                    "aligned memory (re-save the checkpoint with a current safetensors to avoid this)",
-                    path_, aligned_copies_.size(), static_cast<double>(copied_bytes) / (1 << 20));
+    FATHOM_LOG_WARN(
+        "'{}': {} tensor(s) are not aligned to their element size in the file; copied {:.1f} MiB to "
+        "aligned memory (re-save the checkpoint with a current safetensors to avoid this)",
+        path_, aligned_copies_.size(), static_cast<double>(copied_bytes) / (1 << 20));
   }
   return OkStatus();
 }

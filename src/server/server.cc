@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <fmt/format.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
@@ -15,8 +16,6 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
-
-#include <sys/random.h>
 
 #include "core/json.h"
 #include "core/logging.h"
@@ -991,11 +990,12 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
       std::string names = fmt::format("'{}'", options_.served_model_name);
       for (const std::string& a : aliases) names += fmt::format(", '{}'", a);
       record.error_code = "model_not_found";
-      return ReplyError(ex,
-                        ApiErrorFromStatus(NotFoundError(fmt::format(
-                                               "the model '{}' does not exist; this server serves {}", req.model, names)),
-                                           "model", "model_not_found"),
-                        record);
+      return ReplyError(
+          ex,
+          ApiErrorFromStatus(
+              NotFoundError(fmt::format("the model '{}' does not exist; this server serves {}", req.model, names)),
+              "model", "model_not_found"),
+          record);
     }
     record.model = req.model;  // the response names the model as the client did
   }

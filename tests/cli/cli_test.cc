@@ -270,7 +270,8 @@ TEST(CliTest, RunDefaultsToTheDemoAndAFolderWithoutWeightsSuggestsDummy) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("no --model: using the built-in demo"), std::string::npos) << r.err;
   int numbers = 0;
-  for (size_t i = 0; i < r.out.size(); ++i) numbers += r.out[i] != ' ' && r.out[i] != '\n' && (i == 0 || r.out[i - 1] == ' ');
+  for (size_t i = 0; i < r.out.size(); ++i)
+    numbers += r.out[i] != ' ' && r.out[i] != '\n' && (i == 0 || r.out[i - 1] == ' ');
   EXPECT_EQ(numbers, 4) << r.out;
   const fs::path dir = fs::temp_directory_path() / ("fathom_noweights_" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -65,13 +65,13 @@ TEST(ApiTest, PrefixCompletionIsParsedOrRefusedByName) {
   r = Ok(R"({"messages":[{"role":"user","content":"hi"}],"continue_final_message":false})");
   EXPECT_FALSE(r.continue_final_message);
   EXPECT_TRUE(r.add_generation_prompt);
-  EXPECT_EQ(Bad(R"({"messages":[{"role":"assistant","content":"a","prefix":true},{"role":"user","content":"b"}]})")
-                .param,
-            "messages[0].prefix");
+  EXPECT_EQ(
+      Bad(R"({"messages":[{"role":"assistant","content":"a","prefix":true},{"role":"user","content":"b"}]})").param,
+      "messages[0].prefix");
   EXPECT_EQ(Bad(R"({"messages":[{"role":"user","content":"a","prefix":true}]})").param, "messages[0].prefix");
-  EXPECT_EQ(Bad(R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b","prefix":"yes"}]})")
-                .param,
-            "messages[1].prefix");
+  EXPECT_EQ(
+      Bad(R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b","prefix":"yes"}]})").param,
+      "messages[1].prefix");
   EXPECT_EQ(Bad(R"({"messages":[{"role":"user","content":"a"}],"continue_final_message":true})").param,
             "continue_final_message");
   EXPECT_EQ(Bad(R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],
@@ -83,7 +83,8 @@ TEST(ApiTest, PrefixCompletionIsParsedOrRefusedByName) {
 // SSE event ids: off unless asked for (stream_options.event_ids), and a type error is named.
 TEST(ApiTest, EventIdsAreOptIn) {
   EXPECT_FALSE(Ok(R"({"prompt":"x","stream":true})", Endpoint::kCompletion).event_ids);
-  EXPECT_TRUE(Ok(R"({"prompt":"x","stream":true,"stream_options":{"event_ids":true}})", Endpoint::kCompletion).event_ids);
+  EXPECT_TRUE(
+      Ok(R"({"prompt":"x","stream":true,"stream_options":{"event_ids":true}})", Endpoint::kCompletion).event_ids);
   EXPECT_EQ(Bad(R"({"prompt":"x","stream":true,"stream_options":{"event_ids":"yes"}})", Endpoint::kCompletion).param,
             "stream_options.event_ids");
 }
