@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "cli/engine_setup.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "engine/engine_group.h"
 #include "engine/tokenizer_text.h"
 #include "obs/trace.h"
 #include "server/server.h"
@@ -49,7 +51,36 @@ struct ServeOptions {
   double idle_timeout_s = 60;
   double write_timeout_s = 60;
   std::string trace_file;
+  bool reuse_port = false;
+  int private_port = 0;
+  int data_parallel_size = 1;
+  std::string placement_policy = "prefix";
 };
+
+// The device of each replica: a list of --data-parallel-size devices as given, or one device for all: "cpu" (every
+// replica on the CPU), "cuda" (replica i on cuda:i) or "cuda:K" (every replica on cuda:K, sharing it).
+StatusOr<std::vector<std::string>> ReplicaDevices(const std::string& device, int n) {
+  std::vector<std::string> list;
+  size_t start = 0;
+  while (start <= device.size()) {
+    const size_t comma = std::min(device.find(',', start), device.size());
+    list.push_back(device.substr(start, comma - start));
+    start = comma + 1;
+  }
+  for (const std::string& d : list) {
+    if (d.empty()) return InvalidArgumentError(fmt::format("--device '{}': a device is empty", device));
+  }
+  if (static_cast<int>(list.size()) == n) return list;
+  if (list.size() != 1) {
+    return InvalidArgumentError(
+        fmt::format("--device lists {} devices for --data-parallel-size {}: give one device, "
+                    "or one per replica",
+                    list.size(), n));
+  }
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(list[0] == "cuda" && n > 1 ? fmt::format("cuda:{}", i) : list[0]);
+  return out;
+}
 
 // Many concurrent streams need many sockets: raise the soft descriptor limit to the hard one, as nginx does.
 void RaiseFileLimit() {
@@ -100,6 +131,19 @@ Status Serve(ServeOptions o) {
   }
   if (o.port < 0 || o.port > 65535) return InvalidArgumentError("--port must be in [0, 65535]");
   if (o.http_threads < 1 || o.http_threads > 64) return InvalidArgumentError("--http-threads must be in [1, 64]");
+  if (o.private_port < 0 || o.private_port > 65535) return InvalidArgumentError("--private-port must be in [0, 65535]");
+  if (o.private_port != 0 && o.private_port == o.port) {
+    return InvalidArgumentError("--private-port must differ from --port");
+  }
+  if (o.reuse_port && o.port == 0) {
+    return InvalidArgumentError("--reuse-port shares one fixed port among processes: give --port too");
+  }
+  if (o.data_parallel_size < 1 || o.data_parallel_size > 64) {
+    return InvalidArgumentError("--data-parallel-size must be in [1, 64]");
+  }
+  FATHOM_ASSIGN_OR_RETURN(const PlacementPolicy policy, ParsePlacementPolicy(o.placement_policy));
+  FATHOM_ASSIGN_OR_RETURN(const std::vector<std::string> devices,
+                          ReplicaDevices(o.engine.device, o.data_parallel_size));
   if (!(o.shutdown_grace_s >= 0)) return InvalidArgumentError("--shutdown-grace-s must be >= 0");
   if (!(o.stream_retention_s >= 0)) return InvalidArgumentError("--stream-retention-s must be >= 0");
   if (!(o.stream_resume_grace_s >= 0 && o.stream_resume_grace_s <= 3600)) {
@@ -116,6 +160,9 @@ Status Serve(ServeOptions o) {
   so.http.host = o.host;
   so.http.port = static_cast<uint16_t>(o.port);
   so.http.threads = o.http_threads;
+  so.http.reuse_port = o.reuse_port;
+  so.handoff_on_drain = o.reuse_port;
+  so.private_port = static_cast<uint16_t>(o.private_port);
   FATHOM_ASSIGN_OR_RETURN(int64_t max_body, ParseBytes(o.max_request_bytes, "--max-request-bytes"));
   so.http.max_body_bytes = static_cast<size_t>(max_body);
   so.http.header_timeout_s = o.header_timeout_s;
@@ -143,28 +190,58 @@ Status Serve(ServeOptions o) {
   srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
   srv.SetInternalErrorHook([&metrics](std::string_view where) { metrics.OnInternalError(where); });
   FATHOM_RETURN_IF_ERROR(srv.Start());
-  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading)", o.host, srv.port(),
-                  fmt::join(o.served_model_names, "', '"));
+  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading){}", o.host, srv.port(),
+                  fmt::join(o.served_model_names, "', '"),
+                  srv.private_port() != 0 ? fmt::format("; private port {}", srv.private_port()) : std::string());
 
-  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, /*need_tokenizer=*/true));
+  // One model, KV cache and engine per replica. Replicas that share a device share its --gpu-memory-utilization.
+  const int n = o.data_parallel_size;
+  std::vector<LoadedModel> models;
+  std::vector<std::unique_ptr<EngineCore>> cores;
+  EngineConfig ec;
+  for (int i = 0; i < n; ++i) {
+    EngineOptions eo = o.engine;
+    eo.device = devices[static_cast<size_t>(i)];
+    eo.gpu_memory_utilization /=
+        static_cast<double>(std::count(devices.begin(), devices.end(), devices[static_cast<size_t>(i)]));
+    if (n > 1) FATHOM_LOG_INFO("replica {} of {}: loading on {}", i, n, eo.device);
+    FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, /*need_tokenizer=*/i == 0));
+    if (i > 0) m.tokenizer.reset();  // the front's (replica 0's) tokenizer serves every replica
+    FATHOM_ASSIGN_OR_RETURN(ec, MakeEngineConfig(eo, m));
+    const Tokenizer& tok = models.empty() ? *m.tokenizer : *models.front().tokenizer;
+    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core,
+                            EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(tok)));
+    cores.push_back(std::move(core));
+    models.push_back(std::move(m));
+  }
+  const LoadedModel& m = models.front();
   std::unique_ptr<ChatTemplate> chat;
   if (auto c = ChatTemplate::FromTokenizer(*m.tokenizer, o.chat_template); c.ok()) {
     chat = std::move(c).value();
   } else {
     FATHOM_LOG_WARN("no chat template ({}); /v1/chat/completions will answer 400", c.status().message());
   }
-  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(o.engine, m));
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core,
-                          EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(*m.tokenizer)));
-  Engine engine(std::move(core));
-  engine.SetStepObserver([&metrics](const EngineStats& s) { metrics.OnStep(s); });
-  metrics.AttachEngine(&engine);
+  std::vector<std::unique_ptr<Engine>> replicas;
+  std::vector<Engine*> replica_ptrs;
+  for (auto& core : cores) {
+    replicas.push_back(std::make_unique<Engine>(std::move(core)));
+    replica_ptrs.push_back(replicas.back().get());
+  }
+  EngineGroup engines(replica_ptrs, {.policy = policy, .devices = devices});
+  metrics.AttachEngines(&engines);
+  for (int i = 0; i < n; ++i) {
+    replicas[static_cast<size_t>(i)]->SetStepObserver([&metrics, i](const EngineStats& s) { metrics.OnStep(s, i); });
+  }
   srv.Attach(
-      {.engine = &engine, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
-  const EngineStats st = engine.Stats();
-  FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens",
-                  fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engine.config().scheduler.max_model_len,
-                  st.num_blocks, ec.block_size);
+      {.engines = &engines, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
+  const EngineStats st = replicas.front()->Stats();
+  FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens{}{}",
+                  fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engines.config().scheduler.max_model_len,
+                  st.num_blocks, ec.block_size,
+                  n > 1 ? fmt::format(" per replica | {} replicas ({}), placement {}", n, fmt::join(devices, ", "),
+                                      PlacementPolicyName(policy))
+                        : std::string(),
+                  o.reuse_port ? " | port shared (SO_REUSEPORT)" : "");
 
   int sig = 0;
   while (!WaitForSignal(signals, 3600, &sig)) {
@@ -181,11 +258,11 @@ Status Serve(ServeOptions o) {
   }
   if (!idle) {
     FATHOM_LOG_WARN("aborting {} requests still in flight", srv.active_requests());
-    engine.Shutdown(Engine::ShutdownMode::kAbort, "the server is shutting down");
+    for (auto& e : replicas) e->Shutdown(Engine::ShutdownMode::kAbort, "the server is shutting down");
     srv.WaitIdle(std::chrono::seconds(5));
   }
-  engine.Shutdown(Engine::ShutdownMode::kDrain);
-  metrics.AttachEngine(nullptr);
+  for (auto& e : replicas) e->Shutdown(Engine::ShutdownMode::kDrain);
+  metrics.AttachEngines(nullptr);
   // Let the last bytes of each response leave before the I/O threads stop.
   const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (srv.open_connections() > 0 && std::chrono::steady_clock::now() < flush_deadline) {
@@ -224,6 +301,15 @@ void AddServeCommand(CLI::App& app) {
       ->delimiter(',')
       ->group(http);
   cmd->add_option("--http-threads", o->http_threads, "I/O threads")->capture_default_str()->group(http);
+  cmd->add_flag("--reuse-port", o->reuse_port,
+                "Share --port with other fathom processes (SO_REUSEPORT): the kernel spreads new connections among "
+                "them, and one that drains hands its new connections to the others")
+      ->group(http);
+  cmd->add_option("--private-port", o->private_port,
+                  "A second port for this process alone, with the same routes (with --reuse-port: a scrape or a "
+                  "resume that must reach this process); 0: none")
+      ->capture_default_str()
+      ->group(http);
   cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body (413 above)")
       ->capture_default_str()
       ->group(http);
@@ -260,6 +346,18 @@ void AddServeCommand(CLI::App& app) {
                   "its client drops, for a resume to pick it up")
       ->capture_default_str()
       ->group(api);
+  const std::string dp = "Data parallel";
+  cmd->add_option("--data-parallel-size", o->data_parallel_size,
+                  "Engine replicas behind this server, each with its own model copy and KV cache: replica i on "
+                  "cuda:i with --device cuda, all on one device with --device cuda:K or cpu, or a comma-separated "
+                  "list of devices")
+      ->capture_default_str()
+      ->group(dp);
+  cmd->add_option("--placement-policy", o->placement_policy,
+                  "Where a request goes among the replicas: prefix (the one that likely caches the longest prefix of "
+                  "the prompt, else the least loaded), least-loaded, or round-robin")
+      ->capture_default_str()
+      ->group(dp);
   cmd->add_option("--shutdown-grace-s", o->shutdown_grace_s,
                   "On SIGTERM/SIGINT: how long in-flight requests may finish before they are aborted")
       ->capture_default_str()

@@ -56,6 +56,11 @@ void Engine::SetStepObserver(std::function<void(const EngineStats&)> observer) {
   step_observer_ = std::move(observer);
 }
 
+int32_t Engine::num_live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(live_ids_.size());
+}
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

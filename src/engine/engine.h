@@ -41,6 +41,9 @@ class Engine {
   // Aborts a queued or running request. kNotFound when the id is not live.
   Status Abort(const std::string& id, const std::string& reason = "aborted by the client");
   EngineStats Stats() const;
+  // Requests submitted and not yet finished (queued in the inbox, waiting or running): the load a router sees,
+  // exact at once after Submit, unlike Stats(), which follows the steps.
+  int32_t num_live() const;
   // Called on the engine thread after every step that ran the model, with the stats of that step (metrics, traces).
   // Set it before the first Submit.
   void SetStepObserver(std::function<void(const EngineStats&)> observer);

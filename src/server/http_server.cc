@@ -9,9 +9,11 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <optional>
+#include <unordered_map>
 
 #include "core/logging.h"
 #include "obs/trace.h"
@@ -83,26 +85,56 @@ std::string SseEvent(uint64_t id, std::string_view data) {
 
 std::string SseData(std::string_view data) { return fmt::format("data: {}\n\n", data); }
 
+// The live connections of a server, and whether they close after their current response.
+struct SessionSet {
+  std::mutex mu;
+  std::unordered_map<HttpSession*, std::weak_ptr<HttpSession>> live;
+  std::atomic<bool> closing{false};
+};
+
 // One TCP connection: reads a request, hands it to the handler as an HttpExchange, writes what the exchange sends,
 // then reads the next request (keep-alive). Every member is touched on the connection's strand only.
 class HttpSession final : public HttpSink, public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket socket, const HttpOptions& options, const HttpHandler& handler,
-              std::shared_ptr<std::atomic<int64_t>> counter)
+              std::shared_ptr<std::atomic<int64_t>> counter, std::shared_ptr<SessionSet> sessions)
       : stream_(std::move(socket)),
         read_timer_(stream_.get_executor()),
         options_(options),
         handler_(handler),
-        counter_(std::move(counter)) {
+        counter_(std::move(counter)),
+        sessions_(std::move(sessions)) {
     counter_->fetch_add(1);
     beast::error_code ec;
     auto ep = stream_.socket().remote_endpoint(ec);
     client_ = ec ? std::string("unknown") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
   }
-  ~HttpSession() { counter_->fetch_sub(1); }
+  ~HttpSession() {
+    {
+      std::lock_guard<std::mutex> lock(sessions_->mu);
+      sessions_->live.erase(this);
+    }
+    counter_->fetch_sub(1);
+  }
 
   void Run() {
+    {
+      std::lock_guard<std::mutex> lock(sessions_->mu);
+      sessions_->live.emplace(this, weak_from_this());
+    }
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+  }
+
+  bool closing_after_response() const override { return sessions_->closing.load(); }
+
+  // From any thread: an idle keep-alive connection (no request, or none begun) closes now; a busy one closes after
+  // its response (closing_after_response).
+  void CloseIfIdle() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->reading_ && self->num_requests_ > 0 && !self->parser_->got_some() && self->buffer_.size() == 0) {
+        self->Close();
+      }
+    });
   }
 
   // From any thread: queue bytes of the current response. `complete`: the response ends with these bytes.
@@ -124,6 +156,7 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
 
   void DoRead() {
     if (closing_) return;
+    if (num_requests_ > 0 && sessions_->closing.load()) return Close();
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
@@ -245,7 +278,7 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
     if (!done.complete) return;
     // The response is complete.
     current_.reset();
-    if (done.close_after || !keep_alive_ || closing_) return Close();
+    if (done.close_after || !keep_alive_ || closing_ || sessions_->closing.load()) return Close();
     if (watching_) {
       watching_ = false;
       ++watch_generation_;
@@ -306,6 +339,7 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   const HttpOptions& options_;
   const HttpHandler& handler_;
   std::shared_ptr<std::atomic<int64_t>> counter_;
+  std::shared_ptr<SessionSet> sessions_;
   std::string client_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -344,7 +378,7 @@ void HttpExchange::Reply(int status, std::string content_type, std::string body,
   if (responded_.exchange(true)) return;
   std::string head = StatusLine(status);
   head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nDate: {}\r\n", content_type, body.size(), HttpDate());
-  const bool keep_alive = request_.keep_alive();
+  const bool keep_alive = KeepAlive();
   head += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
   head += "\r\n";
@@ -357,7 +391,7 @@ void HttpExchange::StartStream(HttpHeaders headers) {
   head += fmt::format(
       "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nDate: {}\r\n",
       HttpDate());
-  head += request_.keep_alive() ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  head += KeepAlive() ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
   head += "\r\n";
   sink_->Write(std::move(head), false, false);
@@ -373,7 +407,7 @@ void HttpExchange::SendEvent(std::string event) {
 
 void HttpExchange::EndStream() {
   if (responded_.exchange(true)) return;
-  sink_->Write("0\r\n\r\n", /*complete=*/true, /*close_after=*/!request_.keep_alive());
+  sink_->Write("0\r\n\r\n", /*complete=*/true, /*close_after=*/!KeepAlive());
 }
 
 void HttpExchange::Abandon() {
@@ -404,8 +438,16 @@ void HttpExchange::NotifyClosed() {
   if (callback) callback();
 }
 
+bool HttpExchange::KeepAlive() const {
+  return request_.keep_alive() && !sink_->closing_after_response();
+}
+
 HttpServer::HttpServer(HttpOptions options, HttpHandler handler)
-    : options_(std::move(options)), handler_(std::move(handler)), ioc_(options_.threads), acceptor_(ioc_) {}
+    : options_(std::move(options)),
+      handler_(std::move(handler)),
+      ioc_(options_.threads),
+      acceptor_(ioc_),
+      sessions_(std::make_shared<SessionSet>()) {}
 
 HttpServer::~HttpServer() {
   Stop();
@@ -418,6 +460,12 @@ Status HttpServer::Start() {
   const tcp::endpoint endpoint(address, options_.port);
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec && options_.reuse_port) {
+    const int one = 1;
+    if (::setsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+      return UnavailableError(fmt::format("--reuse-port: setsockopt(SO_REUSEPORT): {}", std::strerror(errno)));
+    }
+  }
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
@@ -439,7 +487,7 @@ void HttpServer::Accept() {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       socket.set_option(tcp::no_delay(true), ec);
-      std::make_shared<HttpSession>(std::move(socket), options_, handler_, open_connections_)->Run();
+      std::make_shared<HttpSession>(std::move(socket), options_, handler_, open_connections_, sessions_)->Run();
     } else {
       // Out of file descriptors (or another transient failure): back off instead of spinning.
       FATHOM_LOG_WARN("accept failed: {}; retrying in 100 ms", ec.message());
@@ -451,11 +499,39 @@ void HttpServer::Accept() {
   });
 }
 
-void HttpServer::StopAccepting() {
-  asio::post(ioc_, [this] {
-    beast::error_code ignored;
-    acceptor_.close(ignored);
+void HttpServer::StopAccepting(bool take_backlog) {
+  asio::post(ioc_, [this, take_backlog] {
+    beast::error_code ec;
+    if (take_backlog && acceptor_.is_open()) {
+      // The pending async_accept completes with operation_aborted and touches nothing; then every connection the
+      // kernel has queued is taken, without blocking, before the close would reset them.
+      acceptor_.cancel(ec);
+      acceptor_.non_blocking(true, ec);
+      int taken = 0;
+      for (;;) {
+        tcp::socket socket(asio::make_strand(ioc_));
+        acceptor_.accept(socket, ec);
+        if (ec) break;
+        socket.set_option(tcp::no_delay(true), ec);
+        std::make_shared<HttpSession>(std::move(socket), options_, handler_, open_connections_, sessions_)->Run();
+        ++taken;
+      }
+      if (taken > 0) FATHOM_LOG_INFO("took {} queued connection(s) before closing the listener", taken);
+    }
+    acceptor_.close(ec);
   });
+}
+
+void HttpServer::CloseConnectionsAfterResponses() {
+  sessions_->closing.store(true);
+  std::vector<std::shared_ptr<HttpSession>> live;
+  {
+    std::lock_guard<std::mutex> lock(sessions_->mu);
+    for (auto& [ptr, weak] : sessions_->live) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (auto& s : live) s->CloseIfIdle();
 }
 
 void HttpServer::Stop() {

@@ -10,6 +10,8 @@
 //   });
 //   FATHOM_RETURN_IF_ERROR(server.Start());                   // binds; port() tells the bound port (0: any)
 //   server.StopAccepting();  ...  server.Stop();
+//   // Sharing the port (reuse_port) with other processes, a drain hands new connections to them:
+//   server.StopAccepting(/*take_backlog=*/true);  server.CloseConnectionsAfterResponses();
 //
 // An exchange is one request and its response. The handler runs on the connection's strand; every HttpExchange
 // method may be called from any thread. When the client goes away before the response is complete (EOF, reset,
@@ -44,6 +46,9 @@ struct HttpOptions {
   double idle_timeout_s = 60;                          // keep-alive: between requests
   double write_timeout_s = 60;                         // one write may not take longer
   size_t max_pending_output_bytes = size_t{16} << 20;  // unread output before the client is cut off
+  // SO_REUSEPORT: several processes listen on one port, and the kernel spreads new connections among them by the
+  // hash of their address 4-tuple (--reuse-port).
+  bool reuse_port = false;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
@@ -56,6 +61,9 @@ class HttpSink {
   virtual ~HttpSink() = default;
   // From any thread: bytes of the current response, in order. `complete`: the response ends with these bytes.
   virtual void Write(std::string bytes, bool complete, bool close_after) = 0;
+  // From any thread: whether the connection closes after the current response whatever the request asked
+  // (HttpServer::CloseConnectionsAfterResponses); the response then says `Connection: close`.
+  virtual bool closing_after_response() const { return false; }
 };
 
 class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
@@ -89,6 +97,8 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  private:
   friend class HttpSession;
   void NotifyClosed();
+  // The request asked for keep-alive and the server does not close after this response.
+  bool KeepAlive() const;
   std::shared_ptr<HttpSink> sink_;
   HttpRequest request_;
   std::string client_;
@@ -100,6 +110,9 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
 
+class HttpSession;
+struct SessionSet;
+
 class HttpServer {
  public:
   HttpServer(HttpOptions options, HttpHandler handler);
@@ -110,8 +123,13 @@ class HttpServer {
   // Binds and listens, then runs the I/O threads.
   Status Start();
   uint16_t port() const { return port_; }
-  // Closes the listening socket; open connections keep going.
-  void StopAccepting();
+  // Closes the listening socket; open connections keep going. With `take_backlog`, the connections the kernel has
+  // already queued on it are accepted first (closing a listener resets them): a process that shares its port
+  // (reuse_port) and drains leaves no client of its queue without an answer.
+  void StopAccepting(bool take_backlog = false);
+  // Every connection closes after its current response (which says `Connection: close`), and idle keep-alive
+  // connections close now: their clients reconnect, to another process when the port is shared.
+  void CloseConnectionsAfterResponses();
   // Stops the I/O threads (open connections are dropped) and joins them.
   void Stop();
   boost::asio::io_context& io_context() { return ioc_; }
@@ -127,6 +145,8 @@ class HttpServer {
   uint16_t port_ = 0;
   bool stopped_ = false;
   std::shared_ptr<std::atomic<int64_t>> open_connections_ = std::make_shared<std::atomic<int64_t>>(0);
+  // The live connections, for CloseConnectionsAfterResponses.
+  std::shared_ptr<SessionSet> sessions_;
 };
 
 // "id: <id>\ndata: <data>\n\n" (data holds no newline: JSON from dump() never does).

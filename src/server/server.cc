@@ -55,15 +55,18 @@ bool PlainId(std::string_view id) {
 std::string TimingHeader(const RequestRecord& r) {
   return fmt::format(
       "queue={:.6f};tokenize={:.6f};prefill={:.6f};decode={:.6f};detokenize={:.6f};serialize={:.6f};"
-      "total={:.6f}",
-      r.queue, r.tokenize, r.prefill, r.decode, r.detokenize, r.serialize, r.total);
+      "total={:.6f}{}",
+      r.queue, r.tokenize, r.prefill, r.decode, r.detokenize, r.serialize, r.total,
+      r.replica >= 0 ? fmt::format(";replica={}", r.replica) : std::string());
 }
 
 Json TimingJson(const RequestRecord& r) {
   auto us = [](double s) { return std::round(s * 1e6) / 1e6; };  // microseconds are plenty
-  return {{"queue", us(r.queue)},   {"tokenize", us(r.tokenize)},     {"prefill", us(r.prefill)},
-          {"decode", us(r.decode)}, {"detokenize", us(r.detokenize)}, {"serialize", us(r.serialize)},
-          {"total", us(r.total)}};
+  Json j = {{"queue", us(r.queue)},   {"tokenize", us(r.tokenize)},     {"prefill", us(r.prefill)},
+            {"decode", us(r.decode)}, {"detokenize", us(r.detokenize)}, {"serialize", us(r.serialize)},
+            {"total", us(r.total)}};
+  if (r.replica >= 0) j["replica"] = r.replica;
+  return j;
 }
 
 // Unicode code points in UTF-8 text (every byte that is not a continuation byte starts one; an invalid byte counts
@@ -185,6 +188,10 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   }
 
   void set_trace_flow(uint64_t flow) { flow_ = flow; }
+  void set_replica(int32_t replica, const char* placement) {
+    record_.replica = replica;
+    record_.placement = placement;
+  }
 
   void Begin(std::shared_ptr<RequestStream> stream) {
     stream_ = std::move(stream);
@@ -219,7 +226,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
   }
 
   void Abort(const char* reason) {
-    if (server_->model_.engine != nullptr) (void)server_->model_.engine->Abort(engine_id_, reason);
+    if (server_->model_.engines != nullptr) (void)server_->model_.engines->Abort(engine_id_, reason);
   }
 
   // Strand: after the grace period, a stream nobody resumed is aborted; one being read by a resume gets another
@@ -603,6 +610,13 @@ OpenAiServer::OpenAiServer(ServerOptions options)
     : options_(std::move(options)),
       http_(options_.http, [this](std::shared_ptr<HttpExchange> ex) { Handle(ex); }),
       logs_(options_.stream_logs) {
+  if (options_.private_port != 0) {
+    HttpOptions o = options_.http;
+    o.port = options_.private_port;
+    o.reuse_port = false;
+    o.threads = 1;
+    private_http_ = std::make_unique<HttpServer>(o, [this](std::shared_ptr<HttpExchange> ex) { Handle(ex); });
+  }
   std::random_device rd;
   id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   created_ = static_cast<int64_t>(EpochSeconds());
@@ -621,7 +635,11 @@ OpenAiServer::~OpenAiServer() {
 }
 
 Status OpenAiServer::Start() {
-  return http_.Start();
+  FATHOM_RETURN_IF_ERROR(http_.Start());
+  if (private_http_) {
+    if (Status s = private_http_->Start(); !s.ok()) return s.WithContext("--private-port");
+  }
+  return OkStatus();
 }
 
 void OpenAiServer::Attach(ServedModel model) {
@@ -635,8 +653,17 @@ void OpenAiServer::Attach(ServedModel model) {
 
 // The listener stays open while draining: a new connection is answered (503 for new generations, /health 503
 // "draining") rather than refused, so that a load balancer sees why and a client gets an error body.
+// Sharing the port (handoff_on_drain), the listener closes instead, taking what the kernel queued on it first: new
+// connections then reach the other processes, and requests on this one's open connections are still served, each
+// connection closing after its response.
 void OpenAiServer::BeginDrain() {
   draining_.store(true);
+  if (options_.handoff_on_drain) {
+    http_.StopAccepting(/*take_backlog=*/true);
+    http_.CloseConnectionsAfterResponses();
+    // The private listener stays open (scrapes and /health see the drain) and closes its connections likewise.
+    if (private_http_) private_http_->CloseConnectionsAfterResponses();
+  }
 }
 
 bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
@@ -650,6 +677,7 @@ bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
 
 void OpenAiServer::Stop() {
   http_.Stop();
+  if (private_http_) private_http_->Stop();
 }
 
 RequestRecord OpenAiServer::NewRecord(const HttpExchange& ex) {
@@ -835,7 +863,7 @@ void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
   if (path == "/detokenize") return HandleDetokenize(ex);
   if (resume) return HandleResume(ex, path.substr(std::string_view("/v1/streams/").size()));
   if (path == "/debug/trace") return HandleTrace(ex, record);
-  if (draining_.load()) {
+  if (draining_.load() && !options_.handoff_on_drain) {
     return ReplyError(ex, ApiErrorFromStatus(UnavailableError("the server is shutting down"), "", "draining"), record);
   }
   HandleGenerate(ex, path == "/v1/chat/completions");
@@ -849,7 +877,7 @@ void OpenAiServer::HandleModels(const std::shared_ptr<HttpExchange>& ex) {
                     {"created", created_},
                     {"owned_by", "fathom"},
                     {"root", options_.served_model_name},
-                    {"max_model_len", model_.engine->config().scheduler.max_model_len}});
+                    {"max_model_len", model_.engines->config().scheduler.max_model_len}});
   };
   add(options_.served_model_name);
   for (const std::string& alias : options_.served_model_aliases) add(alias);
@@ -882,7 +910,7 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
   ex->Reply(200, "application/json",
             Dump({{"tokens", ids},
                   {"count", ids.size()},
-                  {"max_model_len", model_.engine->config().scheduler.max_model_len}}));
+                  {"max_model_len", model_.engines->config().scheduler.max_model_len}}));
 }
 
 void OpenAiServer::HandleDetokenize(const std::shared_ptr<HttpExchange>& ex) {
@@ -1032,7 +1060,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("the prompt encodes to no tokens"), prompt_param),
                       record);
   }
-  const int64_t max_len = model_.engine->config().scheduler.max_model_len;
+  const int64_t max_len = model_.engines->config().scheduler.max_model_len;
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   if (prompt_len >= max_len || (req.max_tokens_given && prompt_len + req.sampling.max_tokens > max_len)) {
     record.error_code = "too_long";
@@ -1065,10 +1093,10 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
   auto job = std::make_shared<Job>(this, ex, std::move(req), record, response_id, engine_id, arrival);
   job->set_trace_flow(flow);
   active_->fetch_add(1);
-  auto stream = model_.engine->Submit(std::move(er));
-  if (!stream.ok()) {
+  auto placed = model_.engines->Submit(std::move(er));
+  if (!placed.ok()) {
     active_->fetch_sub(1);
-    const Status& st = stream.status();
+    const Status& st = placed.status();
     HttpHeaders headers;
     if (st.code() == StatusCode::kResourceExhausted) {
       record.error_code = "queue_full";
@@ -1078,7 +1106,8 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     }
     return ReplyError(ex, ApiErrorFromStatus(st), record, std::move(headers));
   }
-  job->Begin(std::move(stream).value());
+  job->set_replica(placed->replica, placed->reason);
+  job->Begin(std::move(placed->stream));
 }
 
 }  // namespace fathom::server

@@ -4,7 +4,8 @@
 //   OpenAiServer server(options);                    // listens at once; /health says 503 "loading"
 //   FATHOM_RETURN_IF_ERROR(server.Start());
 //   ... load the model, build the engine ...
-//   server.Attach({.engine = &engine, .tokenizer = tok.get(), .chat = chat.get(), .vocab_size = V});  // 200 "ok"
+//   EngineGroup engines({&engine});                 // or several replicas (--data-parallel-size)
+//   server.Attach({.engines = &engines, .tokenizer = tok.get(), .chat = chat.get(), .vocab_size = V});  // 200 "ok"
 //   server.BeginDrain();                             // stop accepting; /health 503 "draining"
 //   server.WaitIdle(grace);  engine.Shutdown(kAbort);  server.WaitIdle(2s);  server.Stop();
 //
@@ -24,6 +25,7 @@
 #include <unordered_map>
 
 #include "engine/engine.h"
+#include "engine/engine_group.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/reasoning.h"
@@ -49,11 +51,17 @@ struct ServerOptions {
   std::string access_log = "-";  // a file, "-" for stdout, or "" for none
   int retry_after_s = 1;         // Retry-After of 429 answers
   bool metrics_require_key = false;  // GET /metrics needs the API key too (default: open, as Prometheus expects)
+  // The port is shared with other processes (--reuse-port): a drain closes the listener (new connections go to
+  // the others), serves what arrives on its open connections, and closes each after its response.
+  bool handoff_on_drain = false;
+  // A second listener on this port of the same host, for this process alone (not shared: --private-port), serving
+  // the same routes: a scrape or a resume that must reach this process when the main port is shared. 0: none.
+  uint16_t private_port = 0;
 };
 
 // What the server needs of the loaded model. Pointers outlive the server's use of them (until Stop()).
 struct ServedModel {
-  Engine* engine = nullptr;
+  EngineGroup* engines = nullptr;  // one replica, or --data-parallel-size of them
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat = nullptr;  // null: chat completions answer 400
   int64_t vocab_size = 0;
@@ -71,6 +79,8 @@ struct RequestRecord {
   std::string error_code;     // set when rejected: queue_full, queue_timeout, too_long, invalid, unauthorized, ...
   std::string finish_reason;  // of the first sample
   bool stream = false;
+  int32_t replica = -1;   // the engine replica that ran it (-1: none)
+  std::string placement;  // why that replica (EngineGroup::Placed::reason)
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
@@ -89,6 +99,7 @@ class OpenAiServer {
 
   Status Start();
   uint16_t port() const { return http_.port(); }
+  uint16_t private_port() const { return private_http_ ? private_http_->port() : 0; }
   void Attach(ServedModel model);
   // Called for every finished request (any I/O thread).
   void SetRecordHook(std::function<void(const RequestRecord&)> hook) { record_hook_ = std::move(hook); }
@@ -113,7 +124,9 @@ class OpenAiServer {
   // Waits until no generation request is active or `timeout` passes; true when idle.
   bool WaitIdle(std::chrono::duration<double> timeout) const;
   void Stop();
-  int64_t open_connections() const { return http_.open_connections(); }
+  int64_t open_connections() const {
+    return http_.open_connections() + (private_http_ ? private_http_->open_connections() : 0);
+  }
 
   class Job;
 
@@ -144,6 +157,7 @@ class OpenAiServer {
 
   ServerOptions options_;
   HttpServer http_;
+  std::unique_ptr<HttpServer> private_http_;  // --private-port
   ServedModel model_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};

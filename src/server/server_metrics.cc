@@ -32,30 +32,33 @@ ServerMetrics::ServerMetrics() {
   decode_ =
       &registry_.AddHistogram("fathom_request_decode_time_seconds", "First token to finish", kLatencyBuckets).Get();
   step_ = &registry_.AddHistogram("fathom_step_duration_seconds", "Engine step (schedule + forward + sample)",
-                                  obs::kStepDurationBuckets, {"kind"});
-  registry_.AddCallbackGauge("fathom_request_queue_length", "Requests waiting to be scheduled",
-                             [this] { return Snapshot().num_waiting; });
-  registry_.AddCallbackGauge("fathom_requests_running", "Requests being computed",
-                             [this] { return Snapshot().num_running; });
-  registry_.AddCallbackGauge("fathom_kv_cache_usage_ratio", "KV-cache blocks in use over all blocks",
-                             [this] { return Snapshot().kv_usage; });
-  registry_.AddCallbackGauge("fathom_kv_cache_blocks_used", "KV-cache blocks in use", [this] {
-    const EngineStats s = Snapshot();
-    return static_cast<double>(s.num_blocks - s.num_free_blocks);
-  });
-  registry_.AddCallbackGauge("fathom_kv_cache_hit_ratio", "Prefix-cache hit tokens over looked-up tokens, last 60 s",
-                             [this] { return WindowHitRatio(); });
+                                  obs::kStepDurationBuckets, {"kind", "replica"});
+  const std::vector<std::string> replica_device = {"replica", "device"};
+  queue_length_ =
+      &registry_.AddGauge("fathom_request_queue_length", "Requests waiting to be scheduled", replica_device);
+  running_ = &registry_.AddGauge("fathom_requests_running", "Requests being computed", replica_device);
+  kv_usage_ =
+      &registry_.AddGauge("fathom_kv_cache_usage_ratio", "KV-cache blocks in use over all blocks", replica_device);
+  kv_blocks_used_ = &registry_.AddGauge("fathom_kv_cache_blocks_used", "KV-cache blocks in use", replica_device);
+  hit_ratio_ = &registry_.AddGauge("fathom_kv_cache_hit_ratio",
+                                   "Prefix-cache hit tokens over looked-up tokens, last 60 s", replica_device);
+  replica_info_ = &registry_.AddGauge("fathom_replica_info", "1 per engine replica: its device and placement policy",
+                                      {"replica", "device", "policy"});
   prompt_tokens_ = &registry_.AddCounter("fathom_prompt_tokens_total", "Prompt tokens of finished requests").Get();
   generation_tokens_ =
       &registry_.AddCounter("fathom_generation_tokens_total", "Generated tokens of finished requests").Get();
-  prefix_hit_tokens_ =
-      &registry_.AddCounter("fathom_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache").Get();
-  prefix_queried_tokens_ =
-      &registry_.AddCounter("fathom_prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache")
-           .Get();
+  prefix_hit_tokens_ = &registry_.AddCounter("fathom_prefix_cache_hit_tokens_total",
+                                             "Prompt tokens found in the prefix cache", {"replica"});
+  prefix_queried_tokens_ = &registry_.AddCounter("fathom_prefix_cache_queries_tokens_total",
+                                                 "Prompt tokens looked up in the prefix cache", {"replica"});
   requests_ =
       &registry_.AddCounter("fathom_requests_total", "Finished generation requests", {"finish_reason", "status"});
-  preemptions_ = &registry_.AddCounter("fathom_preemptions_total", "Sequences preempted for KV-cache space").Get();
+  replica_requests_ = &registry_.AddCounter("fathom_replica_requests_total",
+                                            "Finished generation requests by the replica that ran them and why it "
+                                            "was chosen (prefix, least_loaded, round_robin, overflow, single)",
+                                            {"replica", "placement"});
+  preemptions_ =
+      &registry_.AddCounter("fathom_preemptions_total", "Sequences preempted for KV-cache space", {"replica"});
   rejected_ = &registry_.AddCounter("fathom_requests_rejected_total", "Requests refused before generation", {"reason"});
   for (const char* reason : {"queue_full", "queue_timeout", "too_long", "invalid", "unauthorized"}) {
     rejected_->WithLabels({reason});
@@ -75,40 +78,71 @@ void ServerMetrics::OnInternalError(std::string_view where) {
   internal_errors_->WithLabels({std::string(where)}).Inc();
 }
 
-void ServerMetrics::AttachEngine(const Engine* engine) {
-  engine_.store(engine);
+ServerMetrics::Replica& ServerMetrics::ReplicaState(int32_t replica) {
+  std::lock_guard<std::mutex> lock(replicas_mu_);
+  while (replicas_.size() <= static_cast<size_t>(replica)) {
+    const std::string label = std::to_string(replicas_.size());
+    Replica& r = replicas_.emplace_back();
+    r.preemptions = &preemptions_->WithLabels({label});
+    r.prefix_hit_tokens = &prefix_hit_tokens_->WithLabels({label});
+    r.prefix_queried_tokens = &prefix_queried_tokens_->WithLabels({label});
+  }
+  return replicas_[static_cast<size_t>(replica)];
 }
 
-EngineStats ServerMetrics::Snapshot() const {
-  const Engine* e = engine_.load();
-  return e == nullptr ? EngineStats() : e->Stats();
+void ServerMetrics::AttachEngines(const EngineGroup* engines) {
+  engines_.store(engines);
+  if (engines == nullptr) return;
+  std::call_once(gauges_once_, [&] {
+    for (int32_t i = 0; i < engines->size(); ++i) {
+      const obs::LabelValues labels = {std::to_string(i), engines->device(i)};
+      Replica* r = &ReplicaState(i);
+      queue_length_->SetCallback(labels, [this, i] { return Snapshot(i).num_waiting; });
+      running_->SetCallback(labels, [this, i] { return Snapshot(i).num_running; });
+      kv_usage_->SetCallback(labels, [this, i] { return Snapshot(i).kv_usage; });
+      kv_blocks_used_->SetCallback(labels, [this, i] {
+        const EngineStats s = Snapshot(i);
+        return static_cast<double>(s.num_blocks - s.num_free_blocks);
+      });
+      hit_ratio_->SetCallback(labels, [r] { return r->WindowHitRatio(); });
+      replica_info_
+          ->WithLabels({std::to_string(i), engines->device(i), std::string(PlacementPolicyName(engines->policy()))})
+          .Set(1);
+    }
+  });
 }
 
-double ServerMetrics::WindowHitRatio() const {
-  std::lock_guard<std::mutex> lock(window_mu_);
-  if (window_.size() < 2) return 0.0;
-  const auto& [t0, q0, h0] = window_.front();
-  const auto& [t1, q1, h1] = window_.back();
+EngineStats ServerMetrics::Snapshot(int32_t replica) const {
+  const EngineGroup* g = engines_.load();
+  return g == nullptr || replica >= g->size() ? EngineStats() : g->replica(replica).Stats();
+}
+
+double ServerMetrics::Replica::WindowHitRatio() const {
+  std::lock_guard<std::mutex> lock(window_mu);
+  if (window.size() < 2) return 0.0;
+  const auto& [t0, q0, h0] = window.front();
+  const auto& [t1, q1, h1] = window.back();
   const int64_t queried = q1 - q0;
   return queried > 0 ? static_cast<double>(h1 - h0) / static_cast<double>(queried) : 0.0;
 }
 
-void ServerMetrics::OnStep(const EngineStats& s) {
+void ServerMetrics::OnStep(const EngineStats& s, int32_t replica) {
+  Replica& r = ReplicaState(replica);
   if (s.last_step_kind != nullptr && *s.last_step_kind != '\0')
-    step_->WithLabels({s.last_step_kind}).Observe(s.last_step_s);
-  if (s.num_preemptions > seen_preemptions_) preemptions_->Inc(s.num_preemptions - seen_preemptions_);
-  if (s.prefix_cache_hit_tokens > seen_hit_tokens_)
-    prefix_hit_tokens_->Inc(s.prefix_cache_hit_tokens - seen_hit_tokens_);
-  if (s.prefix_cache_queried_tokens > seen_queried_tokens_) {
-    prefix_queried_tokens_->Inc(s.prefix_cache_queried_tokens - seen_queried_tokens_);
+    step_->WithLabels({s.last_step_kind, std::to_string(replica)}).Observe(s.last_step_s);
+  if (s.num_preemptions > r.seen_preemptions) r.preemptions->Inc(s.num_preemptions - r.seen_preemptions);
+  if (s.prefix_cache_hit_tokens > r.seen_hit_tokens)
+    r.prefix_hit_tokens->Inc(s.prefix_cache_hit_tokens - r.seen_hit_tokens);
+  if (s.prefix_cache_queried_tokens > r.seen_queried_tokens) {
+    r.prefix_queried_tokens->Inc(s.prefix_cache_queried_tokens - r.seen_queried_tokens);
   }
-  seen_preemptions_ = s.num_preemptions;
-  seen_hit_tokens_ = s.prefix_cache_hit_tokens;
-  seen_queried_tokens_ = s.prefix_cache_queried_tokens;
+  r.seen_preemptions = s.num_preemptions;
+  r.seen_hit_tokens = s.prefix_cache_hit_tokens;
+  r.seen_queried_tokens = s.prefix_cache_queried_tokens;
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(window_mu_);
-  window_.emplace_back(now, s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens);
-  while (window_.size() > 2 && now - std::get<0>(window_[1]) >= kHitWindow) window_.pop_front();
+  std::lock_guard<std::mutex> lock(r.window_mu);
+  r.window.emplace_back(now, s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens);
+  while (r.window.size() > 2 && now - std::get<0>(r.window[1]) >= kHitWindow) r.window.pop_front();
 }
 
 void ServerMetrics::OnRequest(const RequestRecord& r) {
@@ -122,6 +156,9 @@ void ServerMetrics::OnRequest(const RequestRecord& r) {
   }
   if (!generation) return;
   requests_->WithLabels({r.finish_reason.empty() ? "none" : r.finish_reason, std::to_string(r.http_status)}).Inc();
+  if (r.replica >= 0) {
+    replica_requests_->WithLabels({std::to_string(r.replica), r.placement.empty() ? "single" : r.placement}).Inc();
+  }
   if (r.error_code == "resource_exhausted") oom_->Inc();
   if (r.http_status != 200 && r.http_status != 499) return;
   e2e_->Observe(r.total);

@@ -87,7 +87,8 @@ test('a completion, its usage and the timing header', async () => {
   assert.ok(response.headers.get('x-request-id'));
   assert.ok(Number(response.headers.get('x-server-timestamp')) > 1.7e9);
   const timing = Object.fromEntries(response.headers.get('x-fathom-timing').split(';').map((kv) => kv.split('=')));
-  assert.deepEqual(Object.keys(timing), ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total']);
+  assert.deepEqual(Object.keys(timing), ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total', 'replica']);
+  assert.equal(timing.replica, '0');  // one engine: replica 0
 });
 
 test('max_tokens ends with finish_reason length and stop strings with stop', async () => {

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "engine/engine_group.h"
 #include "engine/tokenizer_text.h"
 #include "fuzz_targets.h"
 #include "io/model_config.h"
@@ -104,6 +105,7 @@ struct Served {
   std::unique_ptr<ChatTemplate> chat;
   std::unique_ptr<PositionModel> model;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<EngineGroup> engines;
   std::unique_ptr<server::OpenAiServer> server;
   int64_t vocab = 0;
   std::string last_stream_id = "none";
@@ -149,7 +151,8 @@ struct Served {
     server = std::make_unique<server::OpenAiServer>(o);
     server->SetMetricsHandler([] { return std::string("fathom_up 1\n"); });
     if (!server->Start().ok()) Die("the server did not start");
-    server->Attach({.engine = engine.get(), .tokenizer = tokenizer.get(), .chat = chat.get(), .vocab_size = vocab});
+    engines = std::make_unique<EngineGroup>(std::vector<Engine*>{engine.get()});
+    server->Attach({.engines = engines.get(), .tokenizer = tokenizer.get(), .chat = chat.get(), .vocab_size = vocab});
   }
 };
 

@@ -39,7 +39,9 @@ TEST(ServerMetricsTest, RequestsFeedHistogramsAndCounters) {
   EXPECT_TRUE(Has(text, "fathom_requests_total{finish_reason=\"none\",status=\"429\"} 1"));
   EXPECT_TRUE(Has(text, "fathom_requests_rejected_total{reason=\"queue_full\"} 1"));
   EXPECT_TRUE(Has(text, "fathom_requests_rejected_total{reason=\"too_long\"} 0"));
-  EXPECT_TRUE(Has(text, "fathom_request_queue_length 0"));
+  // No engine attached: the engine gauges are named (HELP and TYPE) and have no replica yet.
+  EXPECT_TRUE(Has(text, "# TYPE fathom_request_queue_length gauge"));
+  EXPECT_EQ(text.find("fathom_request_queue_length{"), std::string::npos);
   EXPECT_NE(text.find("process_resident_memory_bytes"), std::string::npos);
 }
 
@@ -57,12 +59,45 @@ TEST(ServerMetricsTest, EngineStepsFeedStepHistogramAndCacheCounters) {
   s.prefix_cache_hit_tokens = 120;
   m.OnStep(s);
   const std::string text = m.Expose();
-  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"decode\"} 1")) << text;
-  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"prefill\"} 1"));
-  EXPECT_TRUE(Has(text, "fathom_preemptions_total 2"));
-  EXPECT_TRUE(Has(text, "fathom_prefix_cache_hit_tokens_total 120"));
-  EXPECT_TRUE(Has(text, "fathom_prefix_cache_queries_tokens_total 200"));
-  EXPECT_TRUE(Has(text, "fathom_kv_cache_hit_ratio 0.8"));  // (120 - 40) / (200 - 100) over the window
+  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"decode\",replica=\"0\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"prefill\",replica=\"0\"} 1"));
+  EXPECT_TRUE(Has(text, "fathom_preemptions_total{replica=\"0\"} 2"));
+  EXPECT_TRUE(Has(text, "fathom_prefix_cache_hit_tokens_total{replica=\"0\"} 120"));
+  EXPECT_TRUE(Has(text, "fathom_prefix_cache_queries_tokens_total{replica=\"0\"} 200"));
+}
+
+// Two replicas' steps land in their own series, and each replica's cumulative counters are differenced on their
+// own (replica 1's smaller totals do not read as a reset of replica 0's).
+TEST(ServerMetricsTest, ReplicasKeepTheirOwnSeries) {
+  ServerMetrics m;
+  EngineStats a;
+  a.last_step_kind = "decode";
+  a.last_step_s = 0.01;
+  a.num_preemptions = 5;
+  a.prefix_cache_queried_tokens = 300;
+  a.prefix_cache_hit_tokens = 100;
+  m.OnStep(a, 0);
+  EngineStats b = a;
+  b.num_preemptions = 1;
+  b.prefix_cache_queried_tokens = 50;
+  b.prefix_cache_hit_tokens = 10;
+  m.OnStep(b, 1);
+  a.num_preemptions = 7;
+  m.OnStep(a, 0);
+  RequestRecord r;
+  r.path = "/v1/completions";
+  r.http_status = 200;
+  r.finish_reason = "length";
+  r.replica = 1;
+  r.placement = "prefix";
+  m.OnRequest(r);
+  const std::string text = m.Expose();
+  EXPECT_TRUE(Has(text, "fathom_preemptions_total{replica=\"0\"} 7")) << text;
+  EXPECT_TRUE(Has(text, "fathom_preemptions_total{replica=\"1\"} 1"));
+  EXPECT_TRUE(Has(text, "fathom_prefix_cache_hit_tokens_total{replica=\"1\"} 10"));
+  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"decode\",replica=\"0\"} 2"));
+  EXPECT_TRUE(Has(text, "fathom_step_duration_seconds_count{kind=\"decode\",replica=\"1\"} 1"));
+  EXPECT_TRUE(Has(text, "fathom_replica_requests_total{replica=\"1\",placement=\"prefix\"} 1"));
 }
 
 }  // namespace

@@ -125,10 +125,12 @@ export function buildScriptedModel(dir, scripts, {maxPositions = 4096} = {}) {
 }
 
 // Starts `fathom serve --port 0 ...` and waits for /health 200. `log` collects stderr; `access` stdout lines.
-export async function startServer(args, {env = {}, timeoutMs = 120000} = {}) {
+// port: a fixed port (a process sharing it with --reuse-port is ready when its own log says so, since /health on a
+// shared port may be answered by another process); 0: any free port.
+export async function startServer(args, {env = {}, timeoutMs = 120000, port: fixedPort = 0} = {}) {
   // FATHOM_E2E_SERVE_ARGS adds flags to every server, e.g. "--device cuda" to run the suite on a GPU.
   const extra = (process.env.FATHOM_E2E_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
-  const child = spawn(fathomBin, ['serve', '--port', '0', ...args, ...extra], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
+  const child = spawn(fathomBin, ['serve', '--port', String(fixedPort), ...args, ...extra], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
   const srv = {child, stderr: '', access: [], url: null, exitCode: null, threads: () => countThreads(child.pid)};
   let stdoutBuf = '';
   child.stdout.on('data', (d) => {
@@ -162,10 +164,14 @@ export async function startServer(args, {env = {}, timeoutMs = 120000} = {}) {
   srv.url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    try {
-      const r = await fetch(srv.url + '/health');
-      if (r.status === 200) break;
-    } catch {}
+    if (fixedPort !== 0) {
+      if (/ready: serving/.test(srv.stderr)) break;
+    } else {
+      try {
+        const r = await fetch(srv.url + '/health');
+        if (r.status === 200) break;
+      } catch {}
+    }
     if (srv.exitCode !== null) throw new Error(`server exited:\n${srv.stderr}`);
     if (Date.now() > deadline) throw new Error('server not healthy in time:\n' + srv.stderr);
     await sleep(100);
@@ -186,6 +192,18 @@ export function countThreads(pid) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// A free TCP port on 127.0.0.1 (bound and released: free a moment later unless another process takes it).
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.on('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const {port} = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
 
 // Sends raw bytes over TCP and resolves with everything the server sent back until it closed (or timeoutMs).
 export function rawRequest(port, chunks, {delayMs = 0, halfClose = false, timeoutMs = 20000} = {}) {
