@@ -152,6 +152,12 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
                            cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
   std::cout << fmt::format("attention:         {} heads, {} kv heads, head_dim {}, rope {} (theta {})\n", cfg.num_heads,
                            cfg.num_kv_heads, cfg.head_dim, RopeTypeName(cfg.rope.type), cfg.rope.theta);
+  if (cfg.quant.quantized()) {
+    std::cout << fmt::format("quantization:      {} ({}){}\n", cfg.quant.Describe(), cfg.quant.source,
+                             cfg.quant.method == "awq" || cfg.quant.method == "gptq"
+                                 ? "; i32 below is the packed 4-bit weights and zeros, f16 holds the scales"
+                                 : "");
+  }
   std::cout << fmt::format("parameters:        {} ({})\n", HumanCount(static_cast<double>(st.total_params)),
                            st.total_params);
   std::cout << fmt::format("active parameters: {} per token ({:.0f})\n", HumanCount(st.active_params),

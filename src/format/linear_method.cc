@@ -40,9 +40,10 @@ Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l
 Status CheckQuantConfig(const QuantConfig& q) {
   if (!q.quantized()) return OkStatus();
   if (q.method == "fp8") return CheckFp8Config(q);
+  if (q.method == "awq" || q.method == "gptq") return CheckInt4Config(q);
   return UnimplementedError(
       fmt::format("{}: quantization method '{}' is not supported yet (supported: fp8 with "
-                  "block-scaled e4m3 weights, as DeepSeek-V3 ships)",
+                  "block-scaled e4m3 weights, as DeepSeek-V3 ships; 4-bit awq and gptq)",
                   q.source, q.Describe()));
 }
 
@@ -54,6 +55,7 @@ StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig&
     if (!part.empty() && prefix.find(part) != std::string_view::npos) dense = true;
   }
   if (dense) return std::shared_ptr<const LinearMethod>(std::shared_ptr<void>(), &MethodOf(LinearFormat::kDense));
+  if (q.method == "awq" || q.method == "gptq") return MakeInt4Method(q);
   return MakeFp8BlockMethod(q);
 }
 
@@ -63,6 +65,10 @@ const LinearMethod& MethodOf(LinearFormat format) {
       return DenseMethodInstance();
     case LinearFormat::kFp8Block:
       return Fp8BlockMethodInstance();
+    case LinearFormat::kAwq:
+      return AwqMethodInstance();
+    case LinearFormat::kGptq:
+      return GptqMethodInstance();
   }
   return DenseMethodInstance();
 }

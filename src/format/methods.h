@@ -27,5 +27,10 @@ const LinearMethod& DenseMethodInstance();
 Status CheckFp8Config(const QuantConfig& q);
 std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q);
 const LinearMethod& Fp8BlockMethodInstance();
+// kAwq / kGptq: 4-bit weights with group scales and zeros (int4_linear.cc).
+Status CheckInt4Config(const QuantConfig& q);
+std::shared_ptr<const LinearMethod> MakeInt4Method(const QuantConfig& q);
+const LinearMethod& AwqMethodInstance();
+const LinearMethod& GptqMethodInstance();
 
 }  // namespace fathom

@@ -44,6 +44,9 @@ struct WeightSpec {
   double active_fraction = 1.0;
   // Counted once even though another spec points at the same storage (tied lm_head).
   bool shares_storage = false;
+  // Model parameters per stored element: 8 for a packed 4-bit qweight (eight weights to an int32), 0 for
+  // quantization metadata (scales, zeros, group indices), 1 otherwise. The bytes count as stored either way.
+  int64_t params_per_element = 1;
   WeightShard shard;
   // Set on the main tensor of a linear layer: its weight format's method and layout, which bind the layer's tensors
   // into a LinearWeight after loading (WeightStore::Linear).

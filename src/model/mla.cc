@@ -48,7 +48,7 @@ Status SplitKvB(Backend& be, MlaAttention* a, std::vector<Tensor>* constants) {
   // The layer's tensors on the host, for the format's reference dequantization.
   LinearWeight host = kv_b;
   std::vector<Tensor> keep;
-  for (TensorView* t : {&host.weight, &host.scale_inv}) {
+  for (TensorView* t : {&host.weight, &host.scale_inv, &host.qzeros, &host.scales, &host.g_idx}) {
     if (t->empty()) continue;
     FATHOM_ASSIGN_OR_RETURN(Tensor h, ToHost(be, *t));
     *t = h.view();

@@ -124,8 +124,9 @@ ShardIndex IndexOf(const WeightSpec& spec) {
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
-  FATHOM_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 || dt == DType::kF8E4M3,
-               "dummy weights of dtype {}", DTypeName(dt));
+  FATHOM_CHECK(
+      dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 || dt == DType::kF8E4M3 || dt == DType::kI32,
+      "dummy weights of dtype {}", DTypeName(dt));
   const DummyPattern pattern = PatternOf(spec, seed);
   const ShardIndex index = IndexOf(spec);
   DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
@@ -142,6 +143,9 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
           break;
         case DType::kF16:
           out.data<uint16_t>()[i] = F32ToF16(v);
+          break;
+        case DType::kI32:  // packed 4-bit codes: random bits (eight random nibbles), or the constant
+          out.data<int32_t>()[i] = pattern.constant ? static_cast<int32_t>(*pattern.constant) : static_cast<int32_t>(r);
           break;
         default:  // f8: random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
           out.data<uint8_t>()[i] = pattern.constant ? F32ToF8E4M3(v) : static_cast<uint8_t>(r & 0xbf);
@@ -293,8 +297,8 @@ WeightStats ComputeWeightStats(const std::vector<WeightSpec>& specs, const Weigh
     const double bytes = static_cast<double>(n) * static_cast<double>(DTypeSize(dt));
     st.bytes_read_per_token += bytes * s.read_fraction;
     if (s.shares_storage) continue;
-    st.total_params += n;
-    st.active_params += static_cast<double>(n) * s.active_fraction;
+    st.total_params += n * s.params_per_element;
+    st.active_params += static_cast<double>(n * s.params_per_element) * s.active_fraction;
     st.bytes_by_dtype[dt] += static_cast<int64_t>(bytes);
     st.total_bytes += static_cast<int64_t>(bytes);
   }

@@ -119,12 +119,26 @@ TEST(CliTest, InspectDummyDeepseekV3) {
 }
 
 // A 4-bit config is never sized as f16: until INT4 lands, inspect names the method it cannot run.
-TEST(CliTest, InspectRefusesAnAwqConfigByName) {
+TEST(CliTest, InspectSizesAnAwqConfigAs4BitAndRefusesUnknownMethodsByName) {
   RunResult r = RunFathom("inspect --model " + testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b-awq.json" +
                           " --load-format dummy");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("quantization:      awq (4-bit, group 128)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters:        7.62 B (7615616512)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bytes i32:         3.29 GB (3288133632)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode reads:      4.48 GB"), std::string::npos) << r.out;
+  // A method fathom cannot run is refused by name, before anything is sized.
+  const fs::path dir = fs::temp_directory_path() / ("fathom_ct_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b-awq.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["quantization_config"] = {{"quant_method", "compressed-tensors"}};
+  std::ofstream(dir / "config.json") << j.dump();
+  r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.out.find("parameters:"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("quantization method 'awq (4-bit, group 128)' is not supported"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("quantization method 'compressed-tensors"), std::string::npos) << r.err;
+  fs::remove_all(dir);
 }
 
 // Hostile configs end in an error naming the problem, exit 1, never an abort (rc 134) or NaN logits.

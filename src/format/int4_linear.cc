@@ -1,0 +1,244 @@
+// The 4-bit weight formats of AutoAWQ and AutoGPTQ/GPTQModel, as their packers write them (W is nn.Linear's
+// [N, K] weight: N outputs, K inputs; g the group size):
+//   AWQ GEMM (`quant_method: awq`, `version: gemm`, `zero_point: true`): `qweight` i32 [K, N / 8], where nibble i
+//     (bits 4i..4i+3) of word c holds column 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]; `qzeros` i32 [K / g, N / 8] packed
+//     the same way; `scales` f16 [K / g, N]. W[n, k] = (q[k, n] - z[k / g, n]) * s[k / g, n].
+//   GPTQ (`quant_method: gptq`): `qweight` i32 [K / 8, N], nibble j of word r holds input row 8r + j; `qzeros`
+//     i32 [G, N / 8], nibble j of word c holds column 8c + j; `scales` f16 [G, N]; `g_idx` i32 [K], the group of each
+//     input row (not k / g under desc_act). v1 checkpoints (`checkpoint_format: gptq`, or none) store zero - 1;
+//     gptq_v2 stores the zero. W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]; group_size -1: G = 1.
+// The CPU reference dequantizes a row of W at a time inside its GEMM (CpuBackend::Linear through DequantizeRow); the
+// values are exact in float32 (a 5-bit integer times an f16 scale).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "format/methods.h"
+
+namespace fathom {
+
+namespace {
+
+// AWQ's nibble of column offset j within a word: the inverse of its packing order [0, 2, 4, 6, 1, 3, 5, 7].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+inline uint32_t Nibble(int32_t word, int i) {
+  return (static_cast<uint32_t>(word) >> (4 * i)) & 0xFu;
+}
+
+inline float ScaleAt(const TensorView& s, int64_t g, int64_t n) {
+  const int64_t off = g * s.stride(0) + n;
+  switch (s.dtype()) {
+    case DType::kF16:
+      return F16ToF32(s.data<uint16_t>()[off]);
+    case DType::kBF16:
+      return Bf16ToF32(s.data<uint16_t>()[off]);
+    default:
+      return s.data<float>()[off];
+  }
+}
+
+const TensorView* Need(const TensorLookup& find, const std::string& name, Status* st) {
+  const TensorView* t = find(name);
+  if (t == nullptr && st->ok()) *st = NotFoundError(fmt::format("tensor '{}' was not loaded", name));
+  return t;
+}
+
+Status CheckTensor(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,
+                   std::vector<int64_t> shape, const char* what) {
+  bool dtype_ok = false;
+  for (DType d : dtypes) dtype_ok = dtype_ok || t.dtype() == d;
+  if (!dtype_ok) {
+    return InvalidArgumentError(fmt::format("tensor '{}' has dtype {}, but {} needs {}", name,
+                                            DTypeSafetensorsName(t.dtype()), what,
+                                            DTypeSafetensorsName(*dtypes.begin())));
+  }
+  if (t.shape() != shape) {
+    return InvalidArgumentError(fmt::format("tensor '{}' has shape [{}], but {} needs [{}]", name,
+                                            fmt::join(t.shape(), ", "), what, fmt::join(shape, ", ")));
+  }
+  return OkStatus();
+}
+
+class Int4Method final : public LinearMethod {
+ public:
+  Int4Method(LinearFormat format, int64_t group_size, int32_t zero_offset)
+      : format_(format), group_size_(group_size), zero_offset_(zero_offset) {}
+
+  std::string_view name() const override { return format_ == LinearFormat::kAwq ? "awq 4-bit" : "gptq 4-bit"; }
+  LinearFormat format() const override { return format_; }
+
+  // The group size of a layer with `in` inputs (GPTQ's -1: one group over all of them).
+  int64_t Group(int64_t in) const { return group_size_ < 0 ? in : group_size_; }
+
+  Status CheckShape(const LinearSpec& l) const {
+    if (!l.parallel.single()) {
+      return UnimplementedError(
+          fmt::format("{}: {} weights are not split for tensor parallelism yet", l.prefix, name()));
+    }
+    if (l.out % 8 != 0 || l.in % 8 != 0 || Group(l.in) <= 0) {
+      return InvalidArgumentError(fmt::format("{}: a {} layer of [{}, {}] needs outputs and inputs in multiples of 8",
+                                              l.prefix, name(), l.out, l.in));
+    }
+    return OkStatus();
+  }
+
+  // Scale groups over `in` inputs; a last group may be partial (V2-Lite's 10944 inputs in groups of 128: 86 groups,
+  // the last of 64 rows), as the group index k / g implies.
+  int64_t Groups(int64_t in) const { return (in + Group(in) - 1) / Group(in); }
+
+  Status AddSpecs(const LinearSpec& l, std::vector<WeightSpec>* specs) const override {
+    FATHOM_RETURN_IF_ERROR(CheckShape(l));
+    const int64_t groups = Groups(l.in);
+    const bool awq = format_ == LinearFormat::kAwq;
+    // Dummy weights: random nibbles, random zeros, one small constant scale (|W| <= 15 * 0.003), group 0 for g_idx.
+    WeightSpec q = LayerTensorSpec(l, ".qweight",
+                                   awq ? std::vector<int64_t>{l.in, l.out / 8} : std::vector<int64_t>{l.in / 8, l.out},
+                                   DType::kI32, {});
+    q.params_per_element = 8;
+    specs->push_back(std::move(q));
+    WeightSpec z = LayerTensorSpec(l, ".qzeros", {groups, l.out / 8}, DType::kI32, {});
+    z.params_per_element = 0;
+    specs->push_back(std::move(z));
+    WeightSpec s = LayerTensorSpec(l, ".scales", {groups, l.out}, DType::kF16, {});
+    s.init = WeightInit::kConstant;
+    s.init_value = 0.003f;
+    s.params_per_element = 0;
+    specs->push_back(std::move(s));
+    if (!awq) {
+      WeightSpec g = LayerTensorSpec(l, ".g_idx", {l.in}, DType::kI32, {});
+      g.init = WeightInit::kZeros;
+      g.params_per_element = 0;
+      specs->push_back(std::move(g));
+    }
+    AddBiasSpec(l, specs);
+    return OkStatus();
+  }
+
+  StatusOr<LinearWeight> Bind(const LinearSpec& l, const TensorLookup& find) const override {
+    FATHOM_RETURN_IF_ERROR(CheckShape(l));
+    const bool awq = format_ == LinearFormat::kAwq;
+    const int64_t groups = Groups(l.in);
+    Status st;
+    const TensorView* qw = Need(find, l.prefix + ".qweight", &st);
+    const TensorView* qz = Need(find, l.prefix + ".qzeros", &st);
+    const TensorView* sc = Need(find, l.prefix + ".scales", &st);
+    const TensorView* gi = awq ? nullptr : Need(find, l.prefix + ".g_idx", &st);
+    FATHOM_RETURN_IF_ERROR(st);
+    const std::string what = fmt::format("a {} layer of [{}, {}] in groups of {}", name(), l.out, l.in, Group(l.in));
+    FATHOM_RETURN_IF_ERROR(
+        CheckTensor(*qw, l.prefix + ".qweight", {DType::kI32},
+                    awq ? std::vector<int64_t>{l.in, l.out / 8} : std::vector<int64_t>{l.in / 8, l.out}, what.c_str()));
+    FATHOM_RETURN_IF_ERROR(CheckTensor(*qz, l.prefix + ".qzeros", {DType::kI32}, {groups, l.out / 8}, what.c_str()));
+    FATHOM_RETURN_IF_ERROR(CheckTensor(*sc, l.prefix + ".scales", {DType::kF16, DType::kBF16, DType::kF32},
+                                       {groups, l.out}, what.c_str()));
+    LinearWeight w;
+    w.format = format_;
+    w.weight = *qw;
+    w.qzeros = *qz;
+    w.scales = *sc;
+    w.group_size = Group(l.in);
+    w.zero_offset = zero_offset_;
+    w.int4_out = l.out;
+    w.int4_in = l.in;
+    if (gi != nullptr) {
+      FATHOM_RETURN_IF_ERROR(CheckTensor(*gi, l.prefix + ".g_idx", {DType::kI32}, {l.in}, what.c_str()));
+      // Every group index is read as an offset into qzeros and scales: check them all once, on the host.
+      if (gi->device() == Device::kCpu) {
+        for (int64_t k = 0; k < l.in; ++k) {
+          const int32_t g = gi->data<int32_t>()[k * gi->stride(0)];
+          if (g < 0 || g >= groups) {
+            return InvalidArgumentError(
+                fmt::format("tensor '{}.g_idx': row {} is in group {}, outside [0, {})", l.prefix, k, g, groups));
+          }
+        }
+      }
+      w.g_idx = *gi;
+    }
+    FATHOM_ASSIGN_OR_RETURN(w.bias, BindBias(l, find));
+    return w;
+  }
+
+  void DequantizeRow(const LinearWeight& w, int64_t n, float* dst) const override {
+    const int64_t in = w.int4_in;
+    const TensorView& q = w.weight;
+    const int32_t* qz = w.qzeros.data<int32_t>();
+    if (w.format == LinearFormat::kAwq) {
+      const int nib = kAwqNibble[n % 8];
+      const int64_t word = n / 8;
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t g = k / w.group_size;
+        const int32_t qv = static_cast<int32_t>(Nibble(q.data<int32_t>()[k * q.stride(0) + word], nib));
+        const int32_t z = static_cast<int32_t>(Nibble(qz[g * w.qzeros.stride(0) + word], nib));
+        dst[k] = static_cast<float>(qv - z) * ScaleAt(w.scales, g, n);
+      }
+      return;
+    }
+    const int32_t* gidx = w.g_idx.empty() ? nullptr : w.g_idx.data<int32_t>();
+    for (int64_t k = 0; k < in; ++k) {
+      const int64_t g = gidx != nullptr ? gidx[k * w.g_idx.stride(0)] : k / w.group_size;
+      const int32_t qv =
+          static_cast<int32_t>(Nibble(q.data<int32_t>()[(k / 8) * q.stride(0) + n], static_cast<int>(k % 8)));
+      const int32_t z =
+          static_cast<int32_t>(Nibble(qz[g * w.qzeros.stride(0) + n / 8], static_cast<int>(n % 8))) + w.zero_offset;
+      dst[k] = static_cast<float>(qv - z) * ScaleAt(w.scales, g, n);
+    }
+  }
+
+  // An integer up to 16 in magnitude times an f16 scale needs more mantissa than bf16's 8 bits.
+  DType ExactFloatDType(const LinearWeight& /*w*/) const override { return DType::kF32; }
+
+ private:
+  LinearFormat format_;
+  int64_t group_size_;
+  int32_t zero_offset_;
+};
+
+}  // namespace
+
+Status CheckInt4Config(const QuantConfig& q) {
+  if (q.bits != 4) {
+    return UnimplementedError(fmt::format("{}: {}-bit {} weights are not supported (supported: 4-bit AWQ and GPTQ)",
+                                          q.source, q.bits, q.method));
+  }
+  if (q.method == "awq") {
+    if (!q.version.empty() && q.version != "gemm") {
+      return UnimplementedError(
+          fmt::format("{}: AWQ version '{}' is not supported (supported: gemm, the layout AutoAWQ writes by default)",
+                      q.source, q.version));
+    }
+    if (!q.zero_point) {
+      return UnimplementedError(
+          fmt::format("{}: AWQ without zero points (zero_point: false) is not supported", q.source));
+    }
+    if (q.group_size <= 0) {
+      return InvalidArgumentError(fmt::format("{}: AWQ needs a group size > 0 (q_group_size / group_size)", q.source));
+    }
+    return OkStatus();
+  }
+  if (q.group_size == 0 || q.group_size < -1) {
+    return InvalidArgumentError(fmt::format("{}: GPTQ group_size must be -1 or > 0, not {}", q.source, q.group_size));
+  }
+  if (!q.checkpoint_format.empty() && q.checkpoint_format != "gptq" && q.checkpoint_format != "gptq_v2") {
+    return UnimplementedError(fmt::format("{}: GPTQ checkpoint_format '{}' is not supported (supported: gptq, gptq_v2)",
+                                          q.source, q.checkpoint_format));
+  }
+  return OkStatus();
+}
+
+std::shared_ptr<const LinearMethod> MakeInt4Method(const QuantConfig& q) {
+  const bool awq = q.method == "awq";
+  return std::make_shared<Int4Method>(awq ? LinearFormat::kAwq : LinearFormat::kGptq, q.group_size,
+                                      !awq && q.checkpoint_format != "gptq_v2" ? 1 : 0);
+}
+
+const LinearMethod& AwqMethodInstance() {
+  static const Int4Method m(LinearFormat::kAwq, 128, 0);  // run-time parts read the LinearWeight's settings
+  return m;
+}
+
+const LinearMethod& GptqMethodInstance() {
+  static const Int4Method m(LinearFormat::kGptq, 128, 1);
+  return m;
+}
+
+}  // namespace fathom
