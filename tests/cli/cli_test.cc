@@ -66,6 +66,24 @@ TEST(CliTest, LogitsMatchTheOracle) {
   EXPECT_LE(worst, 2e-3f);
 }
 
+// A GPTQ checkpoint (act-order, v1 zeros) through the CLI's loader gives its float32 twin's logits.
+TEST(CliTest, LogitsOfAGptqCheckpointMatchItsTwin) {
+  const std::string dir = std::string(FATHOM_QUANT_TEST_DATA) + "/qwen2-distill-tiny-gptq-actorder";
+  RunResult q = RunFathom("logits --model " + dir + "/quant --tokens 5,17,300,42,7");
+  RunResult t = RunFathom("logits --model " + dir + "/twin --tokens 5,17,300,42,7");
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  auto jq = nlohmann::json::parse(q.out), jt = nlohmann::json::parse(t.out);
+  ASSERT_EQ(jq["logits"].size(), 5u);
+  float worst = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    auto a = jq["logits"][i].get<std::vector<float>>(), b = jt["logits"][i].get<std::vector<float>>();
+    ASSERT_EQ(a.size(), b.size());
+    worst = std::max(worst, testing::MaxAbsDiff(a.data(), b.data(), static_cast<int64_t>(a.size())));
+  }
+  EXPECT_LE(worst, 1e-4f);
+}
+
 TEST(CliTest, LogitsToFile) {
   const std::string out =
       (fs::temp_directory_path() / ("fathom_logits_" + std::to_string(::getpid()) + ".json")).string();
