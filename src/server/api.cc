@@ -326,9 +326,6 @@ bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
     if (r.Get("echo") != nullptr && r.Get("echo")->is_boolean() && r.Get("echo")->get<bool>()) {
       return r.Fail("echo", "'echo' is not supported", StatusCode::kUnimplemented);
     }
-    if (const Json* suffix = r.Get("suffix"); suffix != nullptr && !(suffix->is_string() && suffix->empty())) {
-      return r.Fail("suffix", "'suffix' is not supported", StatusCode::kUnimplemented);
-    }
   }
   return !r.failed();
 }
@@ -366,8 +363,19 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
       }
       out->add_generation_prompt = false;
     }
-  } else if (!ParsePrompt(r, limits, out)) {
-    return false;
+  } else {
+    if (!ParsePrompt(r, limits, out)) return false;
+    // Fill in the middle: the text between `prompt` (before) and `suffix` (after), for models with FIM tokens.
+    const Json* given = r.Get("suffix");
+    if (auto suffix = given != nullptr && given->is_null() ? std::nullopt : r.String("suffix");
+        suffix && !suffix->empty()) {
+      if (out->prompt_is_ids) {
+        return r.Fail("suffix", "'suffix' needs a text prompt: the FIM tokens go around the prompt's text");
+      }
+      out->suffix = *suffix;
+      out->fim = true;
+    }
+    if (r.failed()) return false;
   }
 
   SamplingParams& sp = out->sampling;

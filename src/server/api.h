@@ -7,7 +7,7 @@
 //   // req.messages (content flattened to strings), req.sampling, req.stream, req.include_usage, ...
 //
 // Unknown fields are ignored, as OpenAI does; fields that would change the output in ways fathom cannot honour
-// (tools without a parser, structured output, echo, suffix, best_of > n, image parts) are refused with a 400.
+// (tools without a parser, structured output, echo, best_of > n, image parts) are refused with a 400.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,10 @@ struct ParsedRequest {
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
   bool prompt_is_ids = false;
+  // Completion with a non-empty `suffix` (DeepSeek's FIM beta, OpenAI's legacy field): the model writes what goes
+  // between prompt_text and suffix, prompted as <｜fim▁begin｜>prompt<｜fim▁hole｜>suffix<｜fim▁end｜>.
+  bool fim = false;
+  std::string suffix;
 
   SamplingParams sampling;
   bool max_tokens_given = false;

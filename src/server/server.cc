@@ -1050,6 +1050,23 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     prompt = model_.chat->EncodePrompt(*text);
   } else if (req.prompt_is_ids) {
     prompt = std::move(req.prompt_ids);
+  } else if (req.fim) {
+    // deepseek-coder's fill-in-the-middle prompt, encoded as its model card does (tokenizer(text): BOS first).
+    static constexpr const char* kFim[3] = {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"};
+    for (const char* token : kFim) {
+      if (!model_.tokenizer->TokenToId(token)) {
+        record.error_code = "invalid";
+        return ReplyError(ex,
+                          ApiErrorFromStatus(InvalidArgumentError(fmt::format(
+                                                 "'suffix' (fill in the middle) needs a model with FIM tokens, as "
+                                                 "deepseek-coder and DeepSeek-V2/V3 have; this tokenizer has no '{}'",
+                                                 token)),
+                                             "suffix"),
+                          record);
+      }
+    }
+    prompt = model_.tokenizer->Encode(fmt::format("{}{}{}{}{}", kFim[0], req.prompt_text, kFim[1], req.suffix, kFim[2]),
+                                      {.add_special_tokens = true});
   } else {
     prompt = model_.tokenizer->Encode(req.prompt_text, {.add_special_tokens = true});
   }

@@ -3,12 +3,15 @@
 // Last-Event-ID resume and API keys.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
+import zlib from 'node:zlib';
 import OpenAI from 'openai';
-import {buildScriptedModel, parseResponse, rawRequest, readSse, sleep, startServer, tmpDir} from './lib/fathom.mjs';
+import {buildScriptedModel, dataDir, parseResponse, rawRequest, readSse, sleep, startServer, tmpDir} from './lib/fathom.mjs';
 
 const kAssistant = 128804;  // <｜Assistant｜>: every chat prompt of the DeepSeek-V3 template ends with it
 const kKey = 'sk-test-0123456789';
+const kFimBegin = 128801, kFimEnd = 128802;  // <｜fim▁begin｜>, <｜fim▁end｜> of the DeepSeek-V3 tokenizer
 let srv, client, model;
 
 before(async () => {
@@ -16,6 +19,7 @@ before(async () => {
     {triggerId: kAssistant, text: 'Let me think.</think>The answer is 4.', end: 'eos'},
     {trigger: 'Count:', text: ' one two three four five six seven eight nine ten', end: 'eos'},
     {trigger: 'Loop', text: ' tick tock', end: 'cycle'},
+    {triggerId: kFimEnd, text: ' return a + b', end: 'eos'},
   ]);
   srv = await startServer(['--model', model.dir, '--served-model-name', 'scripted', '--api-key', kKey,
                            '--reasoning-parser', 'deepseek-r1', '--max-model-len', '256', '--metrics-require-key',
@@ -325,5 +329,47 @@ test('a resumable stream nobody resumes is aborted after the grace period; other
     assert.ok(cut.length < late.length, `${cut.length} events after a plain drop, ${late.length} after the grace`);
   } finally {
     await local.stop('SIGKILL');
+  }
+});
+
+test('FIM: a completion with a suffix is prompted as <｜fim▁begin｜>prompt<｜fim▁hole｜>suffix<｜fim▁end｜>', async () => {
+  const prompt = 'def add(a, b):\n', suffix = '\n\nprint(add(1, 2))\n';
+  const r = await client.completions.create({model: 'scripted', prompt, suffix, max_tokens: 20});
+  assert.equal(r.choices[0].text, ' return a + b');
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  // The prompt is the FIM string as the tokenizer encodes it: BOS, then the FIM tokens around the two texts.
+  const tok = await (await fetch(srv.url + '/tokenize', {
+    method: 'POST', headers: {'content-type': 'application/json', authorization: `Bearer ${kKey}`},
+    body: JSON.stringify({prompt: `<｜fim▁begin｜>${prompt}<｜fim▁hole｜>${suffix}<｜fim▁end｜>`})})).json();
+  assert.equal(r.usage.prompt_tokens, tok.count);
+  assert.equal(tok.tokens[1], kFimBegin);
+  assert.equal(tok.tokens.at(-1), kFimEnd);
+  // Streamed, the same text.
+  const stream = await client.completions.create({model: 'scripted', prompt, suffix, max_tokens: 20, stream: true});
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices.length > 0 ? chunk.choices[0].text : '';
+  assert.equal(text, ' return a + b');
+  // An empty or null suffix is a plain completion; a suffix with a token-id prompt is a 400 naming it.
+  const plain = await client.completions.create({model: 'scripted', prompt: 'Count:', suffix: '', max_tokens: 3});
+  assert.equal(plain.choices[0].text, ' one two three');
+  await assert.rejects(client.completions.create({model: 'scripted', prompt: [1, 2, 3], suffix: 'x', max_tokens: 3}),
+                       (e) => e.status === 400 && e.error.param === 'suffix' && /needs a text prompt/.test(e.message));
+});
+
+test('FIM: a model whose tokenizer has no FIM tokens answers 400 naming suffix', async () => {
+  const dir = tmpDir('fathom-nofim-');
+  const src = path.join(dataDir, 'tokenizers/qwen3');
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), zlib.gunzipSync(fs.readFileSync(path.join(src, 'tokenizer.json.gz'))));
+  fs.copyFileSync(path.join(src, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+  const local = await startServer(['--model', model.dir, '--tokenizer', dir, '--access-log', 'off']);
+  try {
+    const r = await fetch(local.url + '/v1/completions', {method: 'POST', headers: {'content-type': 'application/json'},
+                                                         body: JSON.stringify({prompt: 'def f(', suffix: '):'})});
+    assert.equal(r.status, 400);
+    const e = (await r.json()).error;
+    assert.equal(e.param, 'suffix');
+    assert.match(e.message, /needs a model with FIM tokens/);
+  } finally {
+    await local.stop();
   }
 });
