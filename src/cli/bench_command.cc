@@ -346,7 +346,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   EngineOptions eo = o.engine;
   if (fit_token_budget)
     eo.max_num_batched_tokens = bench::FittedTokenBudget(eo.max_num_batched_tokens, batches, o.input_len);
-  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, /*need_tokenizer=*/false));
+  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, TokenizerLoad::kIfPresent));
   FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(eo, m));
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(m.config.architecture));
   FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(m.config));

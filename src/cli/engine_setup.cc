@@ -135,7 +135,7 @@ Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilizat
 
 }  // namespace
 
-StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_tokenizer) {
+StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoad tokenizer) {
   if (o.threads > 0) SetDefaultThreadCount(o.threads);
   LoadedModel m;
   FATHOM_ASSIGN_OR_RETURN(m.config, LoadModelConfig(o.model));
@@ -144,7 +144,8 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_to
 
   const std::string tok_dir = o.tokenizer.empty() ? m.folder : o.tokenizer;
   const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json");
-  if (need_tokenizer || has_tokenizer || !o.tokenizer.empty()) {
+  if (tokenizer == TokenizerLoad::kRequired ||
+      (tokenizer == TokenizerLoad::kIfPresent && (has_tokenizer || !o.tokenizer.empty()))) {
     auto tok = Tokenizer::FromDirectory(tok_dir);
     if (!tok.ok()) return tok.status().WithContext("loading the tokenizer (pass --tokenizer DIR)");
     m.tokenizer = std::move(tok).value();

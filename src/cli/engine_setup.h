@@ -3,7 +3,7 @@
 //
 //   auto o = std::make_shared<EngineOptions>();
 //   AddEngineOptions(cmd, *o);                       // --model, --device, --max-num-seqs, ... in option groups
-//   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(*o, /*need_tokenizer=*/true));
+//   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(*o, TokenizerLoad::kRequired));
 //   FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(*o, m));
 //   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(*m.tok)));
 #pragma once
@@ -74,8 +74,12 @@ StatusOr<int64_t> ParseBytes(const std::string& text, const std::string& flag = 
 // The folder of a model path (a folder, or a config.json inside one).
 std::string ModelFolder(const std::string& model);
 
-// Loads the config, backend, weights (with progress) and, when `need_tokenizer` or present, the tokenizer.
-StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, bool need_tokenizer);
+// Whether LoadModelAndTokenizer loads the tokenizer: always (an error without one), when the folder has one (or
+// --tokenizer names one), or not at all (a data-parallel replica, which uses the front's).
+enum class TokenizerLoad { kRequired, kIfPresent, kNone };
+
+// Loads the config, backend, weights (with progress) and, as `tokenizer` says, the tokenizer.
+StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoad tokenizer);
 
 // The engine configuration of the flags; EOS ids from generation_config.json, config.json or the tokenizer.
 StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedModel& m);

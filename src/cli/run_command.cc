@@ -67,7 +67,9 @@ Status RunEngine(RunOptions o) {
   const int inputs = (o.prompt.empty() ? 0 : 1) + (o.chat.empty() ? 0 : 1) + (o.tokens.empty() ? 0 : 1);
   if (inputs != 1) return InvalidArgumentError("give exactly one of --prompt, --chat or --tokens");
   FATHOM_RETURN_IF_ERROR(UseDemoWithoutModel(o.engine).status());
-  FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(o.engine, o.tokens.empty() || !o.stop.empty()));
+  FATHOM_ASSIGN_OR_RETURN(
+      LoadedModel m, LoadModelAndTokenizer(o.engine, o.tokens.empty() || !o.stop.empty() ? TokenizerLoad::kRequired
+                                                                                         : TokenizerLoad::kIfPresent));
   Tokenizer* tokenizer = m.tokenizer.get();
 
   std::vector<int32_t> prompt;

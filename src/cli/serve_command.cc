@@ -205,9 +205,13 @@ Status Serve(ServeOptions o) {
     eo.gpu_memory_utilization /=
         static_cast<double>(std::count(devices.begin(), devices.end(), devices[static_cast<size_t>(i)]));
     if (n > 1) FATHOM_LOG_INFO("replica {} of {}: loading on {}", i, n, eo.device);
-    FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, /*need_tokenizer=*/i == 0));
-    if (i > 0) m.tokenizer.reset();  // the front's (replica 0's) tokenizer serves every replica
+    // Replica 0's tokenizer (the front's) serves every replica, and its EOS ids (which may come from the tokenizer)
+    // hold for all.
+    FATHOM_ASSIGN_OR_RETURN(LoadedModel m,
+                            LoadModelAndTokenizer(eo, i == 0 ? TokenizerLoad::kRequired : TokenizerLoad::kNone));
+    const std::vector<int64_t> eos = ec.eos_token_ids;
     FATHOM_ASSIGN_OR_RETURN(ec, MakeEngineConfig(eo, m));
+    if (i > 0) ec.eos_token_ids = eos;
     const Tokenizer& tok = models.empty() ? *m.tokenizer : *models.front().tokenizer;
     FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core,
                             EngineCore::Create(*m.model, *m.backend, ec, TokenizerTextStreams(tok)));
