@@ -187,6 +187,11 @@ class Int4Method final : public LinearMethod {
   // An integer up to 16 in magnitude times an f16 scale needs more mantissa than bf16's 8 bits.
   DType ExactFloatDType(const LinearWeight& /*w*/) const override { return DType::kF32; }
 
+  // The CUDA backend's prefill path dequantizes the weight to bf16 in its workspace, next to the bf16 input.
+  int64_t PrefillScratchBytes(int64_t weight_elems, int64_t input_cols, int64_t tokens) const override {
+    return 2 * weight_elems + 2 * tokens * input_cols;
+  }
+
  private:
   LinearFormat format_;
   int64_t group_size_;

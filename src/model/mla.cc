@@ -100,8 +100,10 @@ StatusOr<MlaAttention> MlaAttention::Bind(const WeightStore& w, Backend& be, con
   FATHOM_ASSIGN_OR_RETURN(a.attn_in[1], w.Linear(p + "kv_a_proj_with_mqa", be));
   a.kv_a_norm = w.Get(p + "kv_a_layernorm.weight");
   FATHOM_ASSIGN_OR_RETURN(a.o, w.Linear(p + "o_proj", be));
-  FATHOM_ASSIGN_OR_RETURN(a.kv_b, w.Linear(p + "kv_b_proj", be));
+  // kv_b's per-head split reads its tensors as the checkpoint has them: before PrepareLinear, which may repack them.
+  FATHOM_ASSIGN_OR_RETURN(a.kv_b, w.UnpreparedLinear(p + "kv_b_proj"));
   FATHOM_RETURN_IF_ERROR(SplitKvB(be, &a, constants));
+  FATHOM_RETURN_IF_ERROR(be.PrepareLinear(a.kv_b));
   return a;
 }
 

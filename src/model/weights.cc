@@ -68,10 +68,14 @@ const LinearBinding* WeightStore::FindLinear(const std::string& prefix) const {
   return it == linears_.end() ? nullptr : it->second.get();
 }
 
-StatusOr<LinearWeight> WeightStore::Linear(const std::string& prefix, Backend& backend) const {
+StatusOr<LinearWeight> WeightStore::UnpreparedLinear(const std::string& prefix) const {
   const LinearBinding* b = FindLinear(prefix);
   if (b == nullptr) return NotFoundError(fmt::format("no linear layer '{}' among the loaded weights", prefix));
-  FATHOM_ASSIGN_OR_RETURN(LinearWeight w, b->method->Bind(b->spec, [this](const std::string& n) { return Find(n); }));
+  return b->method->Bind(b->spec, [this](const std::string& n) { return Find(n); });
+}
+
+StatusOr<LinearWeight> WeightStore::Linear(const std::string& prefix, Backend& backend) const {
+  FATHOM_ASSIGN_OR_RETURN(LinearWeight w, UnpreparedLinear(prefix));
   FATHOM_RETURN_IF_ERROR(backend.PrepareLinear(w));
   return w;
 }

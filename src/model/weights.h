@@ -50,6 +50,9 @@ class WeightStore {
   // The linear layer `prefix` in its weight format (the method of its spec binds its tensors), prepared for
   // `backend`'s kernels (Backend::PrepareLinear). Errors name the tensor.
   StatusOr<LinearWeight> Linear(const std::string& prefix, Backend& backend) const;
+  // The same before PrepareLinear: the tensors as the checkpoint has them (a backend may repack them in place when the
+  // layer is prepared, so read them before; MLA's per-head split of kv_b_proj does).
+  StatusOr<LinearWeight> UnpreparedLinear(const std::string& prefix) const;
   void AddLinear(std::shared_ptr<const LinearBinding> binding);
   // The binding of linear `prefix`, or null.
   const LinearBinding* FindLinear(const std::string& prefix) const;

@@ -18,13 +18,14 @@
 
 namespace fathom {
 
-namespace {
-
-Status CudaStatus(cudaError_t e, std::string_view what) {
+Status CudaStatus(int err, std::string_view what) {
+  const cudaError_t e = static_cast<cudaError_t>(err);
   if (e == cudaSuccess) return OkStatus();
   const StatusCode code = e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
   return Status(code, fmt::format("{}: CUDA error {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
 }
+
+namespace {
 
 int Dt(const TensorView& t) {
   return static_cast<int>(t.dtype());
@@ -83,6 +84,9 @@ struct CudaBackend::Pool {
   std::set<void*> live;                       // blocks handed out
   // live block -> a copy derived from it (a float32 bias: F32Bias; padded FP8 scales: Fp8GemmScales)
   std::map<void*, void*> f32_copies;
+  // Pointers into live blocks -> a backend state made from the memory there (a 4-bit weight's tile layout:
+  // linear_int4.cc), dropped when the block is freed.
+  std::map<const void*, std::shared_ptr<void>> states;
   ~Pool() {
     for (auto& [bytes, blocks] : free) {
       for (void* p : blocks) cudaFree(p);
@@ -115,7 +119,12 @@ struct CudaBackend::Pool {
       cudaFree(c->second);
       f32_copies.erase(c);
     }
+    Forget(p, cls);
     free[cls].push_back(p);
+  }
+  // Drops the states of pointers into [p, p + bytes) (mu held).
+  void Forget(void* p, size_t bytes) {
+    states.erase(states.lower_bound(p), states.lower_bound(static_cast<char*>(p) + bytes));
   }
   // Frees every cached block (when a cudaMalloc fails, to retry with what they held).
   void Trim() {
@@ -151,8 +160,16 @@ StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64
       pool_->live.insert(p);
     }
   }
-  if (!pooled) return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void* q) { cudaFree(q); });
   std::shared_ptr<Pool> pool = pool_;
+  if (!pooled) {
+    return Tensor::Adopt(p, dtype, shape, Device::kCuda, [pool, cls](void* q) {
+      {
+        std::lock_guard<std::mutex> lock(pool->mu);
+        pool->Forget(q, cls);
+      }
+      cudaFree(q);
+    });
+  }
   return Tensor::Adopt(p, dtype, shape, Device::kCuda, [pool, cls](void* q) { pool->Give(cls, q); });
 }
 
@@ -171,11 +188,23 @@ const void* CudaBackend::DerivedCopy(const void* block, bool can_make, size_t by
   return p;
 }
 
+std::shared_ptr<void> CudaBackend::DerivedState(const void* p) {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  auto it = pool_->states.find(p);
+  return it == pool_->states.end() ? nullptr : it->second;
+}
+
+void CudaBackend::SetDerivedState(const void* p, std::shared_ptr<void> state) {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  pool_->states[p] = std::move(state);
+}
+
 CudaBackend::~CudaBackend() {
   for (void* g : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (const auto& [p, bytes] : arena_.chunks) cudaFree(p);
   gemm_.reset();
   if (workspace_ != nullptr) cudaFree(workspace_);
+  if (int4_counters_ != nullptr) cudaFree(int4_counters_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -276,13 +305,16 @@ Status CudaBackend::CopyFromHost(const void* src, const TensorView& dst) {
 
 Status CudaBackend::FillDummy(const TensorView& out, uint64_t key, float scale, std::optional<float> constant) {
   const DType dt = out.dtype();
-  if ((dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF8E4M3) || !out.is_contiguous()) {
+  if ((dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16 && dt != DType::kF8E4M3 && dt != DType::kI32) ||
+      !out.is_contiguous()) {
     return UnimplementedError(fmt::format("no device-side dummy weights of dtype {}", DTypeName(dt)));
   }
   uint32_t bits = 0;
   if (constant) {
     bits = dt == DType::kF32    ? std::bit_cast<uint32_t>(*constant)
            : dt == DType::kBF16 ? F32ToBf16(*constant)
+           : dt == DType::kF16  ? F32ToF16(*constant)
+           : dt == DType::kI32  ? static_cast<uint32_t>(static_cast<int32_t>(*constant))
                                 : F32ToF8E4M3(*constant);
   }
   Launch("FillDummy", [&] {

@@ -1,10 +1,11 @@
 // The CUDA backend: the Backend ops on one GPU and one stream, float32 activations over f32/f16/bf16 weights and
-// block-scaled f8 e4m3 ones (LinearFormat::kFp8Block). Its kernels sit behind launchers, one header and .cu file per op
-// family (norm.h, rope_kv.h, linear.h, attention.h, mla.h, moe.h, sampling.h, fp8.h, gather.h, elementwise.h), with
-// cuBLASLt's GEMMs in gemm.h. This class is defined in cuda_backend.cc (device memory, graphs, profiling and the
-// non-linear ops), linear_dense.cc (Linear, LinearFanOut and HeadLinear on dense weights) and linear_fp8.cc (every
-// FP8-specific host path). Which kernel variant an op takes is KernelOptions' (kernel_options.h), read from the
-// FATHOM_CUDA_* environment by Create and changeable with set_kernel_options.
+// block-scaled f8 e4m3 ones (LinearFormat::kFp8Block) and 4-bit AWQ/GPTQ ones (kAwq, kGptq). Its kernels sit behind
+// launchers, one header and .cu file per op family (norm.h, rope_kv.h, linear.h, attention.h, mla.h, moe.h, sampling.h,
+// fp8.h, int4.h, gather.h, elementwise.h), with cuBLASLt's GEMMs in gemm.h. This class is defined in cuda_backend.cc
+// (device memory, graphs, profiling and the non-linear ops), linear_dense.cc (Linear, LinearFanOut and HeadLinear on
+// dense weights), linear_fp8.cc (every FP8-specific host path) and linear_int4.cc (the 4-bit ones). Which kernel
+// variant an op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by Create and
+// changeable with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/gemm.h"
@@ -29,6 +31,10 @@ namespace fathom {
 namespace cuda {
 struct GemvPart;  // linear.h
 }  // namespace cuda
+
+// A CUDA error code (cudaError_t; 0: success) as a Status naming `what`: ResourceExhausted for an allocation failure,
+// Internal otherwise.
+Status CudaStatus(int cuda_error, std::string_view what);
 
 class CudaBackend final : public Backend {
  public:
@@ -164,6 +170,10 @@ class CudaBackend final : public Backend {
   // cannot be made: !can_make, while capturing a graph, for memory that is not a pooled block of its own, or when the
   // allocation fails.
   const void* DerivedCopy(const void* block, bool can_make, size_t bytes, const std::function<void(void*)>& make);
+  // A state made from the device memory at p (a 4-bit weight's tile layout), dropped when p's block is freed; null
+  // when there is none.
+  std::shared_ptr<void> DerivedState(const void* p);
+  void SetDerivedState(const void* p, std::shared_ptr<void> state);
 
   // Dense weights (linear_dense.cc). Prefill-shaped GEMMs (n > 8) on bf16 weights go to cuBLASLt's tensor cores: x
   // rounded to bf16 once into the workspace (StageBf16), float32 accumulation and output, the bias in cuBLASLt's
@@ -201,6 +211,13 @@ class CudaBackend final : public Backend {
   // Whether an expert's f8 block scales take the device MoE path: 128 x 128 blocks, contiguous f32
   // [ceil(out / 128), ceil(in / 128)].
   static bool Fp8ExpertScalesFit(const LinearWeight& w, int64_t out, int64_t in);
+
+  // 4-bit weights (linear_int4.cc): the tile layout made in place at PrepareLinear (or the checkpoint's layout where a
+  // shape does not fit it); Linear on the W4A16 tensor-core kernel up to KernelOptions::int4_gemm_tokens tokens, on
+  // dequantize-then-cuBLASLt above.
+  Status PrepareInt4(LinearWeight& w);
+  void LinearInt4(const TensorView& x, const LinearWeight& w, const TensorView& out);
+  int* int4_counters_ = nullptr;  // cuda::kInt4MaxCounters zeroed ints for the split-K kernel
 
   void Check(int err, const char* op);
   void RecordError(const Status& st);  // keeps the first error, which Synchronize returns

@@ -20,7 +20,7 @@
 namespace fathom::cuda {
 
 // fathom::DType values (core/dtype.h).
-constexpr int kF32 = 0, kF16 = 1, kBF16 = 2, kF8 = 3;
+constexpr int kF32 = 0, kF16 = 1, kBF16 = 2, kF8 = 3, kI32 = 5;
 
 // The DType code of an element type.
 template <typename T>

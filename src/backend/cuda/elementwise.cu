@@ -1,5 +1,6 @@
 // The elementwise kernels and the dummy-weight fill (elementwise.h).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -61,6 +62,11 @@ __global__ void FillDummyKernel(void* out, int64_t n, uint64_t key, float scale,
       static_cast<uint32_t*>(out)[i] = has_constant ? constant_bits : __float_as_uint(v);
     } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       static_cast<uint16_t*>(out)[i] = has_constant ? static_cast<uint16_t>(constant_bits) : Bf16Bits(v);
+    } else if constexpr (std::is_same_v<T, __half>) {
+      static_cast<__half*>(out)[i] =
+          has_constant ? __ushort_as_half(static_cast<uint16_t>(constant_bits)) : __float2half_rn(v);
+    } else if constexpr (std::is_same_v<T, int32_t>) {  // packed 4-bit codes: the low 32 random bits
+      static_cast<uint32_t*>(out)[i] = has_constant ? constant_bits : static_cast<uint32_t>(r);
     } else {
       static_cast<uint8_t*>(out)[i] =
           has_constant ? static_cast<uint8_t>(constant_bits) : static_cast<uint8_t>(r & 0xbf);
@@ -90,7 +96,11 @@ int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, 
                     uint32_t constant_bits, int sm_count, Stream s) {
   if (n == 0) return 0;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, kFillBlocksPerSm * sm_count));
-  return DispatchDType<float, __nv_bfloat16, __nv_fp8_e4m3>(dtype, [&](auto tag) {
+  if (dtype == kI32) {
+    FillDummyKernel<int32_t><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+    return Done();
+  }
+  return DispatchDType<float, __half, __nv_bfloat16, __nv_fp8_e4m3>(dtype, [&](auto tag) {
     using T = decltype(tag);
     FillDummyKernel<T><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
     return Done();

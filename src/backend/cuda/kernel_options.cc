@@ -19,6 +19,7 @@ KernelOptions KernelOptions::FromEnvironment() {
   if (const char* v = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA")) o.mla_context_mma = std::string_view(v) != "0";
   o.host_moe = set("FATHOM_CUDA_HOST_MOE");
   if (const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS")) o.moe_mma_tokens = std::atoll(v);
+  if (const char* v = std::getenv("FATHOM_CUDA_INT4_GEMM_TOKENS")) o.int4_gemm_tokens = std::atoll(v);
   o.profile = set("FATHOM_CUDA_PROFILE");
   return o;
 }

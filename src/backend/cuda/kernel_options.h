@@ -32,6 +32,9 @@
 // FATHOM_CUDA_MOE_MMA_TOKENS=N       moe_mma_tokens    8        routed experts of batches of N tokens or more as
 //                                                               grouped tensor-core GEMMs, smaller ones as grouped
 //                                                               GEMVs (N as std::atoll reads it)
+// FATHOM_CUDA_INT4_GEMM_TOKENS=N     int4_gemm_tokens  64       4-bit linears of more than N tokens dequantized to
+//                                                               bf16 for cuBLASLt; up to N on the W4A16 tensor-core
+//                                                               kernel (N as std::atoll reads it)
 // FATHOM_CUDA_PROFILE                profile           false    every launch timed with CUDA events (ProfileReport);
 //                                                               no CUDA graphs then
 #pragma once
@@ -42,6 +45,7 @@ namespace fathom::cuda {
 
 struct KernelOptions {
   static constexpr int64_t kDefaultMoeMmaTokens = 8;
+  static constexpr int64_t kDefaultInt4GemmTokens = 64;
 
   bool generic_linear = false;
   bool f32_gemm = false;
@@ -54,6 +58,7 @@ struct KernelOptions {
   bool mla_context_mma = true;
   bool host_moe = false;
   int64_t moe_mma_tokens = kDefaultMoeMmaTokens;
+  int64_t int4_gemm_tokens = kDefaultInt4GemmTokens;
   bool profile = false;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).

@@ -1,6 +1,7 @@
 // CudaBackend's linear layers on dense weights (LinearFormat::kDense: f32, f16, bf16), and the dispatch on the
-// weight's format: kFp8Block weights go to linear_fp8.cc. Prefill-sized batches of bf16 weights run on cuBLASLt
-// (gemm.h) on activations rounded to bf16; the rest on the GEMV and generic kernels (linear.h).
+// weight's format: kFp8Block weights go to linear_fp8.cc, kAwq and kGptq ones to linear_int4.cc. Prefill-sized batches
+// of bf16 weights run on cuBLASLt (gemm.h) on activations rounded to bf16; the rest on the GEMV and generic kernels
+// (linear.h).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -79,6 +80,10 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
   CheckFormat(w);
   if (w.fp8_block()) {
     LinearFp8Block(x, w, out);
+    return;
+  }
+  if (w.int4()) {
+    LinearInt4(x, w, out);
     return;
   }
   const int64_t n = x.dim(0), k = x.dim(1), m = w.out_features();

@@ -144,11 +144,7 @@ const float* CudaBackend::Fp8GemmScales(const LinearWeight& w) {
 }
 
 Status CudaBackend::PrepareLinear(LinearWeight& w) {
-  if (w.int4()) {
-    // The W4A16 kernels are not written yet: refuse at load, naming the layer's format, rather than at the first step.
-    return UnimplementedError(
-        fmt::format("{} weights run on the CPU backend only for now (--device cpu)", MethodOf(w.format).name()));
-  }
+  if (w.int4()) return PrepareInt4(w);
   // Only the W8A8 GEMM needs a form of its own (when the option is on and the weight fits it).
   if (!w.fp8_block() || w.float32_inputs || gemm_ == nullptr || options_.f32_gemm || options_.fp8_gemm_tokens <= 0 ||
       !Fp8GemmFits(w) || w.device_state != nullptr) {

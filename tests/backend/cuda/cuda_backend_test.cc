@@ -22,6 +22,8 @@
 namespace fathom {
 namespace {
 
+using testing::SetKernelOptions;
+
 Tensor RandomHost(DType dtype, std::initializer_list<int64_t> shape, uint32_t seed, float scale = 1.0f) {
   Tensor t = Tensor::Empty(dtype, shape);
   std::mt19937 rng(seed);
@@ -51,15 +53,6 @@ LoadOptions DummyWeights(uint64_t seed) {
   opts.show_progress = false;
   opts.seed = seed;
   return opts;
-}
-
-// Changes gpu's kernel options (the tests select the kernel variants they compare this way):
-//   SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
-template <typename F>
-void SetKernelOptions(CudaBackend& gpu, F&& change) {
-  cuda::KernelOptions o = gpu.kernel_options();
-  change(o);
-  gpu.set_kernel_options(o);
 }
 
 std::vector<float> Host(Backend& be, const Tensor& t) {
@@ -1303,11 +1296,12 @@ TEST(CudaBackendTest, DummyWeightsMatchTheHostFill) {
     std::vector<int64_t> shape;
     WeightInit init;
   };
-  const std::vector<Case> cases = {{DType::kBF16, {1001, 37}, WeightInit::kRandom},
-                                   {DType::kF32, {333}, WeightInit::kRandom},
-                                   {DType::kF8E4M3, {129, 7}, WeightInit::kRandom},
-                                   {DType::kBF16, {17}, WeightInit::kOnes},
-                                   {DType::kF32, {5}, WeightInit::kConstant}};
+  const std::vector<Case> cases = {
+      {DType::kBF16, {1001, 37}, WeightInit::kRandom}, {DType::kF32, {333}, WeightInit::kRandom},
+      {DType::kF8E4M3, {129, 7}, WeightInit::kRandom}, {DType::kF16, {1001, 3}, WeightInit::kRandom},
+      {DType::kI32, {77, 5}, WeightInit::kRandom},  // packed 4-bit codes
+      {DType::kF16, {9}, WeightInit::kConstant},       {DType::kI32, {4}, WeightInit::kZeros},
+      {DType::kBF16, {17}, WeightInit::kOnes},         {DType::kF32, {5}, WeightInit::kConstant}};
   for (const Case& c : cases) {
     WeightSpec spec;
     spec.name = fmt::format("model.layers.3.{}", DTypeName(c.dtype));

@@ -19,6 +19,15 @@ inline std::unique_ptr<CudaBackend> MakeGpu() {
   return gpu.ok() ? std::move(gpu).value() : nullptr;
 }
 
+// Changes gpu's kernel options (the tests select the kernel variants they compare this way):
+//   SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
+template <typename F>
+void SetKernelOptions(CudaBackend& gpu, F&& change) {
+  cuda::KernelOptions o = gpu.kernel_options();
+  change(o);
+  gpu.set_kernel_options(o);
+}
+
 }  // namespace fathom::testing
 
 #define REQUIRE_GPU(gpu)                   \
