@@ -90,7 +90,7 @@ class Int4Method final : public LinearMethod {
     FATHOM_RETURN_IF_ERROR(CheckShape(l));
     const int64_t groups = Groups(l.in);
     const bool awq = format_ == LinearFormat::kAwq;
-    // Dummy weights: random nibbles, random zeros, one small constant scale (|W| <= 15 * 0.003), group 0 for g_idx.
+    // Dummy weights: random nibbles, random zeros, one small constant scale (|W| <= 15 * 0.003), g_idx k / group.
     WeightSpec q = LayerTensorSpec(l, ".qweight",
                                    awq ? std::vector<int64_t>{l.in, l.out / 8} : std::vector<int64_t>{l.in / 8, l.out},
                                    DType::kI32, {});
@@ -106,7 +106,8 @@ class Int4Method final : public LinearMethod {
     specs->push_back(std::move(s));
     if (!awq) {
       WeightSpec g = LayerTensorSpec(l, ".g_idx", {l.in}, DType::kI32, {});
-      g.init = WeightInit::kZeros;
+      g.init = WeightInit::kGroupIndex;  // desc_act false: input k in group k / group
+      g.init_value = static_cast<float>(Group(l.in));
       g.params_per_element = 0;
       specs->push_back(std::move(g));
     }

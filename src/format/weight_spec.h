@@ -16,7 +16,8 @@
 
 namespace fathom {
 
-enum class WeightInit { kRandom, kOnes, kZeros, kConstant };
+// kGroupIndex: element i is i / init_value (i32; GPTQ's g_idx without act-order: each input's group).
+enum class WeightInit { kRandom, kOnes, kZeros, kConstant, kGroupIndex };
 
 // The part of a tensor one rank holds: dimension `dim` cut into `parts` equal pieces, piece `index`. dim -1: whole.
 struct WeightShard {
@@ -34,7 +35,7 @@ struct WeightSpec {
   std::vector<int64_t> shape;  // this rank's shape
   DType dtype = DType::kBF16;  // the dtype dummy weights get; checkpoints may hold another float dtype
   WeightInit init = WeightInit::kRandom;
-  float init_value = 0.0f;  // for kConstant
+  float init_value = 0.0f;  // for kConstant; kGroupIndex: the group size
   // When the checkpoint lacks `name`, use this tensor instead (tied embeddings: lm_head -> embed_tokens).
   std::string fallback;
   // Share of this tensor that one decoded token reads: 1 for dense layers, k/n for routed experts, one row of an

@@ -148,8 +148,11 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
         case DType::kF16:
           out.data<uint16_t>()[i] = F32ToF16(v);
           break;
-        case DType::kI32:  // packed 4-bit codes: random bits (eight random nibbles), or the constant
-          out.data<int32_t>()[i] = pattern.constant ? static_cast<int32_t>(*pattern.constant) : static_cast<int32_t>(r);
+        case DType::kI32:  // packed 4-bit codes: random bits (eight random nibbles), or the constant; group indices
+          out.data<int32_t>()[i] = spec.init == WeightInit::kGroupIndex
+                                       ? static_cast<int32_t>(index(i) / static_cast<int64_t>(spec.init_value))
+                                   : pattern.constant ? static_cast<int32_t>(*pattern.constant)
+                                                      : static_cast<int32_t>(r);
           break;
         default:  // f8: random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
           out.data<uint8_t>()[i] = pattern.constant ? F32ToF8E4M3(v) : static_cast<uint8_t>(r & 0xbf);
@@ -216,7 +219,7 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
       }
       // Made on the device where the backend can (nothing crosses the bus; the same values as FillDummy's). A shard
       // of the first dimension is a contiguous run of the whole tensor: its pattern is the whole one's, shifted.
-      if (backend.device() != Device::kCpu && s.shard.dim <= 0) {
+      if (backend.device() != Device::kCpu && s.shard.dim <= 0 && s.init != WeightInit::kGroupIndex) {
         const DummyPattern pattern = PatternOf(s, options.seed);
         const uint64_t shift = s.shard.sharded() ? static_cast<uint64_t>(s.shard.index * s.numel()) : 0;
         const DeviceMemoryInfo mem = backend.MemoryInfo();

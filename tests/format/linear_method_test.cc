@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -336,6 +337,30 @@ TEST(ShardTest, RowParallelBiasIsBoundOnRankZeroOnly) {
     ASSERT_TRUE(bound.ok());
     EXPECT_EQ(bound->bias.empty(), rank != 0) << rank;
   }
+}
+
+// Dummy GPTQ weights get the g_idx of a checkpoint without act-order (input k in group k / group), the layout the
+// CUDA backend's tile kernels take, not all zeros.
+TEST(Int4DummyTest, DummyGptqGroupIndexIsInputOverGroup) {
+  QuantConfig q;
+  q.method = "gptq";
+  q.source = "test";
+  q.bits = 4;
+  q.group_size = 32;
+  auto m = LinearMethodFor(q, "model.layers.0.mlp.up_proj");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  LinearSpec l;
+  l.prefix = "model.layers.0.mlp.up_proj";
+  l.out = 64;
+  l.in = 96;
+  std::vector<WeightSpec> specs;
+  ASSERT_TRUE((*m)->AddSpecs(l, &specs).ok());
+  const auto g =
+      std::find_if(specs.begin(), specs.end(), [](const WeightSpec& s) { return s.name.ends_with("g_idx"); });
+  ASSERT_NE(g, specs.end());
+  Tensor t = Tensor::Empty(DType::kI32, {96});
+  FillDummy(*g, 1, t);
+  for (int64_t k = 0; k < 96; ++k) EXPECT_EQ(t.data<int32_t>()[k], k / 32) << k;
 }
 
 }  // namespace

@@ -32,9 +32,10 @@
 // FATHOM_CUDA_MOE_MMA_TOKENS=N       moe_mma_tokens    8        routed experts of batches of N tokens or more as
 //                                                               grouped tensor-core GEMMs, smaller ones as grouped
 //                                                               GEMVs (N as std::atoll reads it)
-// FATHOM_CUDA_INT4_GEMM_TOKENS=N     int4_gemm_tokens  64       4-bit linears of more than N tokens dequantized to
-//                                                               bf16 for cuBLASLt; up to N on the W4A16 tensor-core
-//                                                               kernel (N as std::atoll reads it)
+// FATHOM_CUDA_INT4_GEMM_TOKENS=N     int4_gemm_tokens  256      4-bit linears of more than N tokens dequantized to
+//                                                               bf16 for cuBLASLt; up to N (and in captured graphs)
+//                                                               on the W4A16 tensor-core kernel (N as std::atoll
+//                                                               reads it). 256: every decode graph's batch
 // FATHOM_CUDA_PROFILE                profile           false    every launch timed with CUDA events (ProfileReport);
 //                                                               no CUDA graphs then
 #pragma once
@@ -45,7 +46,7 @@ namespace fathom::cuda {
 
 struct KernelOptions {
   static constexpr int64_t kDefaultMoeMmaTokens = 8;
-  static constexpr int64_t kDefaultInt4GemmTokens = 64;
+  static constexpr int64_t kDefaultInt4GemmTokens = 256;
 
   bool generic_linear = false;
   bool f32_gemm = false;

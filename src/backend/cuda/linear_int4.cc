@@ -181,7 +181,8 @@ void CudaBackend::LinearInt4(const TensorView& x, const LinearWeight& w, const T
     });
     return;
   }
-  if (n > options_.int4_gemm_tokens && gemm_ != nullptr) {
+  // Never while a graph is captured: each captured layer would keep a dequantized copy of its weight in the arena.
+  if (n > options_.int4_gemm_tokens && gemm_ != nullptr && !capturing_) {
     // Prefill: x (through the act-order permutation) and W as bf16 in the workspace, then the bf16 GEMM.
     const size_t xb_bytes = static_cast<size_t>((n * k * 2 + 255) / 256 * 256);
     char* ws = static_cast<char*>(Workspace(xb_bytes + static_cast<size_t>(m * k * 2)));
