@@ -371,6 +371,71 @@ struct LinearCase {
   }
 };
 
+// Linear on a random 4-bit layer in its checkpoint's layout (format/int4_linear.cc): AWQ or GPTQ, groups of `group`
+// inputs (-1: the whole row), GPTQ act-order (g_idx the groups of a random order) and v1 zeros; f16 scales and a
+// bf16 bias. Prepared as the loader does (the CUDA backend repacks it in place).
+struct Int4LinearCase {
+  int64_t n, in, out;
+  LinearFormat format;
+  int64_t group;
+  bool act_order = false;
+  bool bias = false;
+  std::string Op() const { return "Linear"; }
+  std::string Shape() const { return fmt::format("n={} in={} out={}", n, in, out); }
+  std::string DTypes() const {
+    return fmt::format("x=f32 w={} group={}{}{}", format == LinearFormat::kAwq ? "awq" : "gptq", group,
+                       act_order ? " act-order" : "", bias ? " bias=bf16" : "");
+  }
+  int64_t Group() const { return group < 0 ? in : group; }
+  double Bytes() const {
+    const double groups = static_cast<double>(CeilDiv(in, Group()));
+    return 0.5 * static_cast<double>(in * out) + 2.5 * groups * static_cast<double>(out) +
+           4.0 * static_cast<double>(n * (in + out));
+  }
+  double Flops() const { return 2.0 * static_cast<double>(n) * static_cast<double>(in * out); }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const bool awq = format == LinearFormat::kAwq;
+    const int64_t groups = CeilDiv(in, Group());
+    std::mt19937 rng(static_cast<uint32_t>(in * 31 + out));
+    const auto words = [&](std::vector<int64_t> shape) {
+      Tensor t = Tensor::Empty(DType::kI32, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng());
+      return s->Put(t);
+    };
+    LinearWeight w;
+    w.format = format;
+    w.weight = words(awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out});
+    w.qzeros = words({groups, out / 8});
+    Tensor sc = Tensor::Empty(DType::kF16, {groups, out});
+    std::uniform_real_distribution<float> sd(0.001f, 0.02f);
+    for (int64_t i = 0; i < sc.numel(); ++i) sc.data<uint16_t>()[i] = F32ToF16(sd(rng));
+    w.scales = s->Put(sc);
+    w.group_size = Group();
+    w.zero_offset = awq ? 0 : 1;
+    w.int4_out = out;
+    w.int4_in = in;
+    if (!awq) {
+      std::vector<int32_t> order(static_cast<size_t>(in)), g(static_cast<size_t>(in));
+      std::iota(order.begin(), order.end(), 0);
+      if (act_order) std::shuffle(order.begin(), order.end(), rng);
+      for (int64_t i = 0; i < in; ++i)
+        g[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / Group());
+      w.g_idx = s->Ints(g);
+    }
+    if (bias) w.bias = s->Random(BF16, {out}, 2000);
+    if (s->ok()) s->Check(be.PrepareLinear(w));
+    const TensorView x = s->Random(F32, {n, in}, 1);  // [n, in]
+    const TensorView y = s->Zeros(F32, {n, out});     // [n, out]
+    s->op = [&be, x, w, y] {
+      be.Linear(x, w, y);
+      return OkStatus();
+    };
+    s->Output("y", y);
+    return s;
+  }
+};
+
 // LinearFanOut over parts that share x (q/k/v, gate/up; bf16 and f8 parts mixed); bf16 parts carry a bias if asked.
 struct FanOutCase {
   struct Part {
@@ -1248,6 +1313,25 @@ std::vector<OpCase> BuildCases() {
       {{512, 16384, 7168, F8}, "fp8_gemm", kW8a8, kGpu},
   };
   Add(c, linear_rows);
+  constexpr LinearFormat kAwq = LinearFormat::kAwq, kGptq = LinearFormat::kGptq;
+  const Row<Int4LinearCase> int4_rows[] = {
+      // the W4A16 tensor-core kernel (bf16 inputs), its float32 twin, and the generic kernel on unfit shapes
+      {{1, 512, 256, kAwq, 128, false, true}, "default", kBf16},
+      {{7, 256, 96, kAwq, 32}, "default", kBf16},
+      {{3, 256, 128, kGptq, 64, true, true}, "default", kBf16},
+      {{3, 256, 128, kGptq, 64, true, true}, "f32_gemm", kF32},
+      {{2, 344, 40, kGptq, -1}, "default", kF32},  // 344 inputs: no tiles, the float32 kernel
+      // prefill: dequantized to bf16 for cuBLASLt above int4_gemm_tokens (256)
+      {{300, 256, 128, kAwq, 64}, "default", kBf16},
+      // R1-Distill-Qwen-7B AWQ (q_proj, gate/up, down: split-K) and Llama-8B GPTQ act-order
+      {{1, 3584, 3584, kAwq, 128, false, true}, "default", kBf16, kGpu},
+      {{1, 3584, 18944, kAwq, 128}, "default", kBf16, kGpu},
+      {{1, 18944, 3584, kAwq, 128}, "default", kBf16, kGpu},
+      {{64, 18944, 3584, kAwq, 128}, "default", kBf16, kGpu},
+      {{512, 3584, 18944, kAwq, 128}, "default", kBf16, kGpu},
+      {{1, 4096, 1024, kGptq, 128, true}, "default", kBf16, kGpu},
+  };
+  Add(c, int4_rows);
   const std::vector<FanOutCase::Part> qkv{{256, BF16}, {64, BF16}, {64, BF16}}, gate_up{{512, BF16}, {512, BF16}};
   const std::vector<FanOutCase::Part> qwen_qkv{{3584, BF16}, {512, BF16}, {512, BF16}};
   const std::vector<FanOutCase::Part> qwen_gate_up{{18944, BF16}, {18944, BF16}};
