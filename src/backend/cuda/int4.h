@@ -72,7 +72,8 @@ constexpr int64_t kInt4MaxCounters = 1 << 16;
 
 // dst bf16 [M, K] (row-major, inputs in tiled order) = the tiled weight's values, rounded to nearest even.
 int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s);
-// dst bf16 [rows, K] = x[r, perm[k']] (x float32, rows xs apart), rounded: the inputs of a tiled act-order weight.
+// dst bf16 [rows, K] = x[r, perm[k']] (x float32, rows xs apart), rounded: the inputs of a tiled act-order weight
+// (without a permutation, linear.h's LaunchToBf16 stages them).
 int LaunchGatherToBf16(const float* x, int64_t xs, int64_t rows, int64_t k, const int32_t* perm, void* dst, Stream s);
 
 // out[t, r] = sum_k x[t, k] W[r, k] + bias[r] in float32 (slow; as exact as the CPU's), from the checkpoint's

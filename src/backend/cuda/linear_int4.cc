@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/int4.h"
+#include "backend/cuda/linear.h"
 #include "format/linear_method.h"
 
 namespace fathom {
@@ -187,8 +188,11 @@ void CudaBackend::LinearInt4(const TensorView& x, const LinearWeight& w, const T
     const size_t xb_bytes = static_cast<size_t>((n * k * 2 + 255) / 256 * 256);
     char* ws = static_cast<char*>(Workspace(xb_bytes + static_cast<size_t>(m * k * 2)));
     if (ws != nullptr) {
-      Launch("GatherToBf16",
-             [&] { return cuda::LaunchGatherToBf16(x.data<float>(), x.stride(0), n, k, st->perm, ws, stream_); });
+      // x rounded to bf16 as the dense path stages it, or gathered through the act-order permutation.
+      Launch(st->perm != nullptr ? "GatherToBf16" : "ToBf16", [&] {
+        return st->perm != nullptr ? cuda::LaunchGatherToBf16(x.data<float>(), x.stride(0), n, k, st->perm, ws, stream_)
+                                   : cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, ws, stream_);
+      });
       Launch("DequantInt4", [&] { return cuda::LaunchDequantInt4(tiled, ws + xb_bytes, stream_); });
       GemmFromStaged(ws, n, k, w, out, ws + xb_bytes);
       return;
