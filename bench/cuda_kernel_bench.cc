@@ -12,6 +12,8 @@
 //   - with --fp8 1 instead: DeepSeek-V3's block-scaled FP8 weights: the W8A8 GEMM (activation quantization plus
 //     cuBLASLt's block-scaled FP8) against our bf16 GEMM at V3's prefill shapes in TFLOP/s, the f8 GEMV against the
 //     bf16 one at V3's decode shapes in TB/s, and the routed experts with V3's 256 f8 experts (2048 x 7168, top 8).
+//   - with --int4 1 instead: the 4-bit W4A16 kernel at Qwen-7B, Llama-8B and V2-Lite expert shapes (group 128) from
+//     1 to 256 tokens in GB/s and TFLOP/s, and dequantize + cuBLASLt from 256 to 4096 tokens, next to bf16.
 //   - with --sample 1 instead: sampling at DeepSeek-V3's 129k vocabulary, per step of 1-256 rows: the device sampler
 //     (sampling.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
 //     Sample() on the thread pool, as the engine does), in ms.
@@ -24,6 +26,7 @@
 //   cuda_kernel_bench --mla 1 [--block-size 64]
 //   cuda_kernel_bench --moe 1
 //   cuda_kernel_bench --fp8 1
+//   cuda_kernel_bench --int4 1
 //   cuda_kernel_bench --sample 1
 //   cuda_kernel_bench --ops 1 [--filter "PagedAttention"]
 // Prints one JSON object per line.
@@ -46,6 +49,7 @@
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/int4.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
@@ -78,7 +82,7 @@ constexpr int kBf16 = 2, kF32 = 0, kF8 = 3;  // fathom::DType values
 
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
-  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0, ops = 0;
+  int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0, ops = 0, int4 = 0;
   std::string filter;  // --ops: the rows whose description contains it
 };
 
@@ -605,6 +609,116 @@ void SampleBench(Lt& lt) {
   }
 }
 
+// The W4A16 kernel (int4.h) at the 4-bit linears of R1-Distill-Qwen-7B, R1-Distill-Llama-8B and V2-Lite's experts
+// (group 128, f16 scales): per token count, the kernel's time, GB/s of 4-bit weights, scales and zeros read, and
+// TFLOP/s, next to the bf16 path (fathom's GEMV at one token, cuBLASLt otherwise) and, from 256 tokens, next to
+// dequantize-to-bf16 plus cuBLASLt, the prefill path. Weights rotate through >= 512 MiB of copies.
+void Int4Bench(Lt& lt) {
+  fathom::CublasLtGemm gemm;
+  if (!gemm.Init(lt.s).ok()) std::exit(8);
+  struct Sh {
+    const char* name;
+    int64_t k, m;
+  };
+  constexpr int kF16 = 1, kGroup = 128;
+  int* counters = nullptr;
+  float* scratch = nullptr;
+  CK(cudaMalloc(&counters, fathom::cuda::kInt4MaxCounters * sizeof(int)));
+  CK(cudaMemset(counters, 0, fathom::cuda::kInt4MaxCounters * sizeof(int)));
+  CK(cudaMalloc(&scratch, fathom::cuda::kInt4MmaScratchFloats * sizeof(float)));
+  for (const Sh& sh : std::vector<Sh>{{"qwen7b.qkv", 3584, 4608},
+                                      {"qwen7b.o_proj", 3584, 3584},
+                                      {"qwen7b.gate_up", 3584, 37888},
+                                      {"qwen7b.down", 18944, 3584},
+                                      {"llama8b.qkv", 4096, 6144},
+                                      {"llama8b.o_proj", 4096, 4096},
+                                      {"llama8b.gate_up", 4096, 28672},
+                                      {"llama8b.down", 14336, 4096},
+                                      {"v2lite.expert_gate_up", 2048, 2816},
+                                      {"v2lite.expert_down", 1408, 2048}}) {
+    const int64_t groups = sh.k / kGroup;
+    const int64_t w_words = sh.m * sh.k / 8, s_elems = sh.m * groups, z_words = sh.m / 8 * groups;
+    const double bytes =
+        4.0 * static_cast<double>(w_words) + 2.0 * static_cast<double>(s_elems) + 4.0 * static_cast<double>(z_words);
+    const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>((512ll << 20) / bytes) + 1);
+    std::vector<fathom::cuda::Int4Tiled> ws;
+    std::vector<void*> owned;
+    for (int64_t c = 0; c < copies; ++c) {
+      fathom::cuda::Int4Tiled t;
+      void* w = DummyDevice(lt, kF32, w_words, 60 + static_cast<uint64_t>(c));  // random bits: any codes
+      void* sc = DummyDevice(lt, kBf16, s_elems, 61);                           // as f16: small scales
+      void* z = DummyDevice(lt, kF32, z_words, 62);
+      owned.insert(owned.end(), {w, sc, z});
+      t.weights = static_cast<const uint32_t*>(w);
+      t.scales = sc;
+      t.scales_dtype = kF16;
+      t.zeros = static_cast<const uint32_t*>(z);
+      t.m = sh.m;
+      t.k = sh.k;
+      t.groups = groups;
+      t.group = kGroup;
+      ws.push_back(t);
+    }
+    void* w16 = DummyDevice(lt, kBf16, sh.m * sh.k, 63);
+    void* deq = nullptr;
+    CK(cudaMalloc(&deq, static_cast<size_t>(sh.m * sh.k) * 2));
+    for (int64_t n : {1, 8, 16, 64, 256, 512, 4096}) {
+      float* x = static_cast<float*>(DummyDevice(lt, kF32, n * sh.k, 64));
+      void* xb = DummyDevice(lt, kBf16, n * sh.k, 65);
+      float* out = nullptr;
+      CK(cudaMalloc(&out, static_cast<size_t>(n * sh.m) * 4));
+      const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(sh.k) * static_cast<double>(sh.m);
+      double mma_us = 0;
+      if (n <= 256) {
+        mma_us = TimeUs(lt.s, 50, [&](int it) {
+          const bool staged = n > 16;  // as CudaBackend::LinearInt4 does
+          if (staged && fathom::cuda::LaunchToBf16(x, sh.k, n, sh.k, xb, lt.s) != 0) std::exit(13);
+          if (fathom::cuda::LaunchInt4Mma(staged ? xb : static_cast<const void*>(x), staged, sh.k, n,
+                                          ws[static_cast<size_t>(it) % ws.size()], nullptr, 0, out, sh.m, scratch,
+                                          fathom::cuda::kInt4MmaScratchFloats, counters, lt.s) != 0) {
+            std::exit(13);
+          }
+        });
+      }
+      double dequant_us = 0;
+      if (n >= 256) {
+        dequant_us = TimeUs(lt.s, 10, [&](int it) {
+          if (fathom::cuda::LaunchToBf16(x, sh.k, n, sh.k, xb, lt.s) != 0) std::exit(14);
+          if (fathom::cuda::LaunchDequantInt4(ws[static_cast<size_t>(it) % ws.size()], deq, lt.s) != 0) std::exit(14);
+          if (!gemm.Run(xb, n, sh.k, deq, sh.k, sh.m, out, sh.m).ok()) std::exit(14);
+        });
+      }
+      double bf16_us = 0;
+      if (n == 1) {
+        fathom::cuda::GemvPart part{w16, sh.k, sh.m, nullptr, 0, out, sh.m};
+        bf16_us = TimeUs(lt.s, 50, [&](int) {
+          if (fathom::cuda::LaunchGemvFanOut(x, sh.k, 1, sh.k, &part, 1, lt.sm_count, lt.s) != 0) std::exit(15);
+        });
+      } else {
+        bf16_us = TimeUs(lt.s, 10, [&](int) {
+          if (!gemm.Run(xb, n, sh.k, w16, sh.k, sh.m, out, sh.m).ok()) std::exit(15);
+        });
+      }
+      const double best = mma_us > 0 && (dequant_us == 0 || mma_us < dequant_us) ? mma_us : dequant_us;
+      fmt::print(
+          "{{\"kernel\": \"int4\", \"shape\": \"{}\", \"k\": {}, \"m\": {}, \"tokens\": {}, \"weight_mb\": {:.1f}, "
+          "\"w4a16_us\": {:.1f}, \"w4a16_gb_s\": {:.0f}, \"w4a16_tflop_s\": {:.1f}, \"dequant_gemm_us\": {:.1f}, "
+          "\"dequant_gemm_tflop_s\": {:.1f}, \"bf16_us\": {:.1f}, \"bf16_note\": \"{}\", \"speedup_vs_bf16\": "
+          "{:.2f}}}\n",
+          sh.name, sh.k, sh.m, n, bytes / 1e6, mma_us, mma_us > 0 ? bytes / mma_us / 1e3 : 0.0,
+          mma_us > 0 ? flop / mma_us / 1e6 : 0.0, dequant_us, dequant_us > 0 ? flop / dequant_us / 1e6 : 0.0, bf16_us,
+          n == 1 ? "fathom GEMV" : "cuBLASLt", bf16_us / best);
+      std::fflush(stdout);
+      for (void* p : {static_cast<void*>(x), xb, static_cast<void*>(out)}) cudaFree(p);
+    }
+    cudaFree(w16);
+    cudaFree(deq);
+    for (void* p : owned) cudaFree(p);
+  }
+  cudaFree(counters);
+  cudaFree(scratch);
+}
+
 void Fp8Bench(Lt& lt) {
   fathom::CublasLtGemm gemm;
   if (!gemm.Init(lt.s).ok()) std::exit(8);
@@ -839,6 +953,8 @@ int main(int argc, char** argv) {
       s.sample = v;
     else if (f == "--ops")
       s.ops = v;
+    else if (f == "--int4")
+      s.int4 = v;
     else {
       fmt::print(stderr, "unknown flag {}\n", f);
       return 1;
@@ -858,6 +974,11 @@ int main(int argc, char** argv) {
   if (s.sample != 0) {
     fmt::print(stderr, "sampling at a 129k vocabulary ...\n");
     SampleBench(lt);
+    return 0;
+  }
+  if (s.int4 != 0) {
+    fmt::print(stderr, "4-bit (W4A16) linears at Qwen-7B, Llama-8B and V2-Lite expert shapes ...\n");
+    Int4Bench(lt);
     return 0;
   }
   if (s.fp8 != 0) {

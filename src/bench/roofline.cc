@@ -58,7 +58,9 @@ ModelCosts ComputeModelCosts(const ModelConfig& cfg, const std::vector<WeightSpe
     const bool matrix = s.shape.size() >= 2;
     const bool lookup = EndsWith(s.name, "embed_tokens.weight");
     const bool scale = s.name.find("scale") != std::string::npos;
-    if (matrix && !lookup && !scale) c.matmul_params += n * s.active_fraction;
+    // A packed 4-bit qweight holds params_per_element weights an element; zeros and group indices hold none.
+    if (matrix && !lookup && !scale)
+      c.matmul_params += n * static_cast<double>(s.params_per_element) * s.active_fraction;
     if (s.name == "lm_head.weight") c.lm_head_params = n;
   }
   c.kv_bytes_per_token = static_cast<double>(kv.values_per_token()) * static_cast<double>(DTypeSize(kv_dtype));

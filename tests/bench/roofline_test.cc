@@ -66,6 +66,24 @@ TEST(RooflineTest, Qwen15BCosts) {
   EXPECT_NEAR(c.PrefillFlops(1, 1), c.DecodeFlopsPerToken(1), 1e-3);
 }
 
+// A 4-bit checkpoint does the same matmuls as its bf16 original: a packed qweight counts its eight weights an int32,
+// zeros and scales none; its bytes are the packed ones.
+TEST(RooflineTest, Int4CostsCountUnpackedParams) {
+  const auto costs = [](const std::string& name) {
+    auto cfg = LoadModelConfig(std::string(FATHOM_TEST_DATA_DIR) + "/configs/" + name);
+    EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+    auto arch = FindArchitecture(cfg->architecture);
+    EXPECT_TRUE(arch.ok());
+    const auto specs = *(*arch)->weight_specs(*cfg);
+    return ComputeModelCosts(*cfg, specs, {}, (*arch)->kv_cache_spec(*cfg), DType::kBF16);
+  };
+  const ModelCosts bf16 = costs("deepseek-r1-distill-qwen-7b.json");
+  const ModelCosts awq = costs("deepseek-r1-distill-qwen-7b-awq.json");
+  EXPECT_DOUBLE_EQ(awq.matmul_params, bf16.matmul_params);
+  EXPECT_GT(bf16.matmul_params, 7.0e9);
+  EXPECT_LT(awq.weight_bytes_b1, 0.35 * bf16.weight_bytes_b1);
+}
+
 TEST(ArrivalTest, PoissonAndGamma) {
   const auto all_at_once = ArrivalTimes(5, std::numeric_limits<double>::infinity(), 1.0, 0);
   for (double t : all_at_once) EXPECT_EQ(t, 0.0);

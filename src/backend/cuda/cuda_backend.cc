@@ -205,6 +205,8 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (int4_counters_ != nullptr) cudaFree(int4_counters_);
+  if (int4_scratch_ != nullptr) cudaFree(int4_scratch_);
+  if (int4_stage_ != nullptr) cudaFree(int4_stage_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 

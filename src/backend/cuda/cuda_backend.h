@@ -26,6 +26,10 @@
 #include "backend/cuda/kernel_options.h"
 #include "model/backend.h"
 
+namespace fathom::cuda {
+struct Int4MmaPart;  // int4.h
+}  // namespace fathom::cuda
+
 namespace fathom {
 
 namespace cuda {
@@ -217,7 +221,14 @@ class CudaBackend final : public Backend {
   // dequantize-then-cuBLASLt above.
   Status PrepareInt4(LinearWeight& w);
   void LinearInt4(const TensorView& x, const LinearWeight& w, const TensorView& out);
-  int* int4_counters_ = nullptr;  // cuda::kInt4MaxCounters zeroed ints for the split-K kernel
+  // 4-bit weights of one x in one W4A16 launch; false (nothing done) when they do not fit it.
+  bool LinearInt4FanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs);
+  void Int4Mma(const TensorView& x, const int32_t* perm, const cuda::Int4MmaPart* parts, int count);
+  int* int4_counters_ = nullptr;   // cuda::kInt4MaxCounters zeroed ints for the W4A16 kernel's partial sums
+  float* int4_scratch_ = nullptr;  // cuda::kInt4MmaScratchFloats: its partial sums
+  void* int4_stage_ = nullptr;     // x as bf16 for its batches past kInt4StageMinTokens
+  size_t int4_stage_bytes_ = 0;
+  static constexpr int64_t kInt4StageMinTokens = 16;
 
   void Check(int err, const char* op);
   void RecordError(const Status& st);  // keeps the first error, which Synchronize returns

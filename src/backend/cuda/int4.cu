@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/dtype.cuh"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/memory.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace fathom::cuda {
@@ -140,104 +142,334 @@ __device__ __forceinline__ void AddScaled(float (&acc)[NT][4], float (&tmp)[NT][
   }
 }
 
-constexpr int kMmaWarps = 4;
+// The W4A16 kernel. A block's 8 warps each own one 16-row block of a 128-row group, so x, staged in shared memory as
+// bf16, serves 8 row blocks at once. Up to kInt4MaxParts weights that share x and K (q/k/v, gate/up) run in one
+// launch: their row groups are numbered one after another. The work of one token group is its (row group, 64-input
+// chunk) units in that order, cut into `blocks` contiguous ranges, one a block (stream-K: every block gets the same
+// number of chunks whatever the shapes, so there is no tail of idle multiprocessors). A row group whose chunks fall to
+// several blocks is summed through scratch: each writes its partial sums, and the one that arrives last adds them in
+// block order (the same result whatever order they finish in). Each warp streams its weights (with their group's
+// scales and zeros) through its own ring of kSteps two-chunk steps in shared memory with cp.async, so that 4 KiB a
+// warp are always in flight; the loop's bookkeeping (32-bit, incremental, once a step) is kept small, since at batch
+// 1 the kernel is bound by instruction issue as much as by memory.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaRows = 16 * kMmaWarps;
+constexpr int kMmaStageElems = 16384;     // bf16 elements of x a stage holds: [8 * NT tokens][inputs]
+constexpr int kSteps = 4;                 // steps of two chunks a warp has in flight
+constexpr int kRingSlot = 512 + 64 + 16;  // a chunk's weights (32 lanes x 16 bytes), its group's 16 scales, 2 zeros
+constexpr int kStepSlot = 2 * kRingSlot;
 
-// One block: a 16-row block (blockIdx.x), a slice of K (blockIdx.y), 8 * NT tokens (blockIdx.z); its 4 warps take
-// the slice's 64-input chunks in turn and add their sums at the end. kChunkGroup: a chunk lies in one group.
-template <typename TS, bool kChunkGroup, int NT>
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    Int4MmaKernel(const float* __restrict__ x, int64_t xs, int64_t n, Int4Tiled w, const void* bias, int bias_dtype,
-                  float* out, int64_t os, float* partial, int* counters, int splits) {
-  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
-  const int64_t rb = blockIdx.x, split = blockIdx.y, tg = blockIdx.z;
-  const int64_t chunks = w.k / 64, rbs = w.m / 16;
-  const int64_t c_begin = split * chunks / splits, c_end = (split + 1) * chunks / splits;
-  const int64_t t0 = tg * 8 * NT;
-  const uint4* wp = reinterpret_cast<const uint4*>(w.weights) + rb * chunks * 32 + lane;
-  const TS* sp = static_cast<const TS*>(w.scales) + rb * w.groups * 16 + lane / 4;
-  const uint32_t* zp = w.zeros + rb * w.groups * 2;
-  const int zshift = 4 * (lane / 4);
-  const int kl = 4 * (lane % 4);
-  const float* xrow[NT];
-  bool has[NT];
-#pragma unroll
-  for (int tt = 0; tt < NT; ++tt) {
-    const int64_t t = t0 + 8 * tt + lane / 4;
-    has[tt] = t < n;
-    xrow[tt] = x + (has[tt] ? t : 0) * xs;
-  }
-  float acc[NT][4];
-#pragma unroll
-  for (int tt = 0; tt < NT; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.0f;
+template <int NT>
+struct MmaStage {
+  static constexpr int kTokens = 8 * NT;
+  static constexpr int kInputs = kMmaStageElems / kTokens;  // 2048 (NT 1) .. 256 (NT 8)
+  static constexpr int kChunks = kInputs / 64;
+  // A token row's pitch: 32 bytes past a multiple of 128, so that the 8-byte B-fragment loads of a half-warp (4 rows,
+  // 32 bytes each) fall on distinct banks.
+  static constexpr int kPitch = kInputs + 16;
+  static constexpr int kXBytes = kTokens * kPitch * 2;
+  static constexpr int kSmemBytes = kXBytes + kMmaWarps * kSteps * kStepSlot;
+  static constexpr int kMinBlocks = 2;  // per multiprocessor (registers: 128 a thread)
+};
 
-  int64_t ch = c_begin + warp;
-  uint4 next = ch < c_end ? __ldg(wp + ch * 32) : make_uint4(0, 0, 0, 0);
-  for (; ch < c_end; ch += kMmaWarps) {
-    const uint4 cur = next;
-    if (ch + kMmaWarps < c_end) next = __ldg(wp + (ch + kMmaWarps) * 32);
-    const uint32_t words[4] = {cur.x, cur.y, cur.z, cur.w};
-    float tmp[NT][4];
+// The kernel's view of its parts (all with the K, groups, scale dtype, zero offset and permutation of part 0).
+struct MmaParts {
+  const uint32_t* weights[kInt4MaxParts];
+  const void* scales[kInt4MaxParts];
+  const uint32_t* zeros[kInt4MaxParts];
+  const void* bias[kInt4MaxParts];
+  int bias_dtype[kInt4MaxParts];
+  float* out[kInt4MaxParts];
+  int64_t os[kInt4MaxParts];
+  int rbs[kInt4MaxParts];           // 16-row blocks of each part
+  int rg_begin[kInt4MaxParts + 1];  // the first row group of each part; rg_begin[count]: all of them
+  int count;
+  const int32_t* perm;
+  int chunks, groups, group, zero_offset;
+};
+
+// The zeros and scales of one group for this lane's two rows (r0, r0 + 8).
+struct GroupMeta {
+  uint32_t zz0, zz1;  // 128 + z, twice, as bf16x2 (CodesMinusZero)
+  float s0, s1;
+};
+
+__device__ __forceinline__ GroupMeta MakeMeta(uint2 z, float s0, float s1, int zshift, int zero_offset) {
+  GroupMeta m;
+  m.zz0 = 0x43004300u + (((z.x >> zshift) & 0xFu) + zero_offset) * 0x00010001u;
+  m.zz1 = 0x43004300u + (((z.y >> zshift) & 0xFu) + zero_offset) * 0x00010001u;
+  m.s0 = s0;
+  m.s1 = s1;
+  return m;
+}
+
+// 8 bytes global -> shared (cp.async.ca: the 16-byte .cg form is memory.cuh's CpAsync16).
+__device__ __forceinline__ void CpAsync8(void* smem, const void* src) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(addr), "l"(src) : "memory");
+}
+
+// x[t0 .. t0 + rows, k0 .. k0 + inputs] into the stage, as bf16 (rows past n stay the zeros they were set to), four
+// loads in flight a thread. XT float: rounded here, read through perm if it is set; XT bf16: x already rounded and
+// in tiled order.
+template <int NT, typename XT>
+__device__ __forceinline__ void StageX(const XT* __restrict__ x, int64_t xs, int rows, int64_t t0, const int32_t* perm,
+                                       int k0, int inputs, __nv_bfloat16* __restrict__ xsm) {
+  using St = MmaStage<NT>;
+  constexpr int kThreads = kMmaWarps * 32, kBatch = 4;
+  if constexpr (std::is_same_v<XT, float>) {
+    if (perm == nullptr) {
+      const int per_row = inputs / 4, total = rows * per_row;
+      for (int i0 = static_cast<int>(threadIdx.x); i0 < total; i0 += kBatch * kThreads) {
+        float4 v[kBatch];
 #pragma unroll
-    for (int tt = 0; tt < NT; ++tt) tmp[tt][0] = tmp[tt][1] = tmp[tt][2] = tmp[tt][3] = 0.0f;
-    int64_t g = (ch * 64) / w.group;
-    uint32_t zz0 = 0, zz1 = 0;
-    if constexpr (kChunkGroup) {
-      zz0 = 0x43004300u + (((zp[2 * g] >> zshift) & 0xFu) + w.zero_offset) * 0x00010001u;
-      zz1 = 0x43004300u + (((zp[2 * g + 1] >> zshift) & 0xFu) + w.zero_offset) * 0x00010001u;
-    }
+        for (int b = 0; b < kBatch; ++b) {
+          const int i = i0 + b * kThreads, r = i / per_row, q = i - r * per_row;
+          if (i < total) v[b] = __ldg(reinterpret_cast<const float4*>(x + (t0 + r) * xs + k0) + q);
+        }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t kk = ch * 64 + 16 * j + kl;
-      if constexpr (!kChunkGroup) {
-        g = (ch * 64 + 16 * j) / w.group;
-        zz0 = 0x43004300u + (((zp[2 * g] >> zshift) & 0xFu) + w.zero_offset) * 0x00010001u;
-        zz1 = 0x43004300u + (((zp[2 * g + 1] >> zshift) & 0xFu) + w.zero_offset) * 0x00010001u;
-      }
-      const uint32_t word = words[j];
-      const uint32_t a[4] = {CodesMinusZero(word, zz0), CodesMinusZero(word >> 4, zz1), CodesMinusZero(word >> 8, zz0),
-                             CodesMinusZero(word >> 12, zz1)};
-      int4 pk = make_int4(0, 0, 0, 0);
-      if (w.perm != nullptr) pk = *reinterpret_cast<const int4*>(w.perm + kk);
-#pragma unroll
-      for (int tt = 0; tt < NT; ++tt) {
-        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (has[tt]) {
-          if (w.perm == nullptr) {
-            xv = *reinterpret_cast<const float4*>(xrow[tt] + kk);
-          } else {
-            xv = make_float4(xrow[tt][pk.x], xrow[tt][pk.y], xrow[tt][pk.z], xrow[tt][pk.w]);
+        for (int b = 0; b < kBatch; ++b) {
+          const int i = i0 + b * kThreads, r = i / per_row, q = i - r * per_row;
+          if (i < total) {
+            *reinterpret_cast<uint2*>(xsm + r * St::kPitch + 4 * q) =
+                make_uint2(PackBf16(v[b].x, v[b].y), PackBf16(v[b].z, v[b].w));
           }
         }
-        Mma16816<__nv_bfloat16>(tmp[tt], a, PackBf16(xv.x, xv.y), PackBf16(xv.z, xv.w));
       }
-      if constexpr (!kChunkGroup) AddScaled(acc, tmp, TiledScale(sp, g * 16), TiledScale(sp, g * 16 + 8));
+    } else {
+      for (int i = static_cast<int>(threadIdx.x); i < rows * inputs; i += kThreads) {
+        const int r = i / inputs, q = i - r * inputs;
+        xsm[r * St::kPitch + q] = __float2bfloat16_rn(__ldg(x + (t0 + r) * xs + perm[k0 + q]));
+      }
     }
-    if constexpr (kChunkGroup) AddScaled(acc, tmp, TiledScale(sp, g * 16), TiledScale(sp, g * 16 + 8));
+  } else {
+    const int per_row = inputs / 8, total = rows * per_row;
+    for (int i0 = static_cast<int>(threadIdx.x); i0 < total; i0 += kBatch * kThreads) {
+      uint4 v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * kThreads, r = i / per_row, q = i - r * per_row;
+        if (i < total) v[b] = __ldg(reinterpret_cast<const uint4*>(x + (t0 + r) * xs + k0) + q);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * kThreads, r = i / per_row, q = i - r * per_row;
+        if (i < total) *reinterpret_cast<uint4*>(xsm + r * St::kPitch + 8 * q) = v[b];
+      }
+    }
   }
+}
 
-  // The block's sum, in warp order.
-  __shared__ float red[kMmaWarps - 1][NT][4][32];
-  if (warp > 0) {
-#pragma unroll
-    for (int tt = 0; tt < NT; ++tt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[warp - 1][tt][e][lane] = acc[tt][e];
-    }
+// The first unit of block b of `blocks` over `units`, and the block that holds unit u.
+__device__ __forceinline__ int64_t UnitBegin(int64_t b, int64_t units, int64_t blocks) {
+  return b * units / blocks;
+}
+__device__ __forceinline__ int64_t BlockOfUnit(int64_t u, int64_t units, int64_t blocks) {
+  return ((u + 1) * blocks - 1) / units;
+}
+
+// grid (token groups, blocks), MmaStage<NT>::kSmemBytes of dynamic shared memory. scratch: per token group
+// 2 * blocks slots of kMmaRows x 8 * NT floats (slot 2b: the row group block b starts in, 2b + 1: the one it ends
+// in); counters: [token groups][row groups], zeroed, left zeroed.
+template <typename TS, bool kChunkGroup, int NT, typename XT>
+__global__ void __launch_bounds__(kMmaWarps * 32, MmaStage<NT>::kMinBlocks)
+    Int4MmaKernel(const XT* __restrict__ x, int64_t xs, int64_t n, MmaParts P, float* scratch, int* counters,
+                  int blocks) {
+  using St = MmaStage<NT>;
+  constexpr int kScaleLanes = static_cast<int>(sizeof(TS));  // 16-byte copies of a group's 16 scales: 2 (f16), 4
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* xsm = reinterpret_cast<__nv_bfloat16*>(smem);
+  __shared__ int last_flag;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  unsigned char* ring = smem + St::kXBytes + warp * kSteps * kStepSlot;
+  const int64_t tg = blockIdx.x, b = blockIdx.y;
+  const int chunks = P.chunks, rgs = P.rg_begin[P.count];
+  const int64_t units = static_cast<int64_t>(rgs) * chunks;
+  // kChunkGroup: chunks a group spans (groups == 1: all of them); otherwise unused (groups inside a chunk).
+  const int group_chunks = !kChunkGroup ? 1 : P.groups == 1 ? chunks : P.group / 64;
+  const int64_t t0 = tg * St::kTokens;
+  const int rows = static_cast<int>(std::min<int64_t>(St::kTokens, n - t0));
+  const int zshift = 4 * (lane / 4);
+  const __nv_bfloat16* xlane = xsm + (lane / 4) * St::kPitch + 4 * (lane % 4);
+  for (int i = static_cast<int>(threadIdx.x); i < St::kXBytes / 16; i += kMmaWarps * 32) {
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
   }
-  __syncthreads();
-  if (warp != 0) return;
+  const int64_t u_begin = UnitBegin(b, units, blocks), u_end = UnitBegin(b + 1, units, blocks);
+  for (int64_t u = u_begin; u < u_end;) {
+    const int rg = static_cast<int>(u / chunks);
+    const int c_lo = static_cast<int>(u - static_cast<int64_t>(rg) * chunks);
+    const int c_hi = static_cast<int>(std::min<int64_t>(chunks, c_lo + (u_end - u)));
+    u += c_hi - c_lo;
+    int p = 0;
+    while (p + 1 < P.count && rg >= P.rg_begin[p + 1]) ++p;
+    const int rb = (rg - P.rg_begin[p]) * kMmaWarps + warp;  // this warp's row block in part p
+    const bool active = rb < P.rbs[p];
+    const int64_t rbo = active ? rb : 0;
+    const uint4* wsrc = reinterpret_cast<const uint4*>(P.weights[p]) + (rbo * chunks + c_lo) * 32 + lane;
+    const TS* sbase = static_cast<const TS*>(P.scales[p]) + rbo * P.groups * 16;
+    const uint32_t* zbase = P.zeros[p] + rbo * P.groups * 2;
+    // Steps of two chunks. The next step to copy: its first chunk, its ring slot, that chunk's group and the chunks
+    // left in the group from it.
+    int issue_c = c_lo, issue_slot = 0, issue_g = c_lo / group_chunks, issue_left = group_chunks - c_lo % group_chunks;
+    const auto issue = [&] {
+      unsigned char* slot = ring + issue_slot * kStepSlot;
+      const int pair = min(2, c_hi - issue_c);
 #pragma unroll
-  for (int tt = 0; tt < NT; ++tt) {
+      for (int h = 0; h < 2; ++h) {
+        if (h < pair) CpAsync16(slot + h * kRingSlot + 16 * lane, wsrc + h * 32, 16);
+      }
+      if constexpr (kChunkGroup) {
+        // Lanes 0.. and 8.. copy the scales and zeros of the step's first and second chunk.
+        const int h = lane >> 3, l = lane & 7;
+        if (h < pair) {
+          const int g = h == 0 || issue_left > 1 ? issue_g : issue_g + 1;
+          if (l < kScaleLanes) {
+            CpAsync16(slot + h * kRingSlot + 512 + 16 * l,
+                      reinterpret_cast<const unsigned char*>(sbase + g * 16) + 16 * l, 16);
+          } else if (l == kScaleLanes) {
+            CpAsync8(slot + h * kRingSlot + 576, zbase + 2 * g);
+          }
+        }
+      }
+      wsrc += 64;
+      issue_c += 2;
+      issue_slot = (issue_slot + 1) % kSteps;
+      if constexpr (kChunkGroup) {
+        issue_left -= 2;
+        while (issue_left <= 0) {  // group_chunks >= 1: at most two turns
+          ++issue_g;
+          issue_left += group_chunks;
+        }
+      }
+    };
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      for (int v = 0; v < kMmaWarps - 1; ++v) acc[tt][e] += red[v][tt][e][lane];
+    for (int i = 0; i < kSteps; ++i) {
+      if (active && issue_c < c_hi) issue();
+      CpAsyncCommit();
     }
-  }
-  const int64_t r0 = 16 * rb + lane / 4;
-  // Output (token, row) of accumulator e of token tile tt.
-  const auto token = [&](int tt, int e) { return t0 + 8 * tt + 2 * (lane % 4) + (e & 1); };
-  const auto row = [&](int e) { return r0 + 8 * (e >> 1); };
-  if (splits == 1) {
+    float acc[NT][4];
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.0f;
+    // acc += the chunk's products (weights wv, group gm, x from xb), scaled per group.
+    const auto chunk_mma = [&](const uint4& wv, GroupMeta gm, const __nv_bfloat16* xb, int c) {
+      const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+      float tmp[NT][4];
+#pragma unroll
+      for (int tt = 0; tt < NT; ++tt) tmp[tt][0] = tmp[tt][1] = tmp[tt][2] = tmp[tt][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (!kChunkGroup) {
+          const int g = (c * 64 + 16 * j) / P.group;
+          gm = MakeMeta(*reinterpret_cast<const uint2*>(zbase + 2 * g), ToF(sbase[g * 16 + lane / 4]),
+                        ToF(sbase[g * 16 + lane / 4 + 8]), zshift, P.zero_offset);
+        }
+        const uint32_t word = words[j];
+        const uint32_t a[4] = {CodesMinusZero(word, gm.zz0), CodesMinusZero(word >> 4, gm.zz1),
+                               CodesMinusZero(word >> 8, gm.zz0), CodesMinusZero(word >> 12, gm.zz1)};
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt) {
+          const uint2 bv = *reinterpret_cast<const uint2*>(xb + tt * 8 * St::kPitch + 16 * j);
+          Mma16816<__nv_bfloat16>(tmp[tt], a, bv.x, bv.y);
+        }
+        if constexpr (!kChunkGroup) AddScaled(acc, tmp, gm.s0, gm.s1);
+      }
+      if constexpr (kChunkGroup) AddScaled(acc, tmp, gm.s0, gm.s1);
+    };
+    int read_slot = 0, in_stage = 0;
+    for (int c = c_lo; c < c_hi; c += 2) {
+      if (in_stage == 0) {
+        __syncthreads();  // every warp is done with the last stage
+        const int stage_end = min(c_hi, c + St::kChunks);
+        StageX<NT, XT>(x, xs, rows, t0, P.perm, c * 64, (stage_end - c) * 64, xsm);
+        __syncthreads();
+      }
+      CpAsyncWait<kSteps - 1>();  // this step's copies (the oldest of kSteps groups) have landed
+      __syncwarp();
+      const unsigned char* slot = ring + read_slot * kStepSlot;
+      const int pair = min(2, c_hi - c);
+      uint4 wv[2];
+      GroupMeta gm[2] = {};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h < pair) {
+          wv[h] = *reinterpret_cast<const uint4*>(slot + h * kRingSlot + 16 * lane);
+          if constexpr (kChunkGroup) {
+            const TS* ss = reinterpret_cast<const TS*>(slot + h * kRingSlot + 512);
+            gm[h] = MakeMeta(*reinterpret_cast<const uint2*>(slot + h * kRingSlot + 576), ToF(ss[lane / 4]),
+                             ToF(ss[lane / 4 + 8]), zshift, P.zero_offset);
+          }
+        }
+      }
+      __syncwarp();  // every lane has read the slot before it is refilled
+      if (active && issue_c < c_hi) issue();
+      CpAsyncCommit();
+      const __nv_bfloat16* xb = xlane + in_stage * 64;
+      read_slot = (read_slot + 1) % kSteps;
+      in_stage += 2;
+      if (in_stage == St::kChunks) in_stage = 0;
+      if (!active) continue;
+      chunk_mma(wv[0], gm[0], xb, c);
+      if (pair == 2) chunk_mma(wv[1], gm[1], xb + 64, c + 1);
+    }
+
+    const int r0 = 16 * rb + lane / 4;
+    float* out = P.out[p];
+    const int64_t os = P.os[p];
+    const void* bias = P.bias[p];
+    const int bias_dtype = P.bias_dtype[p];
+    // Output (token, row) of accumulator e of token tile tt.
+    const auto token = [&](int tt, int e) { return t0 + 8 * tt + 2 * (lane % 4) + (e & 1); };
+    const auto row = [&](int e) { return r0 + 8 * (e >> 1); };
+    if (c_lo == 0 && c_hi == chunks) {  // the whole row group: straight to the output
+      if (active) {
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t t = token(tt, e);
+            if (t < n) out[t * os + row(e)] = acc[tt][e] + BiasAt(bias, bias_dtype, row(e));
+          }
+        }
+      }
+      continue;
+    }
+    constexpr int kSlot = kMmaRows * St::kTokens;
+    float* slots = scratch + tg * 2 * blocks * kSlot;
+    const int64_t rg_first_unit = static_cast<int64_t>(rg) * chunks;
+    const auto slot_of = [&](int64_t bb) { return 2 * bb + (UnitBegin(bb, units, blocks) < rg_first_unit ? 1 : 0); };
+    const int at = (warp * NT * 4) * 32 + lane;  // this lane's accumulators in a slot: [warp][tt][e][lane]
+    if (active) {
+      float* mine = slots + slot_of(b) * kSlot + at;
+#pragma unroll
+      for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(tt * 4 + e) * 32] = acc[tt][e];
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    const int64_t first = BlockOfUnit(rg_first_unit, units, blocks);
+    const int64_t last = BlockOfUnit(rg_first_unit + chunks - 1, units, blocks);
+    if (threadIdx.x == 0) {
+      int* counter = counters + tg * rgs + rg;
+      const int prev = atomicAdd(counter, 1);
+      last_flag = prev == static_cast<int>(last - first);
+      if (last_flag) *counter = 0;
+    }
+    __syncthreads();
+    if (!last_flag || !active) continue;
+    __threadfence();
+    // The contributions in block order, each block's NT x 4 values loaded together.
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.0f;
+    for (int64_t bb = first; bb <= last; ++bb) {
+      const float* theirs = slots + slot_of(bb) * kSlot + at;
+#pragma unroll
+      for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[tt][e] += __ldcg(theirs + (tt * 4 + e) * 32);
+      }
+    }
 #pragma unroll
     for (int tt = 0; tt < NT; ++tt) {
 #pragma unroll
@@ -246,37 +478,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         if (t < n) out[t * os + row(e)] = acc[tt][e] + BiasAt(bias, bias_dtype, row(e));
       }
     }
-    return;
   }
-#pragma unroll
-  for (int tt = 0; tt < NT; ++tt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t t = token(tt, e);
-      if (t < n) partial[(split * n + t) * w.m + row(e)] = acc[tt][e];
-    }
-  }
-  __threadfence();
-  __syncwarp();
-  int* counter = counters + tg * rbs + rb;
-  int prev = 0;
-  if (lane == 0) prev = atomicAdd(counter, 1);
-  prev = __shfl_sync(0xffffffffu, prev, 0);
-  if (prev != splits - 1) return;
-  // The last slice of this row block: the slices' sums in slice order (the same result whatever order they ended).
-  __threadfence();
-#pragma unroll
-  for (int tt = 0; tt < NT; ++tt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t t = token(tt, e);
-      if (t >= n) continue;
-      float sum = 0.0f;
-      for (int sl = 0; sl < splits; ++sl) sum += __ldcg(partial + (sl * n + t) * w.m + row(e));
-      out[t * os + row(e)] = sum + BiasAt(bias, bias_dtype, row(e));
-    }
-  }
-  if (lane == 0) *counter = 0;
+  CpAsyncWait<0>();
 }
 
 template <typename TS>
@@ -386,21 +589,87 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 1 << 16)));
 }
 
-template <typename TS, bool kChunkGroup>
-int LaunchMma(const float* x, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias, int bias_dtype, float* out,
-              int64_t os, float* partial, int* counters, int splits, Stream s) {
-  const unsigned rbs = static_cast<unsigned>(w.m / 16);
+int SmCount() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 1;
+    }
+    return std::max(sms, 1);
+  }();
+  return count;
+}
+
+// Blocks of one kernel instantiation that fit on a multiprocessor with its shared memory (set up once: the
+// attribute for more than 48 KiB, then the occupancy query, which costs more than a launch).
+template <typename TS, bool kChunkGroup, int NT, typename XT>
+int MmaBlocksPerSm() {
+  static const int per_sm = [] {
+    const auto kernel = Int4MmaKernel<TS, kChunkGroup, NT, XT>;
+    constexpr int kBytes = MmaStage<NT>::kSmemBytes;
+    int blocks = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kMmaWarps * 32, kBytes) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return blocks;
+  }();
+  return per_sm;
+}
+
+// The blocks of one token group: one wave of what fits on the GPU, shared by the token groups, each with at least
+// two steps of chunks and 1/16 of a row group at one token tile (1/8 at two, 1/4 at four or eight: a row group is
+// summed from at most about 17, 9 or 5 blocks' partial sums, so that the last block's sum stays short), and as
+// many as the scratch and counters hold (1 block a row group without scratch: no partial sums).
+int64_t MmaBlocks(int per_sm, int nt, int64_t rgs, int64_t chunks, int64_t tgs, int64_t slot_floats,
+                  int64_t scratch_floats) {
+  const int64_t units = rgs * chunks;
+  if (scratch_floats <= 0 || tgs * rgs > kInt4MaxCounters) return rgs;
+  const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * SmCount();
+  int64_t blocks = std::max<int64_t>(1, wave / tgs);
+  blocks = std::min(blocks, scratch_floats / (tgs * 2 * slot_floats));
+  const int64_t parts = std::max(4, 16 / nt);
+  blocks = std::min(blocks, units / std::max<int64_t>(2 * kSteps, (chunks + parts - 1) / parts));
+  return std::max<int64_t>(blocks, 1);
+}
+
+template <typename TS, bool kChunkGroup, typename XT>
+int LaunchMma(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, float* scratch, int64_t scratch_floats,
+              int* counters, Stream s) {
   const auto go = [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
-    const dim3 grid(rbs, static_cast<unsigned>(splits), static_cast<unsigned>((n + 8 * NT - 1) / (8 * NT)));
-    Int4MmaKernel<TS, kChunkGroup, NT>
-        <<<grid, kMmaWarps * 32, 0, S(s)>>>(x, xs, n, w, bias, bias_dtype, out, os, partial, counters, splits);
+    constexpr int64_t kTokens = 8 * NT;
+    const int per_sm = MmaBlocksPerSm<TS, kChunkGroup, NT, XT>();
+    if (per_sm == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
+    const int64_t tgs = (n + kTokens - 1) / kTokens;
+    const int64_t blocks = MmaBlocks(per_sm, NT, parts.rg_begin[parts.count], parts.chunks, tgs, kMmaRows * kTokens,
+                                     counters == nullptr ? 0 : scratch_floats);
+    const dim3 grid(static_cast<unsigned>(tgs), static_cast<unsigned>(blocks));
+    Int4MmaKernel<TS, kChunkGroup, NT, XT><<<grid, kMmaWarps * 32, MmaStage<NT>::kSmemBytes, S(s)>>>(
+        x, xs, n, parts, scratch, counters, static_cast<int>(blocks));
     return Done();
   };
   if (n <= 8) return go(std::integral_constant<int, 1>{});
   if (n <= 16) return go(std::integral_constant<int, 2>{});
   if (n <= 32) return go(std::integral_constant<int, 4>{});
   return go(std::integral_constant<int, 8>{});
+}
+
+template <typename XT>
+int LaunchMmaFor(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, int scales_dtype, bool chunk_group,
+                 float* scratch, int64_t scratch_floats, int* counters, Stream s) {
+  if (scales_dtype == kF16) {
+    return chunk_group ? LaunchMma<__half, true>(x, xs, n, parts, scratch, scratch_floats, counters, s)
+                       : LaunchMma<__half, false>(x, xs, n, parts, scratch, scratch_floats, counters, s);
+  }
+  if (scales_dtype == kF32) {
+    return chunk_group ? LaunchMma<float, true>(x, xs, n, parts, scratch, scratch_floats, counters, s)
+                       : LaunchMma<float, false>(x, xs, n, parts, scratch, scratch_floats, counters, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace
@@ -426,31 +695,57 @@ int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_w
   return Done();
 }
 
-int Int4MmaSplits(int64_t m, int64_t k, int64_t n, int sm_count) {
-  const int64_t rbs = m / 16, chunks = k / 64, tgs = (n + 63) / 64;
-  const int64_t blocks = rbs * tgs, target = 8 * static_cast<int64_t>(std::max(sm_count, 1));
-  if (blocks * 2 >= target || blocks > kInt4MaxCounters) return 1;
-  const int64_t want = (target + blocks - 1) / blocks;
-  return static_cast<int>(std::max<int64_t>(1, std::min({want, chunks / 8, int64_t{64}})));
-}
-
-int LaunchInt4Mma(const float* x, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias, int bias_dtype,
-                  float* out, int64_t os, float* partial, int* counters, int splits, Stream s) {
+int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4MmaPart* parts, int count,
+                       float* scratch, int64_t scratch_floats, int* counters, Stream s) {
   if (n == 0) return 0;
-  if (!Int4TileFits(w.m, w.k, w.groups, w.group) || splits < 1 ||
-      (splits > 1 && (partial == nullptr || counters == nullptr))) {
+  if (count < 1 || count > kInt4MaxParts || (x_bf16 ? xs % 8 != 0 : xs % 4 != 0) ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  const bool chunk_group = w.group % 64 == 0 || w.groups == 1;
-  if (w.scales_dtype == kF16) {
-    return chunk_group ? LaunchMma<__half, true>(x, xs, n, w, bias, bias_dtype, out, os, partial, counters, splits, s)
-                       : LaunchMma<__half, false>(x, xs, n, w, bias, bias_dtype, out, os, partial, counters, splits, s);
+  const Int4Tiled& w0 = parts[0].w;
+  MmaParts p{};
+  p.count = count;
+  p.perm = x_bf16 ? nullptr : w0.perm;  // bf16 x is in tiled order already
+  p.chunks = static_cast<int>(w0.k / 64);
+  p.groups = static_cast<int>(w0.groups);
+  p.group = static_cast<int>(w0.group);
+  p.zero_offset = w0.zero_offset;
+  int64_t rgs = 0;
+  for (int i = 0; i < count; ++i) {
+    const Int4Tiled& w = parts[i].w;
+    if (!Int4TileFits(w.m, w.k, w.groups, w.group) || w.k != w0.k || w.group != w0.group ||
+        w.scales_dtype != w0.scales_dtype || w.zero_offset != w0.zero_offset || w.perm != w0.perm ||
+        w.k / 64 > (1 << 30) || w.m / 16 > (1 << 30)) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    p.weights[i] = w.weights;
+    p.scales[i] = w.scales;
+    p.zeros[i] = w.zeros;
+    p.bias[i] = parts[i].bias;
+    p.bias_dtype[i] = parts[i].bias_dtype;
+    p.out[i] = parts[i].out;
+    p.os[i] = parts[i].os;
+    p.rbs[i] = static_cast<int>(w.m / 16);
+    p.rg_begin[i] = static_cast<int>(rgs);
+    rgs += (w.m / 16 + kMmaWarps - 1) / kMmaWarps;
   }
-  if (w.scales_dtype == kF32) {
-    return chunk_group ? LaunchMma<float, true>(x, xs, n, w, bias, bias_dtype, out, os, partial, counters, splits, s)
-                       : LaunchMma<float, false>(x, xs, n, w, bias, bias_dtype, out, os, partial, counters, splits, s);
+  if (rgs * p.chunks > (int64_t{1} << 40)) return static_cast<int>(cudaErrorInvalidValue);
+  p.rg_begin[count] = static_cast<int>(rgs);
+  if (scratch == nullptr) scratch_floats = 0;
+  const bool chunk_group = w0.group % 64 == 0 || w0.groups == 1;
+  if (x_bf16) {
+    return LaunchMmaFor(static_cast<const __nv_bfloat16*>(x), xs, n, p, w0.scales_dtype, chunk_group, scratch,
+                        scratch_floats, counters, s);
   }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return LaunchMmaFor(static_cast<const float*>(x), xs, n, p, w0.scales_dtype, chunk_group, scratch, scratch_floats,
+                      counters, s);
+}
+
+int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias,
+                  int bias_dtype, float* out, int64_t os, float* scratch, int64_t scratch_floats, int* counters,
+                  Stream s) {
+  const Int4MmaPart part{w, bias, bias_dtype, out, os};
+  return LaunchInt4MmaParts(x, x_bf16, xs, n, &part, 1, scratch, scratch_floats, counters, s);
 }
 
 int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s) {

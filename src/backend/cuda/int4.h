@@ -8,7 +8,8 @@
 // checkpoint's own layout.
 //
 //   int err = cuda::LaunchRepackInt4(src, layout, scratch, stream);          // once per weight
-//   err = cuda::LaunchInt4Mma(x, xs, n, tiled, out, os, partial, counters, splits, stream);
+//   err = cuda::LaunchInt4Mma(x, /*x_bf16=*/false, xs, n, tiled, bias, bias_dt, out, os, scratch,
+//                             cuda::kInt4MmaScratchFloats, counters, stream);
 //
 // The tile layout (M outputs, K inputs, G groups of `group` inputs; k' an input in tiled order: the checkpoint's
 // input perm[k'] for GPTQ act-order, else k' itself; codes q and zeros z as stored):
@@ -60,15 +61,30 @@ bool Int4TileFits(int64_t m, int64_t k, int64_t groups, int64_t group);
 int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_weights, void* dst_scales,
                      uint32_t* dst_zeros, Stream s);
 
-// out[t, r] = sum_k x[t, k] W[r, k] + bias[r] on tensor cores: x float32 [n, K] (rows xs apart, xs % 4 == 0, 16-byte
-// aligned) rounded to bf16; any n (64 tokens per pass over the weights). With splits > 1 each row block's K is cut
-// into that many slices whose partial sums go to `partial` ([splits, n, M] float32) and are added in slice order by
-// the slice that finishes last (counters: >= (M / 16) * ceil(n / 64) zeroed ints, left zeroed).
-int LaunchInt4Mma(const float* x, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias, int bias_dtype,
-                  float* out, int64_t os, float* partial, int* counters, int splits, Stream s);
-// The number of K slices LaunchInt4Mma should take for n tokens on sm_count multiprocessors (1: no partials).
-int Int4MmaSplits(int64_t m, int64_t k, int64_t n, int sm_count);
+// out[t, r] = sum_k x[t, k] W[r, k] + bias[r] on tensor cores, any n (8 to 64 tokens per pass over the weights):
+// x float32 [n, K] (rows xs apart, xs % 4 == 0, 16-byte aligned), rounded to bf16 and read through w.perm; or, with
+// x_bf16, x already rounded and in tiled order ([n, K] bf16, xs % 8 == 0, 16-byte aligned; w.perm unused). Blocks
+// share row groups' K (stream-K) through `scratch` (float32, scratch_floats of it; kInt4MmaScratchFloats is enough
+// for any shape) and `counters` (kInt4MaxCounters zeroed ints, left zeroed); with scratch null, one block a 128-row
+// group and no partial sums.
+int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias,
+                  int bias_dtype, float* out, int64_t os, float* scratch, int64_t scratch_floats, int* counters,
+                  Stream s);
 constexpr int64_t kInt4MaxCounters = 1 << 16;
+constexpr int64_t kInt4MmaScratchFloats = 8ll << 20;  // 32 MiB
+
+// Up to kInt4MaxParts weights that share x (q/k/v, gate/up) in one launch of the kernel above: each part its own
+// output; all with part 0's K, group, scale dtype, zero offset and permutation.
+struct Int4MmaPart {
+  Int4Tiled w;
+  const void* bias = nullptr;
+  int bias_dtype = 0;
+  float* out = nullptr;
+  int64_t os = 0;
+};
+constexpr int kInt4MaxParts = 4;
+int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4MmaPart* parts, int count,
+                       float* scratch, int64_t scratch_floats, int* counters, Stream s);
 
 // dst bf16 [M, K] (row-major, inputs in tiled order) = the tiled weight's values, rounded to nearest even.
 int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s);

@@ -65,14 +65,14 @@ constexpr int kGemvWarps = 8;
 // per warp (each token's sum runs in the same order whatever the tokens per warp, so results do not depend on it).
 constexpr int64_t kGemvFillPerSm = 2;
 
-template <int kT>
+template <int kT, bool kF16 = false>
 __device__ __forceinline__ void GemvAccumulate(const uint4& raw, const float* x, int64_t xs, int64_t k, int64_t tn,
                                                float* acc) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
   float wf[8];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float2 f = __bfloat1622float2(h[e]);
+    const float2 f = kF16 ? __half22float2(reinterpret_cast<const __half2*>(&raw)[e])
+                          : __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(&raw)[e]);
     wf[2 * e] = f.x;
     wf[2 * e + 1] = f.y;
   }
@@ -126,7 +126,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
   int64_t k = lane;
-  if (p.scale == nullptr) {  // bf16: 8 values a piece
+  if (p.scale == nullptr && p.f16) {  // f16: 8 values a piece
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __half*>(p.w) + r * p.w_stride);
+    const int64_t chunks = in / 8;
+    for (; k + 96 < chunks; k += 128) {
+      const uint4 r0 = LoadStreaming(wr + k), r1 = LoadStreaming(wr + k + 32), r2 = LoadStreaming(wr + k + 64),
+                  r3 = LoadStreaming(wr + k + 96);
+      GemvAccumulate<kT, true>(r0, xt, xs, k, tn, acc);
+      GemvAccumulate<kT, true>(r1, xt, xs, k + 32, tn, acc);
+      GemvAccumulate<kT, true>(r2, xt, xs, k + 64, tn, acc);
+      GemvAccumulate<kT, true>(r3, xt, xs, k + 96, tn, acc);
+    }
+    for (; k < chunks; k += 32) GemvAccumulate<kT, true>(LoadStreaming(wr + k), xt, xs, k, tn, acc);
+  } else if (p.scale == nullptr) {  // bf16: 8 values a piece
     const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w) + r * p.w_stride);
     const int64_t chunks = in / 8;
     for (; k + 96 < chunks; k += 128) {
@@ -236,8 +248,9 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
   dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok));
   const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        in % 8 == 0 && ws % 8 == 0 && xs % 4 == 0;
-  if ((wd == kBF16 || wd == kF8) && aligned && !generic) {
+  if ((wd == kBF16 || wd == kF16 || wd == kF8) && aligned && !generic) {
     GemvPart part{w, ws, m, bias, bd, out, os};
+    part.f16 = wd == kF16;
     if (wd == kF8) {
       part.scale = scale;
       part.scale_stride = ss;

@@ -31,7 +31,7 @@ int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_
 // float32 block scales (`scale` non-null). Needs GemvFanOutFits for every part, and one bias dtype for the parts that
 // have a bias.
 struct GemvPart {
-  const void* w;  // bf16 or f8 [m, in], rows w_stride elements apart
+  const void* w;  // bf16, f16 (f16 set) or f8 (scale set) [m, in], rows w_stride elements apart
   int64_t w_stride;
   int64_t m;
   const void* bias;  // [m] or null
@@ -42,6 +42,7 @@ struct GemvPart {
   const float* scale = nullptr;
   int64_t scale_stride = 0;
   int64_t block_n = 128, block_k = 128;
+  bool f16 = false;  // w is f16 (the unquantized tensors of AWQ/GPTQ checkpoints), not bf16
 };
 constexpr int kMaxGemvParts = 4;
 bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);

@@ -104,7 +104,8 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
                                std::span<const TensorView> outs) {
   FATHOM_CHECK_EQ(ws.size(), outs.size());
   const int64_t n = x.dim(0), k = x.dim(1);
-  // Decode-sized batches with bf16 or f8 weights (and biases of one dtype): one GEMV launch for all the weights.
+  if (!ws.empty() && ws[0].int4() && LinearInt4FanOut(x, ws, outs)) return;
+  // Decode-sized batches with bf16, f16 or f8 weights (and biases of one dtype): one GEMV launch for all the weights.
   // Otherwise one Linear each.
   bool one_launch = n <= 8 && !ws.empty() && ws.size() <= static_cast<size_t>(cuda::kMaxGemvParts);
   std::array<cuda::GemvPart, cuda::kMaxGemvParts> parts{};
@@ -122,10 +123,11 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
                               outs[i].data<float>(),
                               outs[i].stride(0)};
     if (w.fp8_block()) SetFp8GemvScales(w, &parts[i]);
+    parts[i].f16 = w.weight.dtype() == DType::kF16;
     const bool bias_ok = w.bias.empty() || bias_dtype < 0 || Dt(w.bias) == bias_dtype;
     if (!w.bias.empty()) bias_dtype = Dt(w.bias);
-    one_launch = (w.weight.dtype() == DType::kBF16 || w.fp8_block()) && bias_ok && outs[i].stride(1) == 1 &&
-                 cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
+    one_launch = (w.weight.dtype() == DType::kBF16 || w.weight.dtype() == DType::kF16 || w.fp8_block()) && bias_ok &&
+                 outs[i].stride(1) == 1 && cuda::GemvFanOutFits(x.data<float>(), x.stride(0), n, k, parts[i]);
   }
   if (!one_launch || options_.generic_linear || x.stride(1) != 1) {
     // Prefill-sized: x is rounded to bf16 once for all the weights that go to cuBLASLt; the others (float32

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <vector>
 
@@ -79,6 +80,8 @@ Status CudaBackend::PrepareInt4(LinearWeight& w) {
     }
   }
   const int64_t m = w.int4_out, k = w.int4_in, groups = w.scales.dim(0), group = w.group_size;
+  // The W4A16 kernel's counters, partial-sum scratch and bf16 staging of x: one of each for every 4-bit layer (their
+  // kernels run one after another on the stream), allocated before any graph captures their pointers.
   if (int4_counters_ == nullptr) {
     const size_t bytes = static_cast<size_t>(cuda::kInt4MaxCounters) * sizeof(int);
     if (cudaMalloc(&int4_counters_, bytes) != cudaSuccess) {
@@ -87,6 +90,25 @@ Status CudaBackend::PrepareInt4(LinearWeight& w) {
       return ResourceExhaustedError("PrepareLinear: cudaMalloc of the 4-bit kernels' counters");
     }
     FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMemset(int4_counters_, 0, bytes), "4-bit counters"));
+  }
+  if (int4_scratch_ == nullptr) {
+    const size_t bytes = static_cast<size_t>(cuda::kInt4MmaScratchFloats) * sizeof(float);
+    if (cudaMalloc(&int4_scratch_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      int4_scratch_ = nullptr;  // the kernel then runs without partial sums
+    }
+  }
+  const size_t stage_bytes =
+      static_cast<size_t>(std::clamp<int64_t>(options_.int4_gemm_tokens, kInt4StageMinTokens, 1024) * k * 2);
+  if (stage_bytes > int4_stage_bytes_ && graphs_.empty()) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, stage_bytes) == cudaSuccess) {
+      if (int4_stage_ != nullptr) cudaFree(int4_stage_);
+      int4_stage_ = p;
+      int4_stage_bytes_ = stage_bytes;
+    } else {
+      cudaGetLastError();  // decode batches then read x as float32
+    }
   }
   auto state = std::make_shared<Int4LinearState>();
   bool fits =
@@ -198,16 +220,57 @@ void CudaBackend::LinearInt4(const TensorView& x, const LinearWeight& w, const T
       return;
     }
   }
-  int splits = cuda::Int4MmaSplits(m, k, n, sm_count_);
-  float* partial = nullptr;
-  if (splits > 1) {
-    partial = static_cast<float*>(Workspace(static_cast<size_t>(splits * n * m) * sizeof(float)));
-    if (partial == nullptr) splits = 1;
+  const cuda::Int4MmaPart part{tiled, bias, bias_dt, out.data<float>(), out.stride(0)};
+  Int4Mma(x, st->perm, &part, 1);
+}
+
+void CudaBackend::Int4Mma(const TensorView& x, const int32_t* perm, const cuda::Int4MmaPart* parts, int count) {
+  const int64_t n = x.dim(0), k = x.dim(1);
+  // Batches past kInt4StageMinTokens tokens: x rounded to bf16 (through the act-order permutation) once, for every
+  // block of the kernel to stage directly; smaller ones are rounded by the kernel as it stages them.
+  const bool stage =
+      n > kInt4StageMinTokens && int4_stage_ != nullptr && static_cast<size_t>(n * k * 2) <= int4_stage_bytes_;
+  if (stage) {
+    Launch(perm != nullptr ? "GatherToBf16" : "ToBf16", [&] {
+      return perm != nullptr ? cuda::LaunchGatherToBf16(x.data<float>(), x.stride(0), n, k, perm, int4_stage_, stream_)
+                             : cuda::LaunchToBf16(x.data<float>(), x.stride(0), n, k, int4_stage_, stream_);
+    });
   }
-  Launch("LinearInt4", [&] {
-    return cuda::LaunchInt4Mma(x.data<float>(), x.stride(0), n, tiled, bias, bias_dt, out.data<float>(), out.stride(0),
-                               partial, int4_counters_, splits, stream_);
+  Launch(count > 1 ? "LinearInt4FanOut" : "LinearInt4", [&] {
+    return cuda::LaunchInt4MmaParts(stage ? int4_stage_ : x.raw(), stage, stage ? k : x.stride(0), n, parts, count,
+                                    int4_scratch_, cuda::kInt4MmaScratchFloats, int4_counters_, stream_);
   });
+}
+
+bool CudaBackend::LinearInt4FanOut(const TensorView& x, std::span<const LinearWeight> ws,
+                                   std::span<const TensorView> outs) {
+  const int64_t n = x.dim(0), k = x.dim(1);
+  if (ws.size() < 2 || ws.size() > static_cast<size_t>(cuda::kInt4MaxParts) || options_.f32_gemm ||
+      options_.generic_linear) {
+    return false;
+  }
+  // The prefill path (dequantize, then cuBLASLt) is one weight at a time.
+  if (n > options_.int4_gemm_tokens && gemm_ != nullptr && !capturing_) return false;
+  if (x.stride(1) != 1 || x.stride(0) % 4 != 0 || reinterpret_cast<uintptr_t>(x.raw()) % 16 != 0) return false;
+  std::array<cuda::Int4MmaPart, cuda::kInt4MaxParts> parts{};
+  std::vector<std::shared_ptr<void>> held;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearWeight& w = ws[i];
+    if (!w.int4() || w.in_features() != k || outs[i].stride(1) != 1 || outs[i].dim(1) != w.out_features()) {
+      return false;
+    }
+    held.push_back(w.device_state != nullptr ? w.device_state : DerivedState(w.weight.raw()));
+    const auto* st = static_cast<const Int4LinearState*>(held.back().get());
+    if (st == nullptr || !st->tiled || st->perm != nullptr) return false;  // act-order: each weight its own order
+    parts[i] = {TiledOf(w, *st), w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
+                outs[i].data<float>(), outs[i].stride(0)};
+    const cuda::Int4Tiled& a = parts[i].w;
+    const cuda::Int4Tiled& b = parts[0].w;
+    if (a.group != b.group || a.scales_dtype != b.scales_dtype || a.zero_offset != b.zero_offset) return false;
+    if (!w.bias.empty() && parts[0].bias != nullptr && parts[i].bias_dtype != parts[0].bias_dtype) return false;
+  }
+  Int4Mma(x, nullptr, parts.data(), static_cast<int>(ws.size()));
+  return true;
 }
 
 }  // namespace fathom

@@ -210,6 +210,62 @@ TEST(CudaInt4Test, LinearMatchesCpuOnEveryPath) {
   }
 }
 
+// LinearFanOut of 4-bit weights that share x (q/k/v with biases, gate/up): one W4A16 launch for all of them whose
+// outputs each match the CPU's Linear as LinearMatchesCpuOnEveryPath's tiled default path does, at decode and
+// graph-sized counts; act-order weights (each with its own input order) take one launch each and match too.
+TEST(CudaInt4Test, LinearFanOutMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  struct Set {
+    std::vector<Int4Case> parts;
+  };
+  const std::vector<Set> sets = {
+      {{{LinearFormat::kAwq, 384, 512, 128, false, 0, DType::kF16, true},
+        {LinearFormat::kAwq, 64, 512, 128, false, 0, DType::kF16, true},
+        {LinearFormat::kAwq, 64, 512, 128, false, 0, DType::kF16, true}}},
+      {{{LinearFormat::kAwq, 3584, 3584, 128, false, 0, DType::kF16, true},  // R1-Distill-Qwen-7B q/k/v
+        {LinearFormat::kAwq, 512, 3584, 128, false, 0, DType::kF16, true},
+        {LinearFormat::kAwq, 512, 3584, 128, false, 0, DType::kF16, true}}},
+      {{{LinearFormat::kGptq, 1408, 2048, 128, false, 1}, {LinearFormat::kGptq, 1408, 2048, 128, false, 1}}},
+      {{{LinearFormat::kGptq, 256, 256, 32, false, 0}, {LinearFormat::kGptq, 96, 256, 32, false, 0}}},
+      {{{LinearFormat::kGptq, 256, 512, 64, true, 1}, {LinearFormat::kGptq, 128, 512, 64, true, 1}}},  // act-order
+  };
+  uint32_t seed = 500;
+  for (const Set& set : sets) {
+    std::vector<HostInt4> hs;
+    std::vector<DeviceInt4> ds;
+    std::vector<LinearWeight> lws;
+    std::string name;
+    for (const Int4Case& c : set.parts) {
+      hs.push_back(MakeInt4(c, seed++));
+      ds.push_back(Upload(*gpu, hs.back()));
+      ASSERT_TRUE(gpu->PrepareLinear(ds.back().w).ok()) << Name(c);
+      lws.push_back(ds.back().w);
+      name += (name.empty() ? "" : " + ") + Name(c);
+    }
+    const int64_t k = set.parts[0].k;
+    for (int64_t n : {1, 8, 16, 40, 64, 256}) {
+      Tensor x = RandomX(n, k, static_cast<uint32_t>(n) + seed);
+      Tensor xd = *gpu->Upload(x);
+      std::vector<Tensor> ys;
+      std::vector<TensorView> views;
+      for (const Int4Case& c : set.parts) {
+        ys.push_back(gpu->Alloc(DType::kF32, {n, c.m}));
+        views.push_back(ys.back().view());
+      }
+      gpu->LinearFanOut(xd, lws, views);
+      ASSERT_TRUE(gpu->Synchronize().ok()) << name;
+      for (size_t i = 0; i < set.parts.size(); ++i) {
+        Tensor ref = cpu.Alloc(DType::kF32, {n, set.parts[i].m});
+        cpu.Linear(x, hs[i].w, ref);
+        const Error e = Compare(Host(*gpu, ys[i]), ref.data<float>(), static_cast<size_t>(n * set.parts[i].m));
+        EXPECT_LE(e.max_rel, 1e-2) << name << " part " << i << " n=" << n;
+        EXPECT_LE(e.rms_rel, 5e-3) << name << " part " << i << " n=" << n;
+      }
+    }
+  }
+}
+
 // The repack is in place, so a second LinearWeight bound to the same memory must find it done (not repack the tiles
 // again), and one bound after the memory was freed and reused must be repacked afresh.
 TEST(CudaInt4Test, PrepareLinearRepacksEachWeightOnce) {

@@ -1297,6 +1297,7 @@ std::vector<OpCase> BuildCases() {
       {{1, 18944, 3584, BF16}, "generic_linear", kF32, kGpu},
       {{8, 3584, 18944, BF16}, "default", kF32, kGpu},
       {{1, 3584, 152064, BF16}, "default", kF32, kGpu},
+      {{1, 3584, 152064, F16}, "default", kF32, kGpu},  // an AWQ Qwen-7B's f16 lm_head on the GEMV
       {{512, 3584, 4608, BF16, true}, "default", kBf16, kGpu},
       {{512, 3584, 18944, BF16}, "default", kBf16, kGpu},
       {{512, 18944, 3584, BF16}, "default", kBf16, kGpu},
@@ -1340,6 +1341,7 @@ std::vector<OpCase> BuildCases() {
       {{3, 256, qkv, true}, "default", kF32},
       {{8, 256, gate_up}, "default", kF32},
       {{2, 384, {{256, F8}, {128, BF16}}}, "default", kF32},  // f8 and bf16 parts in one launch
+      {{3, 256, {{96, F16}, {64, BF16}}}, "default", kF32},   // f16 (an AWQ checkpoint's unquantized) and bf16
       {{2, 256, qkv, true}, "generic_linear", kF32},
       {{9, 256, qkv, true}, "default", kBf16},
       {{9, 256, qkv, true}, "f32_gemm", kF32},
