@@ -2,8 +2,9 @@
 // and the reference rule W[n, k] = (q[k, n] - (z[g, n] + zero_offset)) * s[g, n]). Launchers follow launcher.h.
 //
 // Weights that fit the tile layout below are repacked into it once, in place (LaunchRepackInt4, at PrepareLinear):
-// then decode batches run LaunchInt4Mma, W4A16 on mma.m16n8k16 tensor cores in the manner of Marlin (codes turned
-// into bf16 in registers, float32 accumulation, scales applied per group to the accumulators), and prefill batches
+// then decode batches run LaunchInt4Mma (LaunchInt4MmaParts: several weights of one x in one launch), W4A16 on
+// mma.m16n8k16 tensor cores in the manner of Marlin (codes turned into bf16 in registers, float32 accumulation,
+// scales applied per group to the accumulators; stream-K over 128-row groups, int4.cu), and prefill batches
 // dequantize to bf16 (LaunchDequantInt4) for the cuBLASLt GEMM. Other shapes run LaunchInt4Generic on the
 // checkpoint's own layout.
 //
