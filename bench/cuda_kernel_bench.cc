@@ -675,7 +675,7 @@ void Int4Bench(Lt& lt) {
           if (staged && fathom::cuda::LaunchToBf16(x, sh.k, n, sh.k, xb, lt.s) != 0) std::exit(13);
           if (fathom::cuda::LaunchInt4Mma(staged ? xb : static_cast<const void*>(x), staged, sh.k, n,
                                           ws[static_cast<size_t>(it) % ws.size()], nullptr, 0, out, sh.m, scratch,
-                                          fathom::cuda::kInt4MmaScratchFloats, counters, lt.s) != 0) {
+                                          fathom::cuda::kInt4MmaScratchFloats, counters, lt.sm_count, lt.s) != 0) {
             std::exit(13);
           }
         });

@@ -26,14 +26,11 @@
 #include "backend/cuda/kernel_options.h"
 #include "model/backend.h"
 
-namespace fathom::cuda {
-struct Int4MmaPart;  // int4.h
-}  // namespace fathom::cuda
-
 namespace fathom {
 
 namespace cuda {
-struct GemvPart;  // linear.h
+struct GemvPart;     // linear.h
+struct Int4MmaPart;  // int4.h
 }  // namespace cuda
 
 // A CUDA error code (cudaError_t; 0: success) as a Status naming `what`: ResourceExhausted for an allocation failure,

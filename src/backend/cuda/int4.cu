@@ -124,11 +124,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return reinterpret_cast<const uint32_t&>(v);
 }
 
-template <typename TS>
-__device__ __forceinline__ float TiledScale(const TS* s, int64_t i) {
-  return ToF(s[i]);
-}
-
 // acc += s * tmp (rows r0: s0, r0 + 8: s1), then tmp = 0: one group's sums, scaled, into the totals.
 template <int NT>
 __device__ __forceinline__ void AddScaled(float (&acc)[NT][4], float (&tmp)[NT][4], float s0, float s1) {
@@ -589,19 +584,6 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 1 << 16)));
 }
 
-int SmCount() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 1;
-    }
-    return std::max(sms, 1);
-  }();
-  return count;
-}
-
 // Blocks of one kernel instantiation that fit on a multiprocessor with its shared memory (set up once: the
 // attribute for more than 48 KiB, then the occupancy query, which costs more than a launch).
 template <typename TS, bool kChunkGroup, int NT, typename XT>
@@ -624,11 +606,11 @@ int MmaBlocksPerSm() {
 // two steps of chunks and 1/16 of a row group at one token tile (1/8 at two, 1/4 at four or eight: a row group is
 // summed from at most about 17, 9 or 5 blocks' partial sums, so that the last block's sum stays short), and as
 // many as the scratch and counters hold (1 block a row group without scratch: no partial sums).
-int64_t MmaBlocks(int per_sm, int nt, int64_t rgs, int64_t chunks, int64_t tgs, int64_t slot_floats,
+int64_t MmaBlocks(int per_sm, int sm_count, int nt, int64_t rgs, int64_t chunks, int64_t tgs, int64_t slot_floats,
                   int64_t scratch_floats) {
   const int64_t units = rgs * chunks;
   if (scratch_floats <= 0 || tgs * rgs > kInt4MaxCounters) return rgs;
-  const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * SmCount();
+  const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * std::max(sm_count, 1);
   int64_t blocks = std::max<int64_t>(1, wave / tgs);
   blocks = std::min(blocks, scratch_floats / (tgs * 2 * slot_floats));
   const int64_t parts = std::max(4, 16 / nt);
@@ -638,15 +620,15 @@ int64_t MmaBlocks(int per_sm, int nt, int64_t rgs, int64_t chunks, int64_t tgs, 
 
 template <typename TS, bool kChunkGroup, typename XT>
 int LaunchMma(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, float* scratch, int64_t scratch_floats,
-              int* counters, Stream s) {
+              int* counters, int sm_count, Stream s) {
   const auto go = [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
     constexpr int64_t kTokens = 8 * NT;
     const int per_sm = MmaBlocksPerSm<TS, kChunkGroup, NT, XT>();
     if (per_sm == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
     const int64_t tgs = (n + kTokens - 1) / kTokens;
-    const int64_t blocks = MmaBlocks(per_sm, NT, parts.rg_begin[parts.count], parts.chunks, tgs, kMmaRows * kTokens,
-                                     counters == nullptr ? 0 : scratch_floats);
+    const int64_t blocks = MmaBlocks(per_sm, sm_count, NT, parts.rg_begin[parts.count], parts.chunks, tgs,
+                                     kMmaRows * kTokens, counters == nullptr ? 0 : scratch_floats);
     const dim3 grid(static_cast<unsigned>(tgs), static_cast<unsigned>(blocks));
     Int4MmaKernel<TS, kChunkGroup, NT, XT><<<grid, kMmaWarps * 32, MmaStage<NT>::kSmemBytes, S(s)>>>(
         x, xs, n, parts, scratch, counters, static_cast<int>(blocks));
@@ -660,14 +642,14 @@ int LaunchMma(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, float* 
 
 template <typename XT>
 int LaunchMmaFor(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, int scales_dtype, bool chunk_group,
-                 float* scratch, int64_t scratch_floats, int* counters, Stream s) {
+                 float* scratch, int64_t scratch_floats, int* counters, int sm_count, Stream s) {
   if (scales_dtype == kF16) {
-    return chunk_group ? LaunchMma<__half, true>(x, xs, n, parts, scratch, scratch_floats, counters, s)
-                       : LaunchMma<__half, false>(x, xs, n, parts, scratch, scratch_floats, counters, s);
+    return chunk_group ? LaunchMma<__half, true>(x, xs, n, parts, scratch, scratch_floats, counters, sm_count, s)
+                       : LaunchMma<__half, false>(x, xs, n, parts, scratch, scratch_floats, counters, sm_count, s);
   }
   if (scales_dtype == kF32) {
-    return chunk_group ? LaunchMma<float, true>(x, xs, n, parts, scratch, scratch_floats, counters, s)
-                       : LaunchMma<float, false>(x, xs, n, parts, scratch, scratch_floats, counters, s);
+    return chunk_group ? LaunchMma<float, true>(x, xs, n, parts, scratch, scratch_floats, counters, sm_count, s)
+                       : LaunchMma<float, false>(x, xs, n, parts, scratch, scratch_floats, counters, sm_count, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -696,7 +678,7 @@ int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_w
 }
 
 int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4MmaPart* parts, int count,
-                       float* scratch, int64_t scratch_floats, int* counters, Stream s) {
+                       float* scratch, int64_t scratch_floats, int* counters, int sm_count, Stream s) {
   if (n == 0) return 0;
   if (count < 1 || count > kInt4MaxParts || (x_bf16 ? xs % 8 != 0 : xs % 4 != 0) ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0) {
@@ -735,17 +717,17 @@ int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const 
   const bool chunk_group = w0.group % 64 == 0 || w0.groups == 1;
   if (x_bf16) {
     return LaunchMmaFor(static_cast<const __nv_bfloat16*>(x), xs, n, p, w0.scales_dtype, chunk_group, scratch,
-                        scratch_floats, counters, s);
+                        scratch_floats, counters, sm_count, s);
   }
   return LaunchMmaFor(static_cast<const float*>(x), xs, n, p, w0.scales_dtype, chunk_group, scratch, scratch_floats,
-                      counters, s);
+                      counters, sm_count, s);
 }
 
 int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias,
                   int bias_dtype, float* out, int64_t os, float* scratch, int64_t scratch_floats, int* counters,
-                  Stream s) {
+                  int sm_count, Stream s) {
   const Int4MmaPart part{w, bias, bias_dtype, out, os};
-  return LaunchInt4MmaParts(x, x_bf16, xs, n, &part, 1, scratch, scratch_floats, counters, s);
+  return LaunchInt4MmaParts(x, x_bf16, xs, n, &part, 1, scratch, scratch_floats, counters, sm_count, s);
 }
 
 int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s) {

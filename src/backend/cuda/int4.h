@@ -10,7 +10,7 @@
 //
 //   int err = cuda::LaunchRepackInt4(src, layout, scratch, stream);          // once per weight
 //   err = cuda::LaunchInt4Mma(x, /*x_bf16=*/false, xs, n, tiled, bias, bias_dt, out, os, scratch,
-//                             cuda::kInt4MmaScratchFloats, counters, stream);
+//                             cuda::kInt4MmaScratchFloats, counters, sm_count, stream);
 //
 // The tile layout (M outputs, K inputs, G groups of `group` inputs; k' an input in tiled order: the checkpoint's
 // input perm[k'] for GPTQ act-order, else k' itself; codes q and zeros z as stored):
@@ -67,10 +67,10 @@ int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_w
 // x_bf16, x already rounded and in tiled order ([n, K] bf16, xs % 8 == 0, 16-byte aligned; w.perm unused). Blocks
 // share row groups' K (stream-K) through `scratch` (float32, scratch_floats of it; kInt4MmaScratchFloats is enough
 // for any shape) and `counters` (kInt4MaxCounters zeroed ints, left zeroed); with scratch null, one block a 128-row
-// group and no partial sums.
+// group and no partial sums. sm_count: the GPU's multiprocessors, which size the grid (one wave).
 int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4Tiled& w, const void* bias,
                   int bias_dtype, float* out, int64_t os, float* scratch, int64_t scratch_floats, int* counters,
-                  Stream s);
+                  int sm_count, Stream s);
 constexpr int64_t kInt4MaxCounters = 1 << 16;
 constexpr int64_t kInt4MmaScratchFloats = 8ll << 20;  // 32 MiB
 
@@ -85,7 +85,7 @@ struct Int4MmaPart {
 };
 constexpr int kInt4MaxParts = 4;
 int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4MmaPart* parts, int count,
-                       float* scratch, int64_t scratch_floats, int* counters, Stream s);
+                       float* scratch, int64_t scratch_floats, int* counters, int sm_count, Stream s);
 
 // dst bf16 [M, K] (row-major, inputs in tiled order) = the tiled weight's values, rounded to nearest even.
 int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s);

@@ -238,7 +238,7 @@ void CudaBackend::Int4Mma(const TensorView& x, const int32_t* perm, const cuda::
   }
   Launch(count > 1 ? "LinearInt4FanOut" : "LinearInt4", [&] {
     return cuda::LaunchInt4MmaParts(stage ? int4_stage_ : x.raw(), stage, stage ? k : x.stride(0), n, parts, count,
-                                    int4_scratch_, cuda::kInt4MmaScratchFloats, int4_counters_, stream_);
+                                    int4_scratch_, cuda::kInt4MmaScratchFloats, int4_counters_, sm_count_, stream_);
   });
 }
 
@@ -253,21 +253,20 @@ bool CudaBackend::LinearInt4FanOut(const TensorView& x, std::span<const LinearWe
   if (n > options_.int4_gemm_tokens && gemm_ != nullptr && !capturing_) return false;
   if (x.stride(1) != 1 || x.stride(0) % 4 != 0 || reinterpret_cast<uintptr_t>(x.raw()) % 16 != 0) return false;
   std::array<cuda::Int4MmaPart, cuda::kInt4MaxParts> parts{};
-  std::vector<std::shared_ptr<void>> held;
+  std::array<std::shared_ptr<void>, cuda::kInt4MaxParts> held;
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearWeight& w = ws[i];
     if (!w.int4() || w.in_features() != k || outs[i].stride(1) != 1 || outs[i].dim(1) != w.out_features()) {
       return false;
     }
-    held.push_back(w.device_state != nullptr ? w.device_state : DerivedState(w.weight.raw()));
-    const auto* st = static_cast<const Int4LinearState*>(held.back().get());
+    held[i] = w.device_state != nullptr ? w.device_state : DerivedState(w.weight.raw());
+    const auto* st = static_cast<const Int4LinearState*>(held[i].get());
     if (st == nullptr || !st->tiled || st->perm != nullptr) return false;  // act-order: each weight its own order
     parts[i] = {TiledOf(w, *st), w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
                 outs[i].data<float>(), outs[i].stride(0)};
     const cuda::Int4Tiled& a = parts[i].w;
     const cuda::Int4Tiled& b = parts[0].w;
     if (a.group != b.group || a.scales_dtype != b.scales_dtype || a.zero_offset != b.zero_offset) return false;
-    if (!w.bias.empty() && parts[0].bias != nullptr && parts[i].bias_dtype != parts[0].bias_dtype) return false;
   }
   Int4Mma(x, nullptr, parts.data(), static_cast<int>(ws.size()));
   return true;
