@@ -697,6 +697,7 @@ Status CudaBackend::PrepareExperts(ExpertSet& experts) {
       static_cast<int64_t>(e) > moe_route::kMaxExperts) {
     return OkStatus();
   }
+  if (experts.gate[0].int4()) return PrepareInt4Experts(experts);
   const LinearFormat format = experts.gate[0].format;
   const DType dt = experts.gate[0].weight.dtype();
   const bool fp8 = format == LinearFormat::kFp8Block;
@@ -748,11 +749,26 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   a.table = static_cast<const void* const*>(experts.device_state.get());
   a.fp8 = experts.gate[0].fp8_block();
   a.os = out.stride(0);
+  if (experts.gate[0].int4()) {
+    // 4-bit experts: the grouped W4A16 kernels at every batch size (PrepareInt4Experts checked that every expert has
+    // the gate's group, scales dtype and zero offset), except that KernelOptions::f32_gemm / generic_linear take the
+    // host path's exact float32 kernels outside a graph.
+    if ((options_.f32_gemm || options_.generic_linear) && !capturing_) {
+      return Backend::MoeExperts(x, experts, ids, weights, out);
+    }
+    a.int4 = true;
+    const LinearWeight& g = experts.gate[0];
+    a.int4_group = g.group_size == experts.down[0].group_size ? g.group_size : 0;  // 0: one group a row
+    a.int4_scales_dtype = static_cast<int>(g.scales.dtype());
+    a.int4_zero_offset = g.zero_offset;
+  }
   // KernelOptions::f32_gemm keeps the float32-input GEMVs for every batch.
-  a.tensor_cores = n >= options_.moe_mma_tokens && cuda::MoeTensorCoresFit(a) && !options_.f32_gemm;
-  // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core path takes any batch, in slices of
-  // that many pairs.
-  if (!a.tensor_cores && n * k > cuda::kMaxMoePairs) return Backend::MoeExperts(x, experts, ids, weights, out);
+  a.tensor_cores = !a.int4 && n >= options_.moe_mma_tokens && cuda::MoeTensorCoresFit(a) && !options_.f32_gemm;
+  // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core and 4-bit paths take any batch, in
+  // slices of that many pairs.
+  if (!a.tensor_cores && !a.int4 && n * k > cuda::kMaxMoePairs) {
+    return Backend::MoeExperts(x, experts, ids, weights, out);
+  }
   const int64_t slice = cuda::kMaxMoePairs / k;
   a.n = std::min(n, slice);
   void* ws = Workspace(static_cast<size_t>(cuda::MoeExpertsWorkspaceBytes(a)));

@@ -217,6 +217,9 @@ class CudaBackend final : public Backend {
   // shape does not fit it); Linear on the W4A16 tensor-core kernel up to KernelOptions::int4_gemm_tokens tokens, on
   // dequantize-then-cuBLASLt above.
   Status PrepareInt4(LinearWeight& w);
+  // PrepareExperts for 4-bit experts: the device table of their tiled weights, scales and zeros (moe.h) where every
+  // expert was tiled without an act-order permutation and shares the gate's group, scales dtype and zero offset.
+  Status PrepareInt4Experts(ExpertSet& experts);
   void LinearInt4(const TensorView& x, const LinearWeight& w, const TensorView& out);
   // 4-bit weights of one x in one W4A16 launch; false (nothing done) when they do not fit it.
   bool LinearInt4FanOut(const TensorView& x, std::span<const LinearWeight> ws, std::span<const TensorView> outs);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/int4.cuh"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
@@ -17,6 +18,10 @@
 namespace fathom::cuda {
 
 namespace {
+
+using int4::AddScaled;
+using int4::GroupMeta;
+using int4::MakeMeta;
 
 __device__ __forceinline__ uint32_t Nib(uint32_t word, int i) {
   return (word >> (4 * i)) & 0xFu;
@@ -103,38 +108,9 @@ __global__ void RepackZerosKernel(Int4Source w, uint32_t* dst, int64_t total) {
   }
 }
 
-// (a & b) | c.
-__device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// Two codes (bits 0..3 and 16..19 of `word`) minus their zero, as bf16x2: 0x4300 | q is the bf16 128 + q, and
-// zz holds 128 + z twice; the difference, an integer in [-16, 15], is exact.
-__device__ __forceinline__ uint32_t CodesMinusZero(uint32_t word, uint32_t zz) {
-  const uint32_t v = Lop3AndOr(word, 0x000F000Fu, 0x43004300u);
-  const __nv_bfloat162 d =
-      __hsub2(reinterpret_cast<const __nv_bfloat162&>(v), reinterpret_cast<const __nv_bfloat162&>(zz));
-  return reinterpret_cast<const uint32_t&>(d);
-}
-
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return reinterpret_cast<const uint32_t&>(v);
-}
-
-// acc += s * tmp (rows r0: s0, r0 + 8: s1), then tmp = 0: one group's sums, scaled, into the totals.
-template <int NT>
-__device__ __forceinline__ void AddScaled(float (&acc)[NT][4], float (&tmp)[NT][4], float s0, float s1) {
-#pragma unroll
-  for (int tt = 0; tt < NT; ++tt) {
-    acc[tt][0] += s0 * tmp[tt][0];
-    acc[tt][1] += s0 * tmp[tt][1];
-    acc[tt][2] += s1 * tmp[tt][2];
-    acc[tt][3] += s1 * tmp[tt][3];
-    tmp[tt][0] = tmp[tt][1] = tmp[tt][2] = tmp[tt][3] = 0.0f;
-  }
 }
 
 // The W4A16 kernel. A block's 8 warps each own one 16-row block of a 128-row group, so x, staged in shared memory as
@@ -182,21 +158,6 @@ struct MmaParts {
   const int32_t* perm;
   int chunks, groups, group, zero_offset;
 };
-
-// The zeros and scales of one group for this lane's two rows (r0, r0 + 8).
-struct GroupMeta {
-  uint32_t zz0, zz1;  // 128 + z, twice, as bf16x2 (CodesMinusZero)
-  float s0, s1;
-};
-
-__device__ __forceinline__ GroupMeta MakeMeta(uint2 z, float s0, float s1, int zshift, int zero_offset) {
-  GroupMeta m;
-  m.zz0 = 0x43004300u + (((z.x >> zshift) & 0xFu) + zero_offset) * 0x00010001u;
-  m.zz1 = 0x43004300u + (((z.y >> zshift) & 0xFu) + zero_offset) * 0x00010001u;
-  m.s0 = s0;
-  m.s1 = s1;
-  return m;
-}
 
 // 8 bytes global -> shared (cp.async.ca: the 16-byte .cg form is memory.cuh's CpAsync16).
 __device__ __forceinline__ void CpAsync8(void* smem, const void* src) {
@@ -359,8 +320,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MmaStage<NT>::kMinBlocks)
                         ToF(sbase[g * 16 + lane / 4 + 8]), zshift, P.zero_offset);
         }
         const uint32_t word = words[j];
-        const uint32_t a[4] = {CodesMinusZero(word, gm.zz0), CodesMinusZero(word >> 4, gm.zz1),
-                               CodesMinusZero(word >> 8, gm.zz0), CodesMinusZero(word >> 12, gm.zz1)};
+        uint32_t a[4];
+        int4::Fragment(word, gm.zz0, gm.zz1, a);
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt) {
           const uint2 bv = *reinterpret_cast<const uint2*>(xb + tt * 8 * St::kPitch + 16 * j);
@@ -475,6 +436,80 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MmaStage<NT>::kMinBlocks)
     }
   }
   CpAsyncWait<0>();
+}
+
+// The decode kernel for up to kInt4GemvTokens tokens (float32 x): a block's kGemvRowWarps row blocks of 16 rows,
+// each shared by kGemvSplit warps that take every kGemvSplit-th 64-input chunk with kGemvUnroll chunks in flight a
+// lane (int4.cuh's WarpRowBlock) and add their sums in split order at the end: no partial sums between blocks, no
+// cp.async ring, x staged once for K inputs where it fits (its n rows only; a tile's other token rows read as zeros).
+// At this size the kernel is bound by loads in flight and by latency, which the stream-K kernel's staging, ring and
+// cross-block sums added to; parts (q/k/v, gate/up) number their row blocks one after another.
+constexpr int kGemvRowWarps = 2, kGemvSplit = 4, kGemvUnroll = 8;
+constexpr int kGemvThreads = 32 * kGemvRowWarps * kGemvSplit;
+constexpr int kGemvStageElems = 16384;  // bf16 elements of x a stage holds: [n tokens][inputs + 8]
+
+template <typename TS, bool kChunkGroup>
+__global__ void __launch_bounds__(kGemvThreads, 2)
+    Int4GemvKernel(const float* __restrict__ x, int64_t xs, int n, MmaParts P) {
+  __shared__ __align__(16) __nv_bfloat16 xsm[kGemvStageElems + 8 * kInt4GemvTokens];
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int rw = warp % kGemvRowWarps, split = warp / kGemvRowWarps;
+  int64_t rb = static_cast<int64_t>(blockIdx.x) * kGemvRowWarps + rw;  // over the parts, then within part p
+  int p = 0;
+  while (p + 1 < P.count && rb >= P.rbs[p]) rb -= P.rbs[p++];
+  const bool active = rb < P.rbs[p];
+  const int64_t rbo = active ? rb : 0, chunks = P.chunks, k = chunks * 64;
+  int4::WarpRowBlock<1, 1, TS, kChunkGroup> r;
+  r.w[0] = reinterpret_cast<const uint4*>(P.weights[p]) + rbo * chunks * 32 + lane;
+  r.s[0] = static_cast<const TS*>(P.scales[p]) + rbo * P.groups * 16;
+  r.z[0] = P.zeros[p] + rbo * P.groups * 2;
+  r.group = P.group;
+  r.zero_offset = P.zero_offset;
+  r.lane = lane;
+  r.Zero();
+  const int inputs = static_cast<int>(std::min<int64_t>(k, (kGemvStageElems / n) / 64 * 64));
+  const int pitch = inputs + 8;  // 16-byte rows; at most 8 rows, so never more than kGemvStageElems + 64 elements
+  const __nv_bfloat16* xlane = xsm + (lane / 4) * pitch + 4 * (lane % 4);
+  for (int64_t k0 = 0; k0 < k; k0 += inputs) {
+    const int len = static_cast<int>(std::min<int64_t>(inputs, k - k0));
+    __syncthreads();  // every warp is done with the last stage
+    if (P.perm == nullptr) {
+      const int per_row = len / 4;
+      for (int i = static_cast<int>(threadIdx.x); i < n * per_row; i += kGemvThreads) {
+        const int t = i / per_row, q = i - t * per_row;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(x + t * xs + k0) + q);
+        *reinterpret_cast<uint2*>(xsm + t * pitch + 4 * q) = make_uint2(PackBf16(v.x, v.y), PackBf16(v.z, v.w));
+      }
+    } else {
+      for (int i = static_cast<int>(threadIdx.x); i < n * len; i += kGemvThreads) {
+        const int t = i / len, q = i - t * len;
+        xsm[t * pitch + q] = __float2bfloat16_rn(__ldg(x + t * xs + P.perm[k0 + q]));
+      }
+    }
+    __syncthreads();
+    const int64_t c_lo = k0 / 64;
+    if (active) r.template Stream<kGemvUnroll>(c_lo + split, c_lo + len / 64, kGemvSplit, c_lo, xlane, pitch, n);
+  }
+  static_assert((kGemvSplit - 1) * kGemvRowWarps * 128 * 4 <= sizeof(xsm), "the sums fit the stage");
+  r.AddSplits(reinterpret_cast<float*>(xsm), split, kGemvSplit, rw, kGemvRowWarps, active);
+  if (split > 0 || !active) return;
+  const int64_t r0 = 16 * rb + lane / 4;
+  float* out = P.out[p];
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const int t = 2 * (lane % 4) + (v & 1);
+    const int64_t row = r0 + 8 * (v >> 1);
+    if (t < n) out[t * P.os[p] + row] = r.acc[0][0][v] + BiasAt(P.bias[p], P.bias_dtype[p], row);
+  }
+}
+
+template <typename TS, bool kChunkGroup>
+int LaunchGemv(const float* x, int64_t xs, int64_t n, const MmaParts& parts, Stream s) {
+  int64_t rbs = 0;
+  for (int i = 0; i < parts.count; ++i) rbs += parts.rbs[i];
+  const unsigned blocks = static_cast<unsigned>((rbs + kGemvRowWarps - 1) / kGemvRowWarps);
+  Int4GemvKernel<TS, kChunkGroup><<<blocks, kGemvThreads, 0, S(s)>>>(x, xs, static_cast<int>(n), parts);
+  return Done();
 }
 
 template <typename TS>
@@ -715,6 +750,16 @@ int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const 
   p.rg_begin[count] = static_cast<int>(rgs);
   if (scratch == nullptr) scratch_floats = 0;
   const bool chunk_group = w0.group % 64 == 0 || w0.groups == 1;
+  if (!x_bf16 && n <= kInt4GemvTokens) {
+    const float* xf = static_cast<const float*>(x);
+    if (w0.scales_dtype == kF16) {
+      return chunk_group ? LaunchGemv<__half, true>(xf, xs, n, p, s) : LaunchGemv<__half, false>(xf, xs, n, p, s);
+    }
+    if (w0.scales_dtype == kF32) {
+      return chunk_group ? LaunchGemv<float, true>(xf, xs, n, p, s) : LaunchGemv<float, false>(xf, xs, n, p, s);
+    }
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   if (x_bf16) {
     return LaunchMmaFor(static_cast<const __nv_bfloat16*>(x), xs, n, p, w0.scales_dtype, chunk_group, scratch,
                         scratch_floats, counters, sm_count, s);

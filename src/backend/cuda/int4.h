@@ -4,7 +4,8 @@
 // Weights that fit the tile layout below are repacked into it once, in place (LaunchRepackInt4, at PrepareLinear):
 // then decode batches run LaunchInt4Mma (LaunchInt4MmaParts: several weights of one x in one launch), W4A16 on
 // mma.m16n8k16 tensor cores in the manner of Marlin (codes turned into bf16 in registers, float32 accumulation,
-// scales applied per group to the accumulators; stream-K over 128-row groups, int4.cu), and prefill batches
+// scales applied per group to the accumulators; stream-K over 128-row groups, or up to 8 tokens split-K within a
+// block, int4.cu), and prefill batches
 // dequantize to bf16 (LaunchDequantInt4) for the cuBLASLt GEMM. Other shapes run LaunchInt4Generic on the
 // checkpoint's own layout.
 //
@@ -62,7 +63,9 @@ bool Int4TileFits(int64_t m, int64_t k, int64_t groups, int64_t group);
 int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_weights, void* dst_scales,
                      uint32_t* dst_zeros, Stream s);
 
-// out[t, r] = sum_k x[t, k] W[r, k] + bias[r] on tensor cores, any n (8 to 64 tokens per pass over the weights):
+// out[t, r] = sum_k x[t, k] W[r, k] + bias[r] on tensor cores, any n (8 to 64 tokens per pass over the weights;
+// float32 x of up to kInt4GemvTokens tokens takes a GEMV-like kernel that splits each row block's K among the warps of
+// one block, with no partial sums through scratch):
 // x float32 [n, K] (rows xs apart, xs % 4 == 0, 16-byte aligned), rounded to bf16 and read through w.perm; or, with
 // x_bf16, x already rounded and in tiled order ([n, K] bf16, xs % 8 == 0, 16-byte aligned; w.perm unused). Blocks
 // share row groups' K (stream-K) through `scratch` (float32, scratch_floats of it; kInt4MmaScratchFloats is enough
@@ -72,6 +75,7 @@ int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4T
                   int bias_dtype, float* out, int64_t os, float* scratch, int64_t scratch_floats, int* counters,
                   int sm_count, Stream s);
 constexpr int64_t kInt4MaxCounters = 1 << 16;
+constexpr int kInt4GemvTokens = 8;
 constexpr int64_t kInt4MmaScratchFloats = 8ll << 20;  // 32 MiB
 
 // Up to kInt4MaxParts weights that share x (q/k/v, gate/up) in one launch of the kernel above: each part its own

@@ -2,7 +2,8 @@
 // in-place repack into int4.h's tile layout (with GPTQ act-order turned into a permutation of the inputs), and
 // Linear's paths: the W4A16 tensor-core kernel for decode batches, dequantize-to-bf16 then cuBLASLt for prefill
 // batches, and the float32 generic kernel (shapes the tile layout does not fit, bf16 scales, and the exact reference
-// path of KernelOptions::f32_gemm / generic_linear).
+// path of KernelOptions::f32_gemm / generic_linear); and the device table of a MoE layer's 4-bit experts for moe.h's
+// grouped W4A16 kernels.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/int4.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
 #include "format/linear_method.h"
 
 namespace fathom {
@@ -270,6 +272,47 @@ bool CudaBackend::LinearInt4FanOut(const TensorView& x, std::span<const LinearWe
   }
   Int4Mma(x, nullptr, parts.data(), static_cast<int>(ws.size()));
   return true;
+}
+
+Status CudaBackend::PrepareInt4Experts(ExpertSet& experts) {
+  const size_t e = experts.gate.size();
+  const LinearWeight& g0 = experts.gate[0];
+  const LinearWeight& d0 = experts.down[0];
+  const int64_t inter = g0.out_features(), hidden = g0.in_features();
+  // One group a row in every matrix (each its own group_size, K), or one group size throughout.
+  const auto one_group = [](const LinearWeight& w) { return w.scales.dim(0) == 1; };
+  const int64_t group = g0.group_size == d0.group_size ? g0.group_size : 0;
+  if (!cuda::MoeInt4Fits(hidden, inter, group) ||
+      (g0.scales.dtype() != DType::kF16 && g0.scales.dtype() != DType::kF32)) {
+    return OkStatus();  // the host path, one expert at a time
+  }
+  const auto fits = [&](const LinearWeight& w, int64_t out, int64_t in) {
+    if (w.format != g0.format || !w.bias.empty() || w.out_features() != out || w.in_features() != in ||
+        w.scales.dtype() != g0.scales.dtype() || w.zero_offset != g0.zero_offset ||
+        (group == 0 ? !one_group(w) : w.group_size != group)) {
+      return false;
+    }
+    std::shared_ptr<void> held = w.device_state != nullptr ? w.device_state : DerivedState(w.weight.raw());
+    const auto* st = static_cast<const Int4LinearState*>(held.get());
+    return st != nullptr && st->tiled && st->perm == nullptr;  // act-order: each expert its own input order
+  };
+  std::vector<const void*> table(9 * e);
+  for (size_t i = 0; i < e; ++i) {
+    const LinearWeight* parts[3] = {&experts.gate[i], &experts.up[i], &experts.down[i]};
+    if (!fits(*parts[0], inter, hidden) || !fits(*parts[1], inter, hidden) || !fits(*parts[2], hidden, inter)) {
+      return OkStatus();
+    }
+    for (size_t p = 0; p < 3; ++p) {
+      table[p * e + i] = parts[p]->weight.raw();
+      table[(3 + p) * e + i] = parts[p]->scales.raw();
+      table[(6 + p) * e + i] = parts[p]->qzeros.raw();
+    }
+  }
+  void* p = nullptr;
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, table.size() * sizeof(void*)), "4-bit expert table"));
+  experts.device_state = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return CudaStatus(cudaMemcpy(p, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice),
+                    "4-bit expert table");
 }
 
 }  // namespace fathom

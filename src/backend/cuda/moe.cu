@@ -6,6 +6,7 @@
 
 #include "backend/cuda/dtype.cuh"
 #include "backend/cuda/fp8.cuh"
+#include "backend/cuda/int4.cuh"
 #include "backend/cuda/memory.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe.h"
@@ -118,11 +119,11 @@ struct MoeWorkspace {
   int32_t* num_active;   // [1]
   int32_t* sorted_pair;  // [pairs]: the pair (t * top_k + j) at each sorted position
   int32_t* pair_pos;     // [pairs]: the sorted position of each pair
-  float* h;              // [pairs, inter]: silu(gate) * up (float32 for the GEMVs, bf16 for the tensor-core path)
+  float* h;  // [pairs, inter]: silu(gate) * up (float32 for the GEMVs, bf16 for the tensor-core and 4-bit paths)
   float* y;              // [pairs, hidden]: the expert outputs
-  // The tensor-core path only (null otherwise):
+  // The tensor-core and 4-bit paths only (null otherwise):
   __nv_bfloat16* xs;   // [pairs, hidden]: each pair's input row in sorted order, rounded to bf16
-  int32_t tile_rows;   // kMmaSmallM or kMmaM: the rows of a tile
+  int32_t tile_rows;   // the rows of a tile: kMmaSmallM or kMmaM (4-bit: 8, 32 or 64)
   int32_t* tile_e;     // [max tiles]: the expert of each tile_rows-row tile of sorted positions
   int32_t* tile_m0;    // [max tiles]: its first sorted position
   int32_t* num_tiles;  // [1]
@@ -136,7 +137,13 @@ constexpr int kMmaM = 64, kMmaSmallM = 16, kMmaN = 64, kMmaK = 64, kMmaStages = 
 // The tile height: 16 rows while the experts average at most kMmaSmallPairs pairs (decode batches, where a taller
 // tile would mostly multiply zero rows), else 64 (each weight tile then serves more pairs).
 constexpr int64_t kMmaSmallPairs = 16;
+// 4-bit experts: 8, 32 or 64 rows (MoeInt4Kernel's NT = 1, 4, 8) by the pairs per active expert.
 int32_t TileRows(const MoeExpertsArgs& a) {
+  if (a.int4) {
+    if (a.mma_rows == 8 || a.mma_rows == 32 || a.mma_rows == 64) return a.mma_rows;
+    const int64_t pairs = a.n * a.top_k, per = pairs / std::max<int64_t>(1, std::min(pairs, a.n_experts));
+    return per <= 8 ? 8 : per <= 32 ? 32 : 64;
+  }
   if (a.mma_rows == kMmaSmallM || a.mma_rows == kMmaM) return a.mma_rows;
   return a.n * a.top_k <= kMmaSmallPairs * a.n_experts ? kMmaSmallM : kMmaM;
 }
@@ -168,7 +175,7 @@ MoeWorkspace Carve(const MoeExpertsArgs& a, void* base, int64_t* total) {
   w.pair_pos = reinterpret_cast<int32_t*>(take(4 * pairs));
   w.h = reinterpret_cast<float*>(take(4 * pairs * a.inter));
   w.y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
-  if (a.tensor_cores) {
+  if (a.tensor_cores || a.int4) {
     w.tile_rows = TileRows(a);
     w.xs = reinterpret_cast<__nv_bfloat16*>(take(2 * pairs * a.hidden));
     w.tile_e = reinterpret_cast<int32_t*>(take(4 * MaxTiles(a)));
@@ -627,6 +634,136 @@ int LaunchMma(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3
   return a.fp8 ? LaunchMmaAs<kBM, true>(a, w, gate_up, down, st) : LaunchMmaAs<kBM, false>(a, w, gate_up, down, st);
 }
 
+// The 4-bit path (a.int4): each pair's input row gathered in sorted order and rounded to bf16 (MoeGatherBf16Kernel),
+// then two grouped W4A16 GEMMs over tiles of one expert's pairs (TileRows: 8, 32 or 64 of them), H = silu(Xs Wg^T) *
+// (Xs Wu^T) (bf16) and Y = H Wd^T (float32), and the same combine. A block's warps each own 16 weight rows, as
+// in int4.cu's kernel: a lane's tiled word is its mma A fragment of a 16 x 16 tile, turned into bf16 codes minus zeros
+// in registers, and the float32 sums are scaled per group. The tile's inputs (bf16) are staged in shared memory,
+// kI4StageElems at a time, and read as B fragments; each lane streams its weights from global memory with kUnroll
+// 64-input chunks in flight. No partial sums between blocks: the grid is (tiles, row blocks), enough blocks even at
+// batch 1 (V2-Lite: 6 experts x 44 gate/up blocks of 32 rows).
+// At NT 1 (decode: about one pair an expert) the kernel is bound by the weight loads in flight, so kSplit warps share
+// each row block's chunks (interleaved) with kUnroll 8 chunks each in flight, and add their sums in warp order through
+// shared memory at the end; taller tiles do enough arithmetic a load to run one warp a row block.
+constexpr int kI4StageElems = 16384;
+
+template <int NT>
+struct I4Stage {
+  static constexpr int kTok = 8 * NT;
+  static constexpr int kInputs = kI4StageElems / kTok;  // 2048 (NT 1), 512 (NT 4), 256 (NT 8)
+  static constexpr int kPitch = kInputs + 16;           // int4.cu's: a half-warp's 8-byte loads on distinct banks
+  static constexpr int kRowWarps = NT == 1 ? 2 : 4;     // row blocks of 16 a block
+  static constexpr int kSplit = NT == 1 ? 4 : 1;        // warps a row block
+  static constexpr int kThreads = 32 * kRowWarps * kSplit;
+  static constexpr int kUnroll = NT == 1 ? 8 : NT >= 8 ? 2 : 4;
+  static constexpr int kMinBlocks = NT == 1 ? 2 : 1;  // a multiprocessor: 128 registers a thread at NT 1
+};
+
+// Block (tile, kRowWarps row blocks of 16): kGateUp: h[pos, r] = silu(gate_r . x_pos) * (up_r . x_pos) (bf16) for the
+// tile's sorted positions pos; else y[pos, r] = down_r . h_pos. kChunkGroup: groups of a multiple of 64 inputs (or the
+// whole row), so a chunk lies in one group; else groups of 16 or 32 inputs, looked up per 16-input tile.
+template <bool kGateUp, int NT, typename TS, bool kChunkGroup>
+__global__ void __launch_bounds__(I4Stage<NT>::kThreads, I4Stage<NT>::kMinBlocks)
+    MoeInt4Kernel(MoeExpertsArgs a, MoeWorkspace w) {
+  using St = I4Stage<NT>;
+  constexpr int kMats = kGateUp ? 2 : 1;
+  __shared__ __align__(16) __nv_bfloat16 xsm[St::kTok * St::kPitch];
+  const int32_t tile = static_cast<int32_t>(blockIdx.x);
+  if (tile >= *w.num_tiles) return;
+  const int32_t expert = w.tile_e[tile], m0 = w.tile_m0[tile];
+  const int rows = min(St::kTok, w.start[expert + 1] - m0);
+  const int64_t k_len = kGateUp ? a.hidden : a.inter, m_len = kGateUp ? a.inter : a.hidden;
+  const int64_t chunks = k_len / 64;
+  const int64_t group = a.int4_group > 0 ? a.int4_group : k_len;
+  const int64_t groups = (k_len + group - 1) / group;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int rw = warp % St::kRowWarps, split = warp / St::kRowWarps;  // the warp's row block and share of its chunks
+  const int64_t rb = static_cast<int64_t>(blockIdx.y) * St::kRowWarps + rw;
+  const bool active = rb < m_len / 16;
+  const int64_t rbo = active ? rb : 0;
+  int4::WarpRowBlock<NT, kMats, TS, kChunkGroup> r;
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    const int64_t part = kGateUp ? m : 2;
+    r.w[m] = static_cast<const uint4*>(a.table[part * a.n_experts + expert]) + rbo * chunks * 32 + lane;
+    r.s[m] = static_cast<const TS*>(a.table[(3 + part) * a.n_experts + expert]) + rbo * groups * 16;
+    r.z[m] = static_cast<const uint32_t*>(a.table[(6 + part) * a.n_experts + expert]) + rbo * groups * 2;
+  }
+  r.group = group;
+  r.zero_offset = a.int4_zero_offset;
+  r.lane = lane;
+  r.Zero();
+  const __nv_bfloat16* in = kGateUp ? w.xs : reinterpret_cast<const __nv_bfloat16*>(w.h);
+  const __nv_bfloat16* xlane = xsm + (lane / 4) * St::kPitch + 4 * (lane % 4);
+  for (int64_t k0 = 0; k0 < k_len; k0 += St::kInputs) {
+    const int len = static_cast<int>(std::min<int64_t>(St::kInputs, k_len - k0));
+    __syncthreads();  // every warp is done with the last stage
+    const int per_row = len / 8, total = rows * per_row;
+    for (int i = static_cast<int>(threadIdx.x); i < total; i += St::kThreads) {
+      const int row = i / per_row, q = i - row * per_row;
+      *reinterpret_cast<uint4*>(xsm + row * St::kPitch + 8 * q) =
+          __ldg(reinterpret_cast<const uint4*>(in + static_cast<int64_t>(m0 + row) * k_len + k0) + q);
+    }
+    __syncthreads();
+    // This warp's chunks of the stage: its split's first, then every kSplit-th.
+    const int64_t c_lo = k0 / 64;
+    // (Gate and up at NT 1: 4 chunks of each in flight, 8 loads as down has, in 128 registers; 6 or 8 spilled.)
+    constexpr int kUnroll = kGateUp && NT == 1 ? 4 : St::kUnroll;
+    if (active) r.template Stream<kUnroll>(c_lo + split, c_lo + len / 64, St::kSplit, c_lo, xlane, St::kPitch, rows);
+  }
+  if constexpr (St::kSplit > 1) {
+    static_assert((St::kSplit - 1) * St::kRowWarps * kMats * NT * 128 * 4 <= sizeof(xsm), "the sums fit the stage");
+    r.AddSplits(reinterpret_cast<float*>(xsm), split, St::kSplit, rw, St::kRowWarps, active);
+    if (split > 0) return;
+  }
+  const auto& acc = r.acc;
+  if (!active) return;
+  const int64_t r0 = 16 * rb + lane / 4;
+#pragma unroll
+  for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int pr = 8 * tt + 2 * (lane % 4) + (v & 1);
+      if (pr >= rows) continue;
+      const int64_t row = r0 + 8 * (v >> 1), pos = m0 + pr;
+      if constexpr (kGateUp) {
+        const float g = acc[0][tt][v], u = acc[kMats - 1][tt][v];
+        reinterpret_cast<__nv_bfloat16*>(w.h)[pos * m_len + row] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+      } else {
+        w.y[pos * m_len + row] = acc[0][tt][v];
+      }
+    }
+  }
+}
+
+template <int NT, typename TS, bool kChunkGroup>
+void LaunchInt4As(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, cudaStream_t st) {
+  using St = I4Stage<NT>;
+  constexpr int64_t kRows = 16 * St::kRowWarps;
+  MoeInt4Kernel<true, NT, TS, kChunkGroup>
+      <<<dim3(tiles, static_cast<unsigned>((a.inter + kRows - 1) / kRows)), St::kThreads, 0, st>>>(a, w);
+  MoeInt4Kernel<false, NT, TS, kChunkGroup>
+      <<<dim3(tiles, static_cast<unsigned>((a.hidden + kRows - 1) / kRows)), St::kThreads, 0, st>>>(a, w);
+}
+template <int NT>
+void LaunchInt4Scales(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, cudaStream_t st) {
+  const bool chunk_group = a.int4_group == 0 || a.int4_group % 64 == 0;
+  if (a.int4_scales_dtype == kF16) {
+    chunk_group ? LaunchInt4As<NT, __half, true>(a, w, tiles, st) : LaunchInt4As<NT, __half, false>(a, w, tiles, st);
+  } else {
+    chunk_group ? LaunchInt4As<NT, float, true>(a, w, tiles, st) : LaunchInt4As<NT, float, false>(a, w, tiles, st);
+  }
+}
+void LaunchInt4(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, cudaStream_t st) {
+  if (w.tile_rows == 8) {
+    LaunchInt4Scales<1>(a, w, tiles, st);
+  } else if (w.tile_rows == 32) {
+    LaunchInt4Scales<4>(a, w, tiles, st);
+  } else {
+    LaunchInt4Scales<8>(a, w, tiles, st);
+  }
+}
+
 // Block (token, kCombineThreads columns): out[t, c] += sum_j weights[t, j] * y[pair_pos[t * top_k + j], c], j in
 // order. The token's positions and weights are read once into shared memory, so each thread's loads of y are
 // independent of one another (a serial chain of dependent loads per column took 19 us at batch 1).
@@ -678,6 +815,10 @@ int LaunchMoeRoute(const float* logits, int64_t ls, int64_t n, const float* bias
   return static_cast<int>(cudaGetLastError());
 }
 
+bool MoeInt4Fits(int64_t hidden, int64_t inter, int64_t group) {
+  return hidden % 64 == 0 && inter % 64 == 0 && group >= 0 && group % 16 == 0;
+}
+
 bool MoeTensorCoresFit(const MoeExpertsArgs& a) {
   static_assert(kMmaN % kMmaK == 0, "K steps divide the multiples of kMmaN");
   return a.hidden % kMmaN == 0 && a.inter % kMmaN == 0;
@@ -695,14 +836,19 @@ int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
   if (pairs > kMaxMoePairs || a.n_experts > moe_route::kMaxExperts || a.top_k > moe_route::kMaxTopK ||
       a.hidden % (a.fp8 ? kPieceValues<true> : kPieceValues<false>) != 0 ||
       a.inter % (a.fp8 ? kPieceValues<true> : kPieceValues<false>) != 0 || a.xs % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || (a.tensor_cores && !MoeTensorCoresFit(a))) {
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || (a.tensor_cores && !MoeTensorCoresFit(a)) ||
+      (a.int4 && (!MoeInt4Fits(a.hidden, a.inter, a.int4_group) ||
+                  (a.int4_scales_dtype != kF16 && a.int4_scales_dtype != kF32)))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   int64_t total = 0;
   const MoeWorkspace w = Carve(a, workspace, &total);
   cudaStream_t st = static_cast<cudaStream_t>(s);
   MoeSortKernel<<<1, 1024, 0, st>>>(a.ids, static_cast<int32_t>(pairs), static_cast<int32_t>(a.n_experts), w);
-  if (a.tensor_cores) {
+  if (a.int4) {
+    MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, st>>>(a, w);
+    LaunchInt4(a, w, static_cast<unsigned>(MaxTiles(a)), st);  // blocks past num_tiles return at once
+  } else if (a.tensor_cores) {
     MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, st>>>(a, w);
     // Blocks for every tile there can be; those past num_tiles return at once.
     const unsigned tiles = static_cast<unsigned>(MaxTiles(a));

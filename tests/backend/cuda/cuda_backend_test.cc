@@ -1414,6 +1414,16 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
   SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
   ExpectGraphStepsMatchEager(**m, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1.0f / 256,
                              "qwen-7b bf16 GEMM");
+  // 4-bit routed experts (moe.h's grouped W4A16 kernels) stay on the device, so their decode steps replay too: two
+  // real-size V2-Lite AWQ layers (the second MoE), 20 sequences padded to 32 (tiles of 8 pairs).
+  auto awq = LoadModelConfig(testing::DataDir() + "/configs/deepseek-v2-lite-awq.json");
+  ASSERT_TRUE(awq.ok()) << awq.status().ToString();
+  awq->num_layers = 2;
+  awq->moe.first_k_dense_replace = 1;
+  auto v2 = LoadModel("", *awq, DummyWeights(7), *gpu);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  ASSERT_TRUE((*v2)->SupportsForwardOnDevice());
+  ExpectGraphStepsMatchEager(**v2, *gpu, /*num_seqs=*/20, /*prompt_len=*/30, /*steps=*/24, 1e-4f, "v2-lite awq");
 }
 
 // deepseek-v3-tiny in bf16 missed the plain bf16 rule (case3 position 17, top-1 400 against the oracle's 179,

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/int4.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/require_gpu.h"
 #include "io/model_config.h"
 #include "model/registry.h"
@@ -301,6 +302,90 @@ TEST(CudaInt4Test, PrepareLinearRefusesAGroupIndexOutOfRange) {
   const Status st = gpu->PrepareLinear(d.w);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("input 5 is in group 2"), std::string::npos) << st.ToString();
+}
+
+// MoE layers of 4-bit experts: those the grouped W4A16 kernels take (hidden and inter multiples of 64, one group size
+// or one group a row, f16 or f32 scales, no act-order) get PrepareExperts' device table; the others stay on the host
+// path. Either way MoeExperts adds what the CPU adds (the device path rounds x and silu(gate) * up to bf16: within 1%
+// of the largest output and 0.5% rms; the host path's float32 kernels under f32_gemm within 1e-5), at batch sizes
+// that take each tile height and, past cuda::kMaxMoePairs pairs, slices.
+TEST(CudaInt4Test, MoeExpertsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  struct Set {
+    Int4Case gate;  // m = inter, k = hidden; down is [hidden, inter] of the same settings
+    int64_t experts, top_k;
+    bool device;
+  };
+  const std::vector<Set> sets = {
+      {{LinearFormat::kAwq, 128, 256, 128}, 16, 4, true},
+      {{LinearFormat::kGptq, 192, 512, 32, false, 1, DType::kF32}, 8, 2, true},  // groups inside a chunk, f32 scales
+      {{LinearFormat::kGptq, 128, 256, -1}, 8, 2, true},                         // one group a row
+      {{LinearFormat::kAwq, 1408, 2048, 128}, 64, 6, true},                      // DeepSeek-V2-Lite
+      {{LinearFormat::kGptq, 128, 256, 64, true}, 4, 2, false},                  // act-order: the host path
+      {{LinearFormat::kAwq, 176, 256, 16}, 4, 2, false},                         // inter 176: no device kernels
+  };
+  uint32_t seed = 900;
+  for (const Set& set : sets) {
+    const Int4Case& gc = set.gate;
+    Int4Case dc = gc;
+    std::swap(dc.m, dc.k);
+    const int64_t hidden = gc.k, inter = gc.m;
+    ExpertSet cs, gs;
+    std::vector<HostInt4> hosts;  // the LinearWeights view their tensors
+    std::vector<DeviceInt4> devices;
+    for (int64_t e = 0; e < set.experts; ++e) {
+      for (auto [list, dlist, c] :
+           {std::tuple{&cs.gate, &gs.gate, gc}, std::tuple{&cs.up, &gs.up, gc}, std::tuple{&cs.down, &gs.down, dc}}) {
+        hosts.push_back(MakeInt4(c, seed++));
+        devices.push_back(Upload(*gpu, hosts.back()));
+        ASSERT_TRUE(gpu->PrepareLinear(devices.back().w).ok()) << Name(c);
+        list->push_back(hosts.back().w);
+        dlist->push_back(devices.back().w);
+      }
+    }
+    ASSERT_TRUE(gpu->PrepareExperts(gs).ok());
+    const std::string name = fmt::format("{} experts of {} (top {})", set.experts, Name(gc), set.top_k);
+    EXPECT_EQ(gs.device_state != nullptr, set.device) << name;
+    const bool big = hidden * inter > (1 << 20);
+    const int64_t over = cuda::kMaxMoePairs / set.top_k + 3;
+    for (int64_t n : big ? std::vector<int64_t>{1, 8, 64, over} : std::vector<int64_t>{1, 3, 8, 40, 300, over}) {
+      std::mt19937 rng(static_cast<uint32_t>(n) + seed);
+      Tensor x = RandomX(n, hidden, static_cast<uint32_t>(n) + 1);
+      Tensor ids = Tensor::Empty(DType::kI32, {n, set.top_k}), wt = Tensor::Empty(DType::kF32, {n, set.top_k});
+      std::vector<int32_t> perm(static_cast<size_t>(set.experts));
+      std::uniform_real_distribution<float> wd(0.0f, 1.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t j = 0; j < set.top_k; ++j) {
+          ids.data<int32_t>()[t * set.top_k + j] = perm[static_cast<size_t>(j)];
+          wt.data<float>()[t * set.top_k + j] = wd(rng);
+        }
+      }
+      Tensor zeros = Tensor::Empty(DType::kF32, {n, hidden});
+      std::fill_n(zeros.data<float>(), n * hidden, 0.0f);
+      Tensor ref = cpu.Alloc(DType::kF32, {n, hidden});
+      std::fill_n(ref.data<float>(), n * hidden, 0.0f);
+      ASSERT_TRUE(cpu.MoeExperts(x, cs, ids, wt, ref).ok());
+      for (const bool f32 : {false, true}) {
+        SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.f32_gemm = f32; });
+        Tensor xd = *gpu->Upload(x), idd = *gpu->Upload(ids), wdd = *gpu->Upload(wt);
+        Tensor out = *gpu->Upload(zeros);
+        ASSERT_TRUE(gpu->MoeExperts(xd, gs, idd, wdd, out).ok()) << name;
+        ASSERT_TRUE(gpu->Synchronize().ok()) << name;
+        const Error err = Compare(Host(*gpu, out), ref.data<float>(), static_cast<size_t>(n * hidden));
+        const std::string what = fmt::format("{} n={}{}", name, n, f32 ? " f32_gemm" : "");
+        if (f32) {
+          EXPECT_LE(err.max_rel, 1e-5) << what;
+        } else {
+          EXPECT_LE(err.max_rel, 1e-2) << what;
+          EXPECT_LE(err.rms_rel, 5e-3) << what;
+        }
+      }
+    }
+  }
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
 }
 
 struct Loaded {

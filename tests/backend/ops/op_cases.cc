@@ -371,6 +371,41 @@ struct LinearCase {
   }
 };
 
+// A random 4-bit layer [out, in] in its checkpoint's layout (format/int4_linear.cc): AWQ or GPTQ (v1 zeros), groups
+// of `group` inputs, GPTQ act-order (g_idx the groups of a random order); random codes and zeros, f16 scales in
+// [0.001, 0.02). Not yet prepared.
+LinearWeight RandomInt4(Setup& s, LinearFormat format, int64_t out, int64_t in, int64_t group, bool act_order,
+                        std::mt19937& rng) {
+  const bool awq = format == LinearFormat::kAwq;
+  const int64_t groups = CeilDiv(in, group);
+  const auto words = [&](std::vector<int64_t> shape) {
+    Tensor t = Tensor::Empty(DType::kI32, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng());
+    return s.Put(t);
+  };
+  LinearWeight w;
+  w.format = format;
+  w.weight = words(awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out});
+  w.qzeros = words({groups, out / 8});
+  Tensor sc = Tensor::Empty(DType::kF16, {groups, out});
+  std::uniform_real_distribution<float> sd(0.001f, 0.02f);
+  for (int64_t i = 0; i < sc.numel(); ++i) sc.data<uint16_t>()[i] = F32ToF16(sd(rng));
+  w.scales = s.Put(sc);
+  w.group_size = group;
+  w.zero_offset = awq ? 0 : 1;
+  w.int4_out = out;
+  w.int4_in = in;
+  if (!awq) {
+    std::vector<int32_t> order(static_cast<size_t>(in)), g(static_cast<size_t>(in));
+    std::iota(order.begin(), order.end(), 0);
+    if (act_order) std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t i = 0; i < in; ++i)
+      g[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / group);
+    w.g_idx = s.Ints(g);
+  }
+  return w;
+}
+
 // Linear on a random 4-bit layer in its checkpoint's layout (format/int4_linear.cc): AWQ or GPTQ, groups of `group`
 // inputs (-1: the whole row), GPTQ act-order (g_idx the groups of a random order) and v1 zeros; f16 scales and a
 // bf16 bias. Prepared as the loader does (the CUDA backend repacks it in place).
@@ -395,34 +430,8 @@ struct Int4LinearCase {
   double Flops() const { return 2.0 * static_cast<double>(n) * static_cast<double>(in * out); }
   std::unique_ptr<OpRun> Prepare(Backend& be) const {
     auto s = std::make_unique<Setup>(be);
-    const bool awq = format == LinearFormat::kAwq;
-    const int64_t groups = CeilDiv(in, Group());
     std::mt19937 rng(static_cast<uint32_t>(in * 31 + out));
-    const auto words = [&](std::vector<int64_t> shape) {
-      Tensor t = Tensor::Empty(DType::kI32, shape);
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng());
-      return s->Put(t);
-    };
-    LinearWeight w;
-    w.format = format;
-    w.weight = words(awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out});
-    w.qzeros = words({groups, out / 8});
-    Tensor sc = Tensor::Empty(DType::kF16, {groups, out});
-    std::uniform_real_distribution<float> sd(0.001f, 0.02f);
-    for (int64_t i = 0; i < sc.numel(); ++i) sc.data<uint16_t>()[i] = F32ToF16(sd(rng));
-    w.scales = s->Put(sc);
-    w.group_size = Group();
-    w.zero_offset = awq ? 0 : 1;
-    w.int4_out = out;
-    w.int4_in = in;
-    if (!awq) {
-      std::vector<int32_t> order(static_cast<size_t>(in)), g(static_cast<size_t>(in));
-      std::iota(order.begin(), order.end(), 0);
-      if (act_order) std::shuffle(order.begin(), order.end(), rng);
-      for (int64_t i = 0; i < in; ++i)
-        g[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / Group());
-      w.g_idx = s->Ints(g);
-    }
+    LinearWeight w = RandomInt4(*s, format, out, in, Group(), act_order, rng);
     if (bias) w.bias = s->Random(BF16, {out}, 2000);
     if (s->ok()) s->Check(be.PrepareLinear(w));
     const TensorView x = s->Random(F32, {n, in}, 1);  // [n, in]
@@ -905,30 +914,52 @@ struct MoeRouteCase {
 
 // PrepareLinear on every expert weight and PrepareExperts, as the loader does, then MoeExperts: n tokens routed to
 // top_k distinct experts each (random, or skewed: experts 0 .. top_k - 1 for every token) with weights in [0, 1),
-// onto a random residual. The output compared is what the experts added (out - residual).
+// onto a random residual. The output compared is what the experts added (out - residual). With int4_group > 0 the
+// experts are random AWQ 4-bit layers (groups of int4_group inputs, f16 scales) and w is unused.
 struct MoeExpertsCase {
   int64_t experts, top_k, hidden, inter;
   DType w;
   int64_t n;
   bool skew = false;
+  int64_t int4_group = 0;
   std::string Op() const { return "MoeExperts"; }
   std::string Shape() const {
     return fmt::format("n={} experts={} top_k={} hidden={} inter={}{}", n, experts, top_k, hidden, inter,
                        skew ? " skewed" : "");
   }
-  std::string DTypes() const { return fmt::format("x=f32 experts={}", Name(w)); }
+  std::string DTypes() const {
+    return int4_group > 0 ? fmt::format("x=f32 experts=awq group={}", int4_group)
+                          : fmt::format("x=f32 experts={}", Name(w));
+  }
+  double WeightBytes(int64_t out, int64_t in) const {
+    if (int4_group == 0) return ops::WeightBytes(w, out, in);
+    return 0.5 * static_cast<double>(out * in) + 2.5 * static_cast<double>(CeilDiv(in, int4_group) * out);
+  }
   double ActiveExperts() const {
     if (skew) return static_cast<double>(top_k);
     const double e = static_cast<double>(experts);
     return e * (1.0 - std::pow(1.0 - static_cast<double>(top_k) / e, static_cast<double>(n)));
   }
   double Bytes() const {
-    return ActiveExperts() * (2.0 * WeightBytes(w, inter, hidden) + WeightBytes(w, hidden, inter)) +
+    return ActiveExperts() * (2.0 * WeightBytes(inter, hidden) + WeightBytes(hidden, inter)) +
            12.0 * static_cast<double>(n * hidden);
   }
   double Flops() const { return 6.0 * static_cast<double>(n * top_k) * static_cast<double>(hidden * inter); }
   std::unique_ptr<OpRun> Prepare(Backend& be) const {
     auto s = std::make_unique<Setup>(be);
+    auto set = std::make_shared<ExpertSet>();
+    if (int4_group > 0) {
+      std::mt19937 rng(static_cast<uint32_t>(hidden * 7 + inter));
+      for (int64_t e = 0; e < experts; ++e) {
+        for (auto [list, out, in] : {std::tuple{&set->gate, inter, hidden}, std::tuple{&set->up, inter, hidden},
+                                     std::tuple{&set->down, hidden, inter}}) {
+          LinearWeight lw = RandomInt4(*s, LinearFormat::kAwq, out, in, int4_group, false, rng);
+          if (s->ok()) s->Check(be.PrepareLinear(lw));
+          list->push_back(lw);
+        }
+      }
+      return Route(be, std::move(s), std::move(set));
+    }
     const float in_scale = std::sqrt(3.0f / static_cast<float>(hidden)),
                 mid_scale = std::sqrt(3.0f / static_cast<float>(inter));
     const TensorView gate = s->Random(w, {experts, inter, hidden}, 10, in_scale);   // [experts, inter, hidden]
@@ -940,7 +971,6 @@ struct MoeExpertsCase {
       us = s->Put(RandomScales({experts, CeilDiv(inter, 128), CeilDiv(hidden, 128)}, 14));
       ds = s->Put(RandomScales({experts, CeilDiv(hidden, 128), CeilDiv(inter, 128)}, 15));
     }
-    auto set = std::make_shared<ExpertSet>();
     for (int64_t e = 0; e < experts; ++e) {
       for (auto [list, t, sc] :
            {std::tuple{&set->gate, gate, gs}, std::tuple{&set->up, up, us}, std::tuple{&set->down, down, ds}}) {
@@ -954,6 +984,10 @@ struct MoeExpertsCase {
         list->push_back(lw);
       }
     }
+    return Route(be, std::move(s), std::move(set));
+  }
+  // PrepareExperts, then the routing, the input and the residual, and the op.
+  std::unique_ptr<OpRun> Route(Backend& be, std::unique_ptr<Setup> s, std::shared_ptr<ExpertSet> set) const {
     if (s->ok()) s->Check(be.PrepareExperts(*set));
     s->Hold(set);
     std::vector<int32_t> ids(static_cast<size_t>(n * top_k));
@@ -1489,12 +1523,24 @@ std::vector<OpCase> BuildCases() {
       {{16, 4, 256, 176, BF16, 24}, "default", kF32},  // inter 176: no tensor-core tiles
       {{16, 4, 256, 192, F8, 3}, "default", kF32},     // f8 with a partial scale block
       {{16, 4, 256, 192, F8, 24}, "default", kBf16},
-      {{64, 6, 2048, 1408, BF16, 1}, "default", kF32, kGpu},  // V2-Lite
+      // 4-bit (AWQ) experts: grouped W4A16 kernels on tiles of 8, 32 and 64 pairs; groups inside a chunk (32)
+      {{16, 4, 256, 128, BF16, 1, false, 128}, "default", kBf16},
+      {{16, 4, 256, 128, BF16, 24, false, 64}, "default", kBf16},
+      {{16, 4, 256, 128, BF16, 24, true, 32}, "default", kBf16},
+      {{16, 4, 256, 128, BF16, 300, false, 128}, "default", kBf16},
+      {{16, 4, 256, 128, BF16, 5, false, 128}, "f32_gemm", kF32},  // the host path's float32 kernels
+      {{64, 6, 2048, 1408, BF16, 1}, "default", kF32, kGpu},       // V2-Lite
       {{64, 6, 2048, 1408, BF16, 8}, "default", kBf16, kGpu},
       {{64, 6, 2048, 1408, BF16, 512}, "default", kBf16, kGpu},
       {{64, 6, 2048, 1408, BF16, 512, true}, "default", kBf16, kGpu},
       {{64, 6, 2048, 1408, BF16, 7}, "f32_gemm", kF32, kGpu},
       {{64, 6, 2048, 1408, BF16, 64}, "host_moe", kBf16, kGpu},
+      {{64, 6, 2048, 1408, BF16, 1, false, 128}, "default", kBf16, kGpu},  // V2-Lite AWQ
+      {{64, 6, 2048, 1408, BF16, 8, false, 128}, "default", kBf16, kGpu},
+      {{64, 6, 2048, 1408, BF16, 64, false, 128}, "default", kBf16, kGpu},
+      {{64, 6, 2048, 1408, BF16, 256, false, 128}, "default", kBf16, kGpu},
+      {{64, 6, 2048, 1408, BF16, 1024, false, 128}, "default", kBf16, kGpu},
+      {{64, 6, 2048, 1408, BF16, 64, false, 128}, "host_moe", kBf16, kGpu},
       {{256, 8, 7168, 2048, F8, 1}, "default", kF32, kGpu},  // V3
       {{256, 8, 7168, 2048, F8, 64}, "default", kBf16, kGpu},
   };
