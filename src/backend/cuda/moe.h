@@ -46,7 +46,7 @@ struct MoeExpertsArgs {
   // Grouped bf16 tensor-core GEMMs (activations rounded to bf16, as GemmBf16 does) instead of float32 GEMVs: for
   // prefill-sized batches. Needs MoeTensorCoresFit.
   bool tensor_cores = false;
-  int32_t mma_rows = 0;  // the tensor-core tiles' rows: 16 or 64; 0 chooses by pairs per expert (for measurements)
+  int32_t mma_rows = 0;  // the tiles' rows: 16 or 64 (4-bit: 8, 32 or 64); 0 chooses by pairs per expert
 };
 bool MoeTensorCoresFit(const MoeExpertsArgs& a);
 // 4-bit experts the grouped W4A16 kernels take: hidden and inter multiples of 64, groups of a multiple of 16 inputs.
