@@ -727,9 +727,10 @@ int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const 
   p.groups = static_cast<int>(w0.groups);
   p.group = static_cast<int>(w0.group);
   p.zero_offset = w0.zero_offset;
-  int64_t rgs = 0;
+  int64_t rgs = 0, weights = 0;
   for (int i = 0; i < count; ++i) {
     const Int4Tiled& w = parts[i].w;
+    weights += w.k * w.m;
     if (!Int4TileFits(w.m, w.k, w.groups, w.group) || w.k != w0.k || w.group != w0.group ||
         w.scales_dtype != w0.scales_dtype || w.zero_offset != w0.zero_offset || w.perm != w0.perm ||
         w.k / 64 > (1 << 30) || w.m / 16 > (1 << 30)) {
@@ -750,7 +751,7 @@ int LaunchInt4MmaParts(const void* x, bool x_bf16, int64_t xs, int64_t n, const 
   p.rg_begin[count] = static_cast<int>(rgs);
   if (scratch == nullptr) scratch_floats = 0;
   const bool chunk_group = w0.group % 64 == 0 || w0.groups == 1;
-  if (!x_bf16 && n <= kInt4GemvTokens) {
+  if (!x_bf16 && n <= kInt4GemvTokens && weights <= kInt4GemvMaxWeights) {
     const float* xf = static_cast<const float*>(x);
     if (w0.scales_dtype == kF16) {
       return chunk_group ? LaunchGemv<__half, true>(xf, xs, n, p, s) : LaunchGemv<__half, false>(xf, xs, n, p, s);

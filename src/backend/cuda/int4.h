@@ -64,8 +64,8 @@ int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_w
                      uint32_t* dst_zeros, Stream s);
 
 // out[t, r] = sum_k x[t, k] W[r, k] + bias[r] on tensor cores, any n (8 to 64 tokens per pass over the weights;
-// float32 x of up to kInt4GemvTokens tokens takes a GEMV-like kernel that splits each row block's K among the warps of
-// one block, with no partial sums through scratch):
+// float32 x of up to kInt4GemvTokens tokens, on launches of at most kInt4GemvMaxWeights weights, takes a GEMV-like
+// kernel that splits each row block's K among the warps of one block, with no partial sums through scratch):
 // x float32 [n, K] (rows xs apart, xs % 4 == 0, 16-byte aligned), rounded to bf16 and read through w.perm; or, with
 // x_bf16, x already rounded and in tiled order ([n, K] bf16, xs % 8 == 0, 16-byte aligned; w.perm unused). Blocks
 // share row groups' K (stream-K) through `scratch` (float32, scratch_floats of it; kInt4MmaScratchFloats is enough
@@ -76,6 +76,10 @@ int LaunchInt4Mma(const void* x, bool x_bf16, int64_t xs, int64_t n, const Int4T
                   int sm_count, Stream s);
 constexpr int64_t kInt4MaxCounters = 1 << 16;
 constexpr int kInt4GemvTokens = 8;
+// Measured on the H200 (bench/results/2026-12-04-int4-close.json): the GEMV-like kernel is faster than stream-K on
+// V2-Lite's linears (2048 x 2816 and smaller: 7.4 against 11.6 us on 1408 x 2048) and slower from Qwen-7B's o_proj
+// (3584 x 3584: 13.9 against 12.4 us) up (gate/up 56.0 against 44.7).
+constexpr int64_t kInt4GemvMaxWeights = int64_t{8} << 20;
 constexpr int64_t kInt4MmaScratchFloats = 8ll << 20;  // 32 MiB
 
 // Up to kInt4MaxParts weights that share x (q/k/v, gate/up) in one launch of the kernel above: each part its own
