@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/logging.h"
@@ -52,9 +53,31 @@ struct EngineCore::SampleState {
   int32_t index;
   SamplerRng rng;
   std::unique_ptr<TextStream> detok;
+  std::unique_ptr<grammar::GrammarMatcher> matcher;  // with a structured-output constraint
   std::optional<sched::TimePoint> first_token;
   double detok_s = 0.0;
+  double grammar_s = 0.0;  // mask and accept time
 };
+
+namespace {
+
+// Sets the logits of tokens outside `matcher`'s mask to -inf in a copy of `row` (the engine's vocabulary may be
+// wider than the tokenizer's: those ids are outside it too), timing it into `seconds`.
+std::span<const float> MaskedRow(std::span<const float> row, grammar::GrammarMatcher& matcher, std::vector<float>& copy,
+                                 std::vector<uint32_t>& mask, double& seconds) {
+  const auto t0 = sched::SteadyClock::now();
+  mask.resize(matcher.vocab().mask_words());
+  matcher.FillMask(mask);
+  copy.assign(row.begin(), row.end());
+  const size_t known = std::min(copy.size(), matcher.vocab().size());
+  for (size_t t = 0; t < copy.size(); ++t) {
+    if (t >= known || !((mask[t >> 5] >> (t & 31)) & 1)) copy[t] = -std::numeric_limits<float>::infinity();
+  }
+  seconds += std::chrono::duration<double>(sched::SteadyClock::now() - t0).count();
+  return copy;
+}
+
+}  // namespace
 
 Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const kv::BlockCopy> copies) {
   if (copies.empty()) return OkStatus();
@@ -263,6 +286,7 @@ Status EngineCore::AddRequest(EngineRequest r, std::shared_ptr<RequestStream> st
   for (int32_t i = 0; i < n; ++i) {
     auto s = std::make_unique<SampleState>(rs.get(), i, i == 0 ? seed : MixSeed(seed, static_cast<uint64_t>(i)));
     if (text_) s->detok = text_(rs->prompt, rs->sampling.stop);
+    if (rs->sampling.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(rs->sampling.grammar);
     samples_.emplace(SampleId(rs->id, i), std::move(s));
   }
   requests_.emplace(rs->id, std::move(rs));
@@ -286,6 +310,7 @@ void EngineCore::FinishSample(const std::string& sample_id, RequestOutput out, b
   out.prompt_tokens = static_cast<int32_t>(rq->prompt.size());
   out.prompt_cache_miss_tokens = out.prompt_tokens;
   out.timings.detokenize = s.detok_s;
+  out.timings.grammar = s.grammar_s;
   if (const sched::Request* r = sched_.Find(sample_id); r != nullptr) {
     out.completion_tokens = r->num_output_tokens();
     if (r->started) {
@@ -359,6 +384,23 @@ void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) 
   if (p.logprobs || p.top_logprobs > 0) out.logprobs.push_back(r);
   const int32_t produced = sr->num_output_tokens();
   FinishReason reason = FinishReason::kNone;
+  bool grammar_done = false;
+  if (s.matcher) {
+    const auto t0 = sched::SteadyClock::now();
+    const bool accepted = s.matcher->AcceptToken(r.token);
+    s.grammar_s += Seconds(t0, sched::SteadyClock::now());
+    if (!accepted) {
+      // Only when the mask left nothing to sample (min_tokens or logit_bias against the one allowed token, say).
+      out.finish_reason = FinishReason::kError;
+      out.status = FailedPreconditionError(
+          fmt::format("structured output: token {} is not allowed by the request's grammar here (no allowed token "
+                      "had a finite logit)",
+                      r.token));
+      FinishSample(sample_id, std::move(out), /*in_scheduler=*/true);
+      return;
+    }
+    grammar_done = s.matcher->terminated();
+  }
   if (produced >= p.min_tokens) {
     if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) != p.stop_token_ids.end()) {
       reason = FinishReason::kStop;
@@ -378,6 +420,8 @@ void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) 
       out.stop_reason = d.stop;
     }
   }
+  // The grammar took EOS: the output is complete, even under ignore_eos.
+  if (reason == FinishReason::kNone && grammar_done) reason = FinishReason::kStop;
   if (reason == FinishReason::kNone &&
       (produced >= sr->max_tokens || sr->num_tokens() >= config_.scheduler.max_model_len)) {
     reason = FinishReason::kLength;
@@ -419,14 +463,16 @@ std::vector<EngineCore::StepRow> EngineCore::StepRows(const sched::SchedulerOutp
 
 EngineCore::SamplePath EngineCore::ChooseSamplePath(const std::vector<StepRow>& rows) const {
   if (rows.empty()) return SamplePath::kHost;
-  bool forks = false, plain_greedy = true;
+  bool forks = false, plain_greedy = true, constrained = false;
   for (const StepRow& r : rows) {
     if (!r.live()) continue;
     forks = forks || r.forks;
+    constrained = constrained || r.sample->matcher != nullptr;
     plain_greedy = plain_greedy && IsPlainGreedy(r.sample->req->sampling, r.context(config_.eos_token_ids));
   }
-  // A row that forks into its n samples draws them on the host from its logits row.
-  if (forks) return SamplePath::kHost;
+  // A row that forks into its n samples draws them on the host from its logits row; a constrained row is masked
+  // there.
+  if (forks || constrained) return SamplePath::kHost;
   // When every sampled row is plain greedy, only the argmax ids cross to the host (4 bytes a row, not 4 x vocab).
   if (plain_greedy) return SamplePath::kDeviceArgMax;
   // Otherwise the backend samples every row on the device where it can (the host sampler's rule, at each sample's
@@ -486,6 +532,11 @@ void EngineCore::SampleOnHost(const std::vector<StepRow>& rows, std::vector<Samp
       const StepRow& r = rows[static_cast<size_t>(i)];
       if (!r.live() || r.forks) continue;
       std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
+      if (r.sample->matcher) {
+        thread_local std::vector<float> copy;
+        thread_local std::vector<uint32_t> mask;
+        logits_row = MaskedRow(logits_row, *r.sample->matcher, copy, mask, r.sample->grammar_s);
+      }
       (*results)[static_cast<size_t>(i)] =
           Sample(logits_row, r.sample->req->sampling, r.context(config_.eos_token_ids), r.sample->rng);
     }
@@ -513,6 +564,9 @@ void EngineCore::EmitRows(const std::vector<StepRow>& rows, const std::vector<Sa
       FATHOM_CHECK(fs.ok(), "{}", fs.ToString());
       ids.push_back(child);
     }
+    std::vector<float> copy;
+    std::vector<uint32_t> mask;
+    if (r.sample->matcher) logits_row = MaskedRow(logits_row, *r.sample->matcher, copy, mask, r.sample->grammar_s);
     std::vector<SampleResult> forked;
     for (const std::string& id : ids) forked.push_back(Sample(logits_row, rq->sampling, ctx, samples_.at(id)->rng));
     for (size_t s = 0; s < ids.size(); ++s) EmitToken(ids[s], forked[s]);

@@ -34,6 +34,7 @@ struct RequestTimings {
   double ttft = 0.0;        // arrival -> first token
   double decode = 0.0;      // first token -> finish
   double detokenize = 0.0;  // time spent detokenizing this sample
+  double grammar = 0.0;     // structured output: token masks and grammar advances of this sample
 };
 
 struct RequestOutput {

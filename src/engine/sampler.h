@@ -19,6 +19,7 @@
 
 #include "core/philox.h"
 #include "core/status.h"
+#include "grammar/matcher.h"
 #include "model/sample_rows.h"
 
 namespace fathom {
@@ -41,6 +42,9 @@ struct SamplingParams {
   bool logprobs = false;     // return the chosen token's logprob
   int32_t top_logprobs = 0;  // and this many most likely alternatives (0..20)
   int32_t n = 1;             // independent samples sharing the prompt
+  // Structured output: a compiled constraint (shared by the requests of one schema); each sample gets a matcher,
+  // and tokens outside its mask are never sampled (the row is sampled on the host, masked).
+  std::shared_ptr<grammar::GrammarCache> grammar = nullptr;
 
   bool greedy() const { return temperature <= 0.0f; }
   Status Validate(int64_t vocab_size) const;

@@ -309,19 +309,6 @@ bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
     return r.Fail("functions", "'functions' is not supported: this server has no tool-call parser for the model",
                   StatusCode::kUnimplemented);
   }
-  if (const Json* rf = r.Get("response_format"); rf != nullptr) {
-    if (!rf->is_object()) return r.Fail("response_format", "'response_format' must be an object");
-    auto type = rf->find("type");
-    if (type == rf->end() || !type->is_string()) {
-      return r.Fail("response_format", "'response_format.type' must be a string");
-    }
-    if (*type != "text") {
-      return r.Fail("response_format",
-                    fmt::format("response_format type '{}' is not supported: structured output is not available yet",
-                                type->get<std::string>()),
-                    StatusCode::kUnimplemented);
-    }
-  }
   if (endpoint == Endpoint::kCompletion) {
     if (r.Get("echo") != nullptr && r.Get("echo")->is_boolean() && r.Get("echo")->get<bool>()) {
       return r.Fail("echo", "'echo' is not supported", StatusCode::kUnimplemented);
@@ -332,6 +319,110 @@ bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
 
 }  // namespace
 
+// response_format, guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs: at most one.
+bool ParseConstraint(Reader& r, ParsedRequest* out) {
+  std::vector<ConstraintSpec> specs;
+  auto schema_text = [](const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); };
+  auto add_json = [&](const std::string& param, const Json& v) {
+    if (v.is_string()) {  // vLLM takes guided_json as a JSON string too
+      Json parsed = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) return r.Fail(param, fmt::format("'{}' is a string that is not JSON", param));
+      specs.push_back({ConstraintSpec::Kind::kJsonSchema, param, schema_text(parsed)});
+      return true;
+    }
+    if (!v.is_object() && !v.is_boolean()) return r.Fail(param, fmt::format("'{}' must be a JSON schema", param));
+    specs.push_back({ConstraintSpec::Kind::kJsonSchema, param, schema_text(v)});
+    return true;
+  };
+  auto add_regex = [&](const std::string& param, const Json& v) {
+    if (!v.is_string()) return r.Fail(param, fmt::format("'{}' must be a string", param));
+    specs.push_back({ConstraintSpec::Kind::kRegex, param, v.get<std::string>()});
+    return true;
+  };
+  auto add_choice = [&](const std::string& param, const Json& v) {
+    if (!v.is_array() || v.empty())
+      return r.Fail(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    for (const Json& c : v) {
+      if (!c.is_string()) return r.Fail(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    }
+    specs.push_back({ConstraintSpec::Kind::kChoice, param, schema_text(v)});
+    return true;
+  };
+  auto refuse_grammar = [&](const std::string& param) {
+    return r.Fail(
+        param,
+        fmt::format("'{}' (an EBNF grammar) is not supported yet; use a JSON schema, a regex or a choice", param),
+        StatusCode::kUnimplemented);
+  };
+  if (const Json* rf = r.Get("response_format"); rf != nullptr) {
+    if (!rf->is_object()) return r.Fail("response_format", "'response_format' must be an object");
+    auto type = rf->find("type");
+    if (type == rf->end() || !type->is_string()) {
+      return r.Fail("response_format", "'response_format.type' must be a string");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      specs.push_back({ConstraintSpec::Kind::kJsonObject, "response_format", ""});
+    } else if (t == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object()) {
+        return r.Fail("response_format", "'response_format.json_schema' must be an object with a 'schema'");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end()) {
+        return r.Fail("response_format", "'response_format.json_schema.schema' is missing");
+      }
+      if (!schema->is_object() && !schema->is_boolean()) {
+        return r.Fail("response_format", "'response_format.json_schema.schema' must be a JSON schema");
+      }
+      bool strict = false;
+      if (auto st = js->find("strict"); st != js->end() && !st->is_null()) {
+        if (!st->is_boolean())
+          return r.Fail("response_format", "'response_format.json_schema.strict' must be a boolean");
+        strict = st->get<bool>();
+      }
+      specs.push_back({ConstraintSpec::Kind::kJsonSchema, "response_format", schema_text(*schema), strict});
+    } else if (t != "text") {
+      return r.Fail("response_format",
+                    fmt::format("response_format type '{}' is not one of 'text', 'json_object', 'json_schema'", t));
+    }
+  }
+  if (const Json* v = r.Get("guided_json"); v != nullptr && !add_json("guided_json", *v)) return false;
+  if (const Json* v = r.Get("guided_regex"); v != nullptr && !add_regex("guided_regex", *v)) return false;
+  if (const Json* v = r.Get("guided_choice"); v != nullptr && !add_choice("guided_choice", *v)) return false;
+  if (r.Get("guided_grammar") != nullptr) return refuse_grammar("guided_grammar");
+  if (const Json* so = r.Get("structured_outputs"); so != nullptr) {
+    if (!so->is_object()) return r.Fail("structured_outputs", "'structured_outputs' must be an object");
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      const std::string param = "structured_outputs." + it.key();
+      if (it->is_null()) continue;
+      if (it.key() == "json") {
+        if (!add_json(param, *it)) return false;
+      } else if (it.key() == "regex") {
+        if (!add_regex(param, *it)) return false;
+      } else if (it.key() == "choice") {
+        if (!add_choice(param, *it)) return false;
+      } else if (it.key() == "grammar") {
+        return refuse_grammar(param);
+      } else if (it.key() == "json_object") {
+        if (it->is_boolean() && it->get<bool>()) specs.push_back({ConstraintSpec::Kind::kJsonObject, param, ""});
+      } else {
+        return r.Fail(param,
+                      fmt::format("'{}' is not supported: structured_outputs takes json, regex, choice or "
+                                  "json_object",
+                                  param),
+                      StatusCode::kUnimplemented);
+      }
+    }
+  }
+  if (specs.size() > 1) {
+    return r.Fail(specs[1].param,
+                  fmt::format("'{}' and '{}' both constrain the output: give one", specs[0].param, specs[1].param));
+  }
+  if (!specs.empty()) out->constraint = std::move(specs[0]);
+  return true;
+}
+
 bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits& limits, ParsedRequest* out,
                   ApiError* error) {
   *out = ParsedRequest();
@@ -341,6 +432,7 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
   Reader r(j, error);
   if (auto model = r.String("model")) out->model = *model;
   if (!RefuseUnsupported(r, endpoint)) return false;
+  if (!ParseConstraint(r, out)) return false;
   if (endpoint == Endpoint::kChat) {
     if (!ParseMessages(r, j, out)) return false;
     if (const Json* kw = r.Get("chat_template_kwargs"); kw != nullptr) {

@@ -31,6 +31,16 @@ struct RequestLimits {
   int32_t max_top_logprobs = 20;
 };
 
+// Structured output as asked: response_format json_object / json_schema, vLLM's guided_json / guided_regex /
+// guided_choice, or its structured_outputs object ({json | regex | choice}). The server compiles it (server.cc).
+struct ConstraintSpec {
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice };
+  Kind kind = Kind::kJsonObject;
+  std::string param;  // the request field it came from, for errors
+  std::string body;   // the schema as JSON text (key order kept), the regex, or the choices as a JSON array
+  bool strict = false;
+};
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;  // empty: the served model
@@ -51,6 +61,7 @@ struct ParsedRequest {
   std::string suffix;
 
   SamplingParams sampling;
+  std::optional<ConstraintSpec> constraint;
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;

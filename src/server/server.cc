@@ -54,17 +54,18 @@ bool PlainId(std::string_view id) {
 
 std::string TimingHeader(const RequestRecord& r) {
   return fmt::format(
-      "queue={:.6f};tokenize={:.6f};prefill={:.6f};decode={:.6f};detokenize={:.6f};serialize={:.6f};"
+      "queue={:.6f};tokenize={:.6f};prefill={:.6f};decode={:.6f};detokenize={:.6f};grammar={:.6f};serialize={:.6f};"
       "total={:.6f}{}",
-      r.queue, r.tokenize, r.prefill, r.decode, r.detokenize, r.serialize, r.total,
+      r.queue, r.tokenize, r.prefill, r.decode, r.detokenize, r.grammar, r.serialize, r.total,
       r.replica >= 0 ? fmt::format(";replica={}", r.replica) : std::string());
 }
 
 Json TimingJson(const RequestRecord& r) {
   auto us = [](double s) { return std::round(s * 1e6) / 1e6; };  // microseconds are plenty
-  Json j = {{"queue", us(r.queue)},   {"tokenize", us(r.tokenize)},     {"prefill", us(r.prefill)},
-            {"decode", us(r.decode)}, {"detokenize", us(r.detokenize)}, {"serialize", us(r.serialize)},
-            {"total", us(r.total)}};
+  Json j = {{"queue", us(r.queue)},           {"tokenize", us(r.tokenize)},
+            {"prefill", us(r.prefill)},       {"decode", us(r.decode)},
+            {"detokenize", us(r.detokenize)}, {"grammar", us(r.grammar)},
+            {"serialize", us(r.serialize)},   {"total", us(r.total)}};
   if (r.replica >= 0) j["replica"] = r.replica;
   return j;
 }
@@ -451,10 +452,12 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     record_.completion_tokens = 0;
     record_.reasoning_tokens = 0;
     record_.detokenize = 0;
+    record_.grammar = 0;
     for (const Sample& s : samples_) {
       record_.completion_tokens += s.tokens;
       record_.reasoning_tokens += s.reasoning_tokens;
       record_.detokenize += s.final_out.timings.detokenize;
+      record_.grammar += s.final_out.timings.grammar;
     }
     record_.total = SecondsSince(arrival_);
   }
@@ -644,6 +647,8 @@ Status OpenAiServer::Start() {
 
 void OpenAiServer::Attach(ServedModel model) {
   model_ = model;
+  constraints_ = std::make_unique<ConstraintCompiler>(
+      model_.tokenizer, model_.engines != nullptr ? model_.engines->config().eos_token_ids : std::vector<int64_t>{});
   if (options_.reasoning_auto && model_.chat != nullptr && TemplateOpensThink(*model_.chat)) {
     options_.reasoning = ReasoningParser::kDeepSeekR1;
     FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
@@ -1026,6 +1031,18 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
           record);
     }
     record.model = req.model;  // the response names the model as the client did
+  }
+
+  // Structured output: compiled here, on this HTTP thread, and shared with every request of the same spec.
+  if (req.constraint) {
+    static constexpr const char* kKinds[] = {"json_object", "json_schema", "regex", "choice"};
+    record.constraint = kKinds[static_cast<int>(req.constraint->kind)];
+    auto g = constraints_->Get(*req.constraint, &record.grammar_compile);
+    if (!g.ok()) {
+      record.error_code = "invalid";
+      return ReplyError(ex, ApiErrorFromStatus(g.status(), req.constraint->param), record);
+    }
+    req.sampling.grammar = *g;
   }
 
   // Prompt tokens.

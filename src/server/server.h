@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/engine_group.h"
 #include "server/api_error.h"
+#include "server/constraints.h"
 #include "server/http_server.h"
 #include "server/reasoning.h"
 #include "server/stream_log.h"
@@ -86,7 +87,10 @@ struct RequestRecord {
   int32_t cached_tokens = 0;
   int32_t reasoning_tokens = 0;
   // Seconds.
-  double queue = 0, tokenize = 0, prefill = 0, decode = 0, detokenize = 0, serialize = 0, total = 0, ttft = 0;
+  double queue = 0, tokenize = 0, prefill = 0, decode = 0, detokenize = 0, grammar = 0, serialize = 0, total = 0,
+         ttft = 0;
+  std::string constraint;                // structured output: json_schema, json_object, regex, choice; empty: none
+  double grammar_compile = 0;            // seconds compiling it for this request (0: it was cached)
   std::vector<double> inter_token_gaps;  // between token-bearing outputs, sample 0
 };
 
@@ -159,6 +163,7 @@ class OpenAiServer {
   HttpServer http_;
   std::unique_ptr<HttpServer> private_http_;  // --private-port
   ServedModel model_;
+  std::unique_ptr<ConstraintCompiler> constraints_;  // structured output, at the model's vocabulary
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::shared_ptr<std::atomic<int64_t>> active_ = std::make_shared<std::atomic<int64_t>>(0);

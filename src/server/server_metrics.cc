@@ -63,6 +63,16 @@ ServerMetrics::ServerMetrics() {
   for (const char* reason : {"queue_full", "queue_timeout", "too_long", "invalid", "unauthorized"}) {
     rejected_->WithLabels({reason});
   }
+  structured_ = &registry_.AddCounter("fathom_structured_requests_total",
+                                      "Generation requests with a structured-output constraint", {"kind"});
+  grammar_compile_ = &registry_
+                          .AddHistogram("fathom_grammar_compile_seconds",
+                                        "Compiling a structured-output constraint (cache misses)", kLatencyBuckets)
+                          .Get();
+  grammar_time_ = &registry_
+                       .AddHistogram("fathom_request_grammar_seconds",
+                                     "Token masks and grammar advances of a constrained request", kLatencyBuckets)
+                       .Get();
   oom_ = &registry_.AddCounter("fathom_oom_events_total", "Steps that failed for lack of device memory").Get();
   internal_errors_ = &registry_.AddCounter("fathom_internal_errors_total",
                                            "Exceptions the request barrier caught (answered 500; each one is a bug)",
@@ -155,6 +165,8 @@ void ServerMetrics::OnRequest(const RequestRecord& r) {
     if (r.error_code == "model_not_found") rejected_->WithLabels({"invalid"}).Inc();
   }
   if (!generation) return;
+  if (!r.constraint.empty()) structured_->WithLabels({r.constraint}).Inc();
+  if (r.grammar_compile > 0) grammar_compile_->Observe(r.grammar_compile);
   requests_->WithLabels({r.finish_reason.empty() ? "none" : r.finish_reason, std::to_string(r.http_status)}).Inc();
   if (r.replica >= 0) {
     replica_requests_->WithLabels({std::to_string(r.replica), r.placement.empty() ? "single" : r.placement}).Inc();
@@ -167,6 +179,7 @@ void ServerMetrics::OnRequest(const RequestRecord& r) {
   queue_->Observe(r.queue);
   prefill_->Observe(r.prefill);
   decode_->Observe(r.decode);
+  if (!r.constraint.empty()) grammar_time_->Observe(r.grammar);
   prompt_tokens_->Inc(r.prompt_tokens);
   generation_tokens_->Inc(r.completion_tokens);
 }

@@ -81,6 +81,9 @@ class ServerMetrics {
   obs::GaugeFamily* replica_info_;
   obs::CounterFamily* rejected_;
   obs::Counter* oom_;
+  obs::CounterFamily* structured_;
+  obs::Histogram* grammar_compile_;
+  obs::Histogram* grammar_time_;
   obs::CounterFamily* internal_errors_;
   mutable std::mutex replicas_mu_;
   std::deque<Replica> replicas_;  // by replica index; a deque, so that references stay valid as it grows

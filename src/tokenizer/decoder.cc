@@ -44,6 +44,7 @@ class ByteLevelDecoder final : public Decoder {
     }
     tokens.assign(1, Utf8Lossy(bytes));
   }
+  bool byte_level() const override { return true; }
 
  private:
   int char_to_byte_[0x200];
@@ -173,6 +174,12 @@ class SequenceDecoder final : public Decoder {
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
   void DecodeChain(std::vector<std::string>& tokens) const override {
     for (const auto& part : parts_) part->DecodeChain(tokens);
+  }
+  bool byte_level() const override {
+    for (const auto& part : parts_) {
+      if (part->byte_level()) return true;
+    }
+    return false;
   }
 
  private:

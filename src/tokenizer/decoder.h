@@ -20,6 +20,8 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void DecodeChain(std::vector<std::string>& tokens) const = 0;
+  // Whether tokens are byte-level (GPT-2's byte alphabet), so that each token maps to bytes on its own.
+  virtual bool byte_level() const { return false; }
 };
 
 StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json);

@@ -4,6 +4,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "core/json.h"
+#include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace fathom {
@@ -763,6 +765,51 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, EncodeOptions opti
     ids.insert(ids.end(), suffix.begin(), suffix.end());
   }
   return ids;
+}
+
+std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
+  if (const auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+    const AddedToken& t = added_tokens_[it->second];
+    if (t.special) return std::nullopt;
+    return t.content;
+  }
+  const std::string* token = model_->IdToToken(id);
+  if (token == nullptr) return std::nullopt;
+  if (decoder_ && decoder_->byte_level()) {
+    static const auto inverse = [] {
+      std::array<int, 0x200> inv;
+      inv.fill(-1);
+      const auto& alphabet = ByteLevelAlphabet();
+      for (int b = 0; b < 256; ++b) inv[alphabet[b]] = b;
+      return inv;
+    }();
+    std::string bytes;
+    for (size_t i = 0; i < token->size();) {
+      size_t len;
+      const char32_t cp = DecodeUtf8(*token, i, &len);
+      i += len;
+      if (cp >= 0x200 || inverse[cp] < 0) return *token;  // not in the byte alphabet: its UTF-8, as Decode gives
+      bytes.push_back(static_cast<char>(inverse[cp]));
+    }
+    return bytes;
+  }
+  if (token->size() == 6 && token->compare(0, 3, "<0x") == 0 && (*token)[5] == '>') {
+    unsigned value = 0;
+    const char* begin = token->data() + 3;
+    if (auto r = std::from_chars(begin, begin + 2, value, 16); r.ec == std::errc() && r.ptr == begin + 2) {
+      return std::string(1, static_cast<char>(value));
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < token->size(); ++i) {
+    if (token->compare(i, 3, "\xE2\x96\x81") == 0) {
+      out.push_back(' ');
+      i += 2;
+    } else {
+      out.push_back((*token)[i]);
+    }
+  }
+  return out;
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

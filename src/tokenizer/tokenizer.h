@@ -96,6 +96,10 @@ class Tokenizer {
   std::optional<int32_t> TokenToId(std::string_view token) const;
   std::optional<std::string> IdToToken(int32_t id) const;
   bool IsSpecial(int32_t id) const;
+  // The bytes token `id` stands for on its own, before any UTF-8 repair (a token holding half of a character gives
+  // that half); nullopt for special tokens and ids outside the vocabulary. Exact for byte-level vocabularies; for
+  // others, <0xHH> byte tokens give their byte and U+2581 a space.
+  std::optional<std::string> TokenBytes(int32_t id) const;
   // One past the largest id (model and added tokens).
   size_t vocab_size() const;
 

@@ -136,7 +136,8 @@ TEST(CliTest, InspectDummyDeepseekV3) {
   EXPECT_NE(r.out.find("kv cache:          70272 bytes per token (bf16"), std::string::npos) << r.out;
 }
 
-// A 4-bit config is never sized as f16: until INT4 lands, inspect names the method it cannot run.
+// A 4-bit config is sized as 4-bit weights, scales and zeros (never as f16); a method fathom cannot run is refused by
+// name.
 TEST(CliTest, InspectSizesAnAwqConfigAs4BitAndRefusesUnknownMethodsByName) {
   RunResult r = RunFathom("inspect --model " + testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b-awq.json" +
                           " --load-format dummy");

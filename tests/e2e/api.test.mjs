@@ -75,7 +75,7 @@ test('a streamed chat sends role, reasoning deltas, content deltas, a usage chun
   assert.ok(chunks >= 5, `only ${chunks} chunks`);
   assert.equal(usage.completion_tokens, 12);
   assert.equal(usage.completion_tokens_details.reasoning_tokens, 6);
-  for (const k of ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total']) {
+  for (const k of ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'grammar', 'serialize', 'total']) {
     assert.equal(typeof timing[k], 'number', k);
     assert.ok(timing[k] >= 0, k);
   }
@@ -91,7 +91,7 @@ test('a completion, its usage and the timing header', async () => {
   assert.ok(response.headers.get('x-request-id'));
   assert.ok(Number(response.headers.get('x-server-timestamp')) > 1.7e9);
   const timing = Object.fromEntries(response.headers.get('x-fathom-timing').split(';').map((kv) => kv.split('=')));
-  assert.deepEqual(Object.keys(timing), ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'serialize', 'total', 'replica']);
+  assert.deepEqual(Object.keys(timing), ['queue', 'tokenize', 'prefill', 'decode', 'detokenize', 'grammar', 'serialize', 'total', 'replica']);
   assert.equal(timing.replica, '0');  // one engine: replica 0
 });
 
@@ -164,8 +164,8 @@ test('errors arrive as OpenAI error bodies through the client', async () => {
                                                        tools: [{type: 'function', function: {name: 'f', parameters: {}}}]}),
                        (e) => e.status === 400 && e.error.param === 'tools');
   await assert.rejects(client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}],
-                                                       response_format: {type: 'json_schema', json_schema: {name: 'x', schema: {}}}}),
-                       (e) => e.status === 400 && e.error.param === 'response_format');
+                                                       response_format: {type: 'json_schema', json_schema: {name: 'x', schema: {not: {}}}}}),
+                       (e) => e.status === 400 && e.error.param === 'response_format' && /'not'/.test(e.error.message));
   await assert.rejects(client.completions.create({model: 'scripted', prompt: 'x '.repeat(300), max_tokens: 10}),
                        (e) => e.status === 400 && e.error.code === 'context_length_exceeded' && /256/.test(e.error.message));
 });

@@ -132,8 +132,17 @@ TEST(ApiTest, ErrorsNameTheField) {
        "invalid_value"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", Endpoint::kChat, "tools",
        "unsupported_parameter"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", Endpoint::kChat,
-       "response_format", "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}})", Endpoint::kChat,
+       "response_format", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})", Endpoint::kChat,
+       "response_format", "invalid_value"},
+      {R"({"prompt":"a","guided_grammar":"root ::= \"a\""})", Endpoint::kCompletion, "guided_grammar",
+       "unsupported_parameter"},
+      {R"({"prompt":"a","guided_choice":[]})", Endpoint::kCompletion, "guided_choice", "invalid_value"},
+      {R"({"prompt":"a","guided_regex":"a","guided_choice":["a"]})", Endpoint::kCompletion, "guided_choice",
+       "invalid_value"},
+      {R"({"prompt":"a","structured_outputs":{"grammar":"x"}})", Endpoint::kCompletion, "structured_outputs.grammar",
+       "unsupported_parameter"},
       {R"({"messages":[]})", Endpoint::kChat, "messages", "invalid_value"},
       {R"({"messages":[{"role":"user"}]})", Endpoint::kChat, "messages[0].content", "invalid_value"},
       {R"({"messages":[{"content":"x"}]})", Endpoint::kChat, "messages[0].role", "invalid_value"},
@@ -151,6 +160,30 @@ TEST(ApiTest, ErrorsNameTheField) {
     EXPECT_EQ(e.code, c.code) << c.body;
     EXPECT_FALSE(e.message.empty());
   }
+}
+
+TEST(ApiTest, StructuredOutputFieldsBecomeOneConstraint) {
+  ParsedRequest req;
+  ApiError err;
+  ASSERT_TRUE(ParseRequest(
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object","properties":{"b":{},"a":{}}}}}})",
+      Endpoint::kChat, RequestLimits{.vocab_size = 100}, &req, &err))
+      << err.message;
+  ASSERT_TRUE(req.constraint.has_value());
+  EXPECT_EQ(req.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(req.constraint->body, R"({"type":"object","properties":{"b":{},"a":{}}})");  // key order kept
+  EXPECT_TRUE(req.constraint->strict);
+  ASSERT_TRUE(ParseRequest(R"({"prompt":"x","guided_json":"{\"type\":\"integer\"}"})", Endpoint::kCompletion,
+                           RequestLimits{.vocab_size = 100}, &req, &err));
+  EXPECT_EQ(req.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(req.constraint->param, "guided_json");
+  ASSERT_TRUE(ParseRequest(R"({"prompt":"x","structured_outputs":{"choice":["a","b"]}})", Endpoint::kCompletion,
+                           RequestLimits{.vocab_size = 100}, &req, &err));
+  EXPECT_EQ(req.constraint->kind, ConstraintSpec::Kind::kChoice);
+  EXPECT_EQ(req.constraint->body, R"(["a","b"])");
+  ASSERT_TRUE(ParseRequest(R"({"prompt":"x","response_format":{"type":"text"}})", Endpoint::kCompletion,
+                           RequestLimits{.vocab_size = 100}, &req, &err));
+  EXPECT_FALSE(req.constraint.has_value());
 }
 
 TEST(ApiTest, MalformedAndHostileJson) {

@@ -1,0 +1,886 @@
+#include "grammar/grammar.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+namespace fathom::grammar {
+
+ExprPtr Empty() {
+  return std::make_shared<Expr>();
+}
+
+ExprPtr Nothing() {
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kAlt;
+  return e;
+}
+
+ExprPtr Bytes(std::vector<std::pair<uint8_t, uint8_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint8_t, uint8_t>> merged;
+  for (auto [lo, hi] : ranges) {
+    if (lo > hi) continue;
+    if (!merged.empty() && static_cast<int>(lo) <= static_cast<int>(merged.back().second) + 1) {
+      merged.back().second = std::max(merged.back().second, hi);
+    } else {
+      merged.emplace_back(lo, hi);
+    }
+  }
+  if (merged.empty()) return Nothing();
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kBytes;
+  e->ranges = std::move(merged);
+  return e;
+}
+
+ExprPtr Lit(std::string_view bytes) {
+  if (bytes.empty()) return Empty();
+  std::vector<ExprPtr> items;
+  items.reserve(bytes.size());
+  for (char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    items.push_back(Bytes({{b, b}}));
+  }
+  return items.size() == 1 ? items[0] : Seq(std::move(items));
+}
+
+ExprPtr Seq(std::vector<ExprPtr> items) {
+  std::vector<ExprPtr> flat;
+  for (auto& item : items) {
+    if (item->kind == ExprKind::kEmpty) continue;
+    if (item->kind == ExprKind::kSeq) {
+      flat.insert(flat.end(), item->items.begin(), item->items.end());
+    } else {
+      flat.push_back(std::move(item));
+    }
+  }
+  if (flat.empty()) return Empty();
+  if (flat.size() == 1) return flat[0];
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kSeq;
+  e->items = std::move(flat);
+  return e;
+}
+
+ExprPtr Alt(std::vector<ExprPtr> items) {
+  std::vector<ExprPtr> flat;
+  for (auto& item : items) {
+    if (item->kind == ExprKind::kAlt) {
+      flat.insert(flat.end(), item->items.begin(), item->items.end());
+    } else {
+      flat.push_back(std::move(item));
+    }
+  }
+  if (flat.size() == 1) return flat[0];
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kAlt;
+  e->items = std::move(flat);
+  return e;
+}
+
+ExprPtr Repeat(ExprPtr item, int32_t min, int32_t max) {
+  FATHOM_CHECK(min >= 0 && (max == -1 || max >= min));
+  if (max == 0) return Empty();
+  if (min == 1 && max == 1) return item;
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kRepeat;
+  e->items = {std::move(item)};
+  e->min = min;
+  e->max = max;
+  return e;
+}
+
+ExprPtr Ref(int32_t rule) {
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kRef;
+  e->rule = rule;
+  return e;
+}
+
+ExprPtr CharUnit(ExprPtr item) {
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kChar;
+  e->items = {std::move(item)};
+  return e;
+}
+
+ExprPtr CountChars(ExprPtr item, int32_t min, int32_t max) {
+  FATHOM_CHECK(min >= 0 && (max == -1 || max >= min));
+  auto e = std::make_shared<Expr>();
+  e->kind = ExprKind::kCount;
+  e->items = {std::move(item)};
+  e->min = min;
+  e->max = max;
+  return e;
+}
+
+namespace {
+
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
+
+// UTF-8 byte sequences for the code points [lo, hi] that all have the same encoded length: split until each piece
+// is a product of byte ranges (the classic construction of regex engines' UTF-8 automata).
+using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+
+void Utf8Sequences(char32_t lo, char32_t hi, std::vector<ByteSeq>& out) {
+  static constexpr char32_t kLimits[] = {0x7F, 0x7FF, 0xFFFF, kMaxCodePoint};
+  for (int n = 0; n < 3; ++n) {
+    if (lo <= kLimits[n] && hi > kLimits[n]) {
+      Utf8Sequences(lo, kLimits[n], out);
+      Utf8Sequences(kLimits[n] + 1, hi, out);
+      return;
+    }
+  }
+  if (hi <= 0x7F) {
+    out.push_back({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
+    return;
+  }
+  const int len = hi <= 0x7FF ? 2 : hi <= 0xFFFF ? 3 : 4;
+  // Split so that every continuation byte below the first differing one spans its full range 0x80..0xBF.
+  for (int i = 1; i < len; ++i) {
+    const char32_t m = (char32_t{1} << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        Utf8Sequences(lo, lo | m, out);
+        Utf8Sequences((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        Utf8Sequences(lo, (hi & ~m) - 1, out);
+        Utf8Sequences(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  auto encode = [len](char32_t cp, uint8_t* b) {
+    if (len == 2) {
+      b[0] = static_cast<uint8_t>(0xC0 | (cp >> 6));
+      b[1] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
+    } else if (len == 3) {
+      b[0] = static_cast<uint8_t>(0xE0 | (cp >> 12));
+      b[1] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
+      b[2] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
+    } else {
+      b[0] = static_cast<uint8_t>(0xF0 | (cp >> 18));
+      b[1] = static_cast<uint8_t>(0x80 | ((cp >> 12) & 0x3F));
+      b[2] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
+      b[3] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
+    }
+  };
+  uint8_t a[4], z[4];
+  encode(lo, a);
+  encode(hi, z);
+  ByteSeq seq;
+  for (int i = 0; i < len; ++i) seq.emplace_back(a[i], z[i]);
+  out.push_back(std::move(seq));
+}
+
+// Byte-range sequences as an expression with shared suffixes: sequences that end in the same range share it, so a
+// large class (all but a few code points, say) is a handful of automaton states rather than one chain a sequence.
+ExprPtr FactorSuffixes(std::vector<ByteSeq> seqs) {
+  std::map<std::pair<uint8_t, uint8_t>, std::vector<ByteSeq>> by_last;
+  std::vector<std::pair<uint8_t, uint8_t>> singles;
+  bool empty = false;
+  for (ByteSeq& q : seqs) {
+    if (q.empty()) {
+      empty = true;
+    } else if (q.size() == 1) {
+      singles.push_back(q[0]);
+    } else {
+      const auto last = q.back();
+      q.pop_back();
+      by_last[last].push_back(std::move(q));
+    }
+  }
+  std::vector<ExprPtr> alts;
+  if (empty) alts.push_back(Empty());
+  if (!singles.empty()) alts.push_back(Bytes(singles));
+  for (auto& [last, prefixes] : by_last) alts.push_back(Seq({FactorSuffixes(std::move(prefixes)), Bytes({last})}));
+  return Alt(std::move(alts));
+}
+
+}  // namespace
+
+ExprPtr CodePoints(std::vector<std::pair<char32_t, char32_t>> ranges, bool negate) {
+  std::vector<std::pair<char32_t, char32_t>> clean;
+  for (auto [lo, hi] : ranges) {
+    hi = std::min(hi, kMaxCodePoint);
+    if (lo <= hi) clean.emplace_back(lo, hi);
+  }
+  std::sort(clean.begin(), clean.end());
+  std::vector<std::pair<char32_t, char32_t>> merged;
+  for (auto [lo, hi] : clean) {
+    if (!merged.empty() && lo <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, hi);
+    } else {
+      merged.emplace_back(lo, hi);
+    }
+  }
+  if (negate) {
+    std::vector<std::pair<char32_t, char32_t>> inverse;
+    char32_t next = 0;
+    for (auto [lo, hi] : merged) {
+      if (lo > next) inverse.emplace_back(next, lo - 1);
+      next = hi + 1;
+    }
+    if (next <= kMaxCodePoint) inverse.emplace_back(next, kMaxCodePoint);
+    merged = std::move(inverse);
+  }
+  // Never surrogates: they are not valid in UTF-8.
+  std::vector<std::pair<char32_t, char32_t>> valid;
+  for (auto [lo, hi] : merged) {
+    if (hi < 0xD800 || lo > 0xDFFF) {
+      valid.emplace_back(lo, hi);
+      continue;
+    }
+    if (lo < 0xD800) valid.emplace_back(lo, 0xD7FF);
+    if (hi > 0xDFFF) valid.emplace_back(0xE000, hi);
+  }
+  std::vector<ByteSeq> seqs;
+  for (auto [lo, hi] : valid) Utf8Sequences(lo, hi, seqs);
+  if (seqs.empty()) return Nothing();
+  return FactorSuffixes(std::move(seqs));
+}
+
+ExprPtr AnyCodePoint() {
+  static const ExprPtr any = CodePoints({}, /*negate=*/true);
+  return any;
+}
+
+int32_t GrammarBuilder::Declare(std::string name, bool keep) {
+  grammar_.rules.push_back(Rule{std::move(name), nullptr, keep});
+  return static_cast<int32_t>(grammar_.rules.size() - 1);
+}
+
+void GrammarBuilder::Define(int32_t rule, ExprPtr body) {
+  FATHOM_CHECK(rule >= 0 && static_cast<size_t>(rule) < grammar_.rules.size());
+  grammar_.rules[rule].body = std::move(body);
+}
+
+Grammar GrammarBuilder::Finish(int32_t root) {
+  grammar_.root = root;
+  for (Rule& r : grammar_.rules) {
+    if (!r.body) r.body = Nothing();
+  }
+  return std::move(grammar_);
+}
+
+namespace {
+
+void CollectRefs(const Expr& e, std::set<int32_t>& out) {
+  if (e.kind == ExprKind::kRef) out.insert(e.rule);
+  for (const auto& item : e.items) CollectRefs(*item, out);
+}
+
+struct Nfa {
+  struct State {
+    std::vector<int32_t> eps;
+    std::vector<CompiledGrammar::ByteEdge> bytes;
+    std::vector<CompiledGrammar::CallEdge> calls;
+    std::vector<std::pair<const Expr*, int32_t>> chars;  // inside CountChars: one character, then the state
+  };
+  std::vector<State> states;
+  size_t limit = 0;
+  bool over = false;
+
+  int32_t Add() {
+    if (states.size() >= limit) {
+      over = true;
+      return 0;
+    }
+    states.emplace_back();
+    return static_cast<int32_t>(states.size() - 1);
+  }
+};
+
+class NfaBuilder {
+ public:
+  NfaBuilder(const Grammar& g, const std::vector<bool>& kept, Nfa& nfa) : g_(g), kept_(kept), nfa_(nfa) {}
+
+  // Thompson fragment of `e`: (start, end).
+  std::pair<int32_t, int32_t> Build(const Expr& e) {
+    if (nfa_.over) return {0, 0};
+    switch (e.kind) {
+      case ExprKind::kEmpty: {
+        const int32_t s = nfa_.Add();
+        return {s, s};
+      }
+      case ExprKind::kBytes: {
+        const int32_t s = nfa_.Add(), t = nfa_.Add();
+        if (nfa_.over) return {0, 0};
+        for (auto [lo, hi] : e.ranges) nfa_.states[s].bytes.push_back({lo, hi, t});
+        return {s, t};
+      }
+      case ExprKind::kSeq: {
+        auto [s, t] = Build(*e.items[0]);
+        for (size_t i = 1; i < e.items.size() && !nfa_.over; ++i) {
+          auto [s2, t2] = Build(*e.items[i]);
+          if (nfa_.over) break;
+          nfa_.states[t].eps.push_back(s2);
+          t = t2;
+        }
+        return {s, t};
+      }
+      case ExprKind::kAlt: {
+        const int32_t s = nfa_.Add(), t = nfa_.Add();
+        for (const auto& item : e.items) {
+          auto [s2, t2] = Build(*item);
+          if (nfa_.over) return {0, 0};
+          nfa_.states[s].eps.push_back(s2);
+          nfa_.states[t2].eps.push_back(t);
+        }
+        return {s, t};
+      }
+      case ExprKind::kRepeat: {
+        const Expr& item = *e.items[0];
+        int32_t s = nfa_.Add();
+        int32_t t = s;
+        for (int32_t i = 0; i < e.min && !nfa_.over; ++i) {
+          auto [s2, t2] = Build(item);
+          if (nfa_.over) break;
+          nfa_.states[t].eps.push_back(s2);
+          t = t2;
+        }
+        if (nfa_.over) return {0, 0};
+        if (e.max == -1) {
+          auto [s2, t2] = Build(item);
+          if (nfa_.over) return {0, 0};
+          nfa_.states[t].eps.push_back(s2);
+          nfa_.states[t2].eps.push_back(t);
+          return {s, t};
+        }
+        const int32_t end = nfa_.Add();
+        for (int32_t i = e.min; i < e.max && !nfa_.over; ++i) {
+          auto [s2, t2] = Build(item);
+          if (nfa_.over) break;
+          nfa_.states[t].eps.push_back(s2);
+          nfa_.states[t].eps.push_back(end);
+          t = t2;
+        }
+        if (nfa_.over) return {0, 0};
+        nfa_.states[t].eps.push_back(end);
+        return {s, end};
+      }
+      case ExprKind::kChar: {
+        if (!count_chars_) return Build(*e.items[0]);
+        const int32_t s = nfa_.Add(), t = nfa_.Add();
+        if (nfa_.over) return {0, 0};
+        nfa_.states[s].chars.emplace_back(e.items[0].get(), t);
+        return {s, t};
+      }
+      case ExprKind::kCount:
+        return BuildCount(e);
+      case ExprKind::kRef: {
+        if (kept_[e.rule]) {
+          const int32_t s = nfa_.Add(), t = nfa_.Add();
+          if (nfa_.over) return {0, 0};
+          nfa_.states[s].calls.push_back({e.rule, t});
+          return {s, t};
+        }
+        return Build(*g_.rules[e.rule].body);  // not recursive, so this terminates
+      }
+    }
+    return {0, 0};
+  }
+
+ private:
+  // The product of the item's automaton (characters as single edges) with a counter of characters 0..K, where K is
+  // max, or min when unbounded (the counter then stays at K).
+  std::pair<int32_t, int32_t> BuildCount(const Expr& e) {
+    FATHOM_CHECK(!count_chars_, "CountChars inside CountChars");
+    Nfa inner;
+    inner.limit = nfa_.limit;
+    NfaBuilder ib(g_, kept_, inner);
+    ib.count_chars_ = true;
+    auto [is, ie] = ib.Build(*e.items[0]);
+    if (inner.over) {
+      nfa_.over = true;
+      return {0, 0};
+    }
+    const int32_t levels = (e.max < 0 ? e.min : e.max) + 1;
+    const auto n = static_cast<int32_t>(inner.states.size());
+    if (static_cast<size_t>(levels) * n + nfa_.states.size() >= nfa_.limit) {
+      nfa_.over = true;
+      return {0, 0};
+    }
+    const auto base = static_cast<int32_t>(nfa_.states.size());
+    for (int32_t i = 0; i < levels * n; ++i) nfa_.Add();
+    const int32_t end = nfa_.Add();
+    if (nfa_.over) return {0, 0};
+    for (int32_t c = 0; c < levels; ++c) {
+      const int32_t off = base + c * n;
+      for (int32_t i = 0; i < n; ++i) {
+        const Nfa::State& st = inner.states[i];
+        for (int32_t t : st.eps) nfa_.states[off + i].eps.push_back(off + t);
+        for (const auto& b : st.bytes) nfa_.states[off + i].bytes.push_back({b.lo, b.hi, off + b.to});
+        for (const auto& call : st.calls) nfa_.states[off + i].calls.push_back({call.rule, off + call.to});
+        const int32_t next = c + 1 < levels ? c + 1 : (e.max < 0 ? c : -1);
+        if (next < 0) continue;
+        for (const auto& [item, to] : st.chars) {
+          auto [fs, fe] = Build(*item);
+          if (nfa_.over) return {0, 0};
+          nfa_.states[off + i].eps.push_back(fs);
+          nfa_.states[fe].eps.push_back(base + next * n + to);
+        }
+      }
+      if (c >= e.min) nfa_.states[off + ie].eps.push_back(end);
+    }
+    return {base + is, end};
+  }
+
+  bool count_chars_ = false;
+  const Grammar& g_;
+  const std::vector<bool>& kept_;
+  Nfa& nfa_;
+};
+
+void EpsClosure(const Nfa& nfa, std::vector<int32_t>& set) {
+  std::vector<int32_t> work = set;
+  std::vector<char> seen(nfa.states.size(), 0);
+  for (int32_t s : set) seen[s] = 1;
+  while (!work.empty()) {
+    const int32_t s = work.back();
+    work.pop_back();
+    for (int32_t t : nfa.states[s].eps) {
+      if (!seen[t]) {
+        seen[t] = 1;
+        set.push_back(t);
+        work.push_back(t);
+      }
+    }
+  }
+  std::sort(set.begin(), set.end());
+}
+
+// Tarjan's strongly connected components over the rule reference graph: which rules are recursive.
+std::vector<bool> RecursiveRules(const std::vector<std::set<int32_t>>& refs) {
+  const size_t n = refs.size();
+  std::vector<int32_t> index(n, -1), low(n, 0);
+  std::vector<bool> on_stack(n, false), recursive(n, false);
+  std::vector<int32_t> stack;
+  int32_t counter = 0;
+  std::function<void(int32_t)> visit = [&](int32_t v) {
+    index[v] = low[v] = counter++;
+    stack.push_back(v);
+    on_stack[v] = true;
+    for (int32_t w : refs[v]) {
+      if (index[w] < 0) {
+        visit(w);
+        low[v] = std::min(low[v], low[w]);
+      } else if (on_stack[w]) {
+        low[v] = std::min(low[v], index[w]);
+      }
+    }
+    if (low[v] == index[v]) {
+      std::vector<int32_t> scc;
+      int32_t w;
+      do {
+        w = stack.back();
+        stack.pop_back();
+        on_stack[w] = false;
+        scc.push_back(w);
+      } while (w != v);
+      const bool cyclic = scc.size() > 1 || refs[v].count(v) > 0;
+      for (int32_t x : scc) recursive[x] = cyclic;
+    }
+  };
+  for (size_t v = 0; v < n; ++v) {
+    if (index[v] < 0) visit(static_cast<int32_t>(v));
+  }
+  return recursive;
+}
+
+// Minimizes the DFA of one rule (states[begin, end), its start `start`) by partition refinement (Moore), then
+// numbers its states breadth-first from the start, so that equal rules have equal states in equal order. Returns
+// the new start (always `begin`).
+int32_t Minimize(std::vector<CompiledGrammar::State>& states, int32_t begin, int32_t start) {
+  const auto end = static_cast<int32_t>(states.size());
+  const int32_t n = end - begin;
+  std::vector<int32_t> block(n);
+  for (int32_t i = 0; i < n; ++i) block[i] = states[begin + i].final ? 1 : 0;
+  int32_t blocks = 0;
+  for (;;) {
+    std::map<std::vector<int32_t>, int32_t> sig_ids;
+    std::vector<int32_t> next(n);
+    std::vector<int32_t> sig;
+    for (int32_t i = 0; i < n; ++i) {
+      const auto& st = states[begin + i];
+      sig.assign(1, block[i]);
+      int last_to = -1, last_hi = -2;
+      for (const auto& e : st.bytes) {
+        const int32_t to = block[e.to - begin];
+        if (to == last_to && e.lo == last_hi + 1) {
+          sig.back() = e.hi;
+        } else {
+          sig.push_back(-1);
+          sig.push_back(e.lo);
+          sig.push_back(to);
+          sig.push_back(e.hi);
+          last_to = to;
+        }
+        last_hi = e.hi;
+      }
+      for (const auto& c : st.calls) {
+        sig.push_back(-2);
+        sig.push_back(c.rule);
+        sig.push_back(block[c.to - begin]);
+      }
+      next[i] = sig_ids.emplace(sig, static_cast<int32_t>(sig_ids.size())).first->second;
+    }
+    const auto count = static_cast<int32_t>(sig_ids.size());
+    block = std::move(next);
+    if (count == blocks) break;
+    blocks = count;
+  }
+  // Breadth-first numbering of the blocks from the start's.
+  std::vector<int32_t> number(blocks, -1), rep(blocks, -1);
+  for (int32_t i = 0; i < n; ++i) {
+    if (rep[block[i]] < 0) rep[block[i]] = begin + i;
+  }
+  std::vector<int32_t> queue = {block[start - begin]};
+  number[queue[0]] = 0;
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const auto& st = states[rep[queue[q]]];
+    auto visit = [&](int32_t to) {
+      const int32_t b = block[to - begin];
+      if (number[b] < 0) {
+        number[b] = static_cast<int32_t>(queue.size());
+        queue.push_back(b);
+      }
+    };
+    for (const auto& e : st.bytes) visit(e.to);
+    for (const auto& c : st.calls) visit(c.to);
+  }
+  std::vector<CompiledGrammar::State> out(queue.size());
+  for (size_t k = 0; k < queue.size(); ++k) {
+    CompiledGrammar::State st = states[rep[queue[k]]];
+    std::vector<CompiledGrammar::ByteEdge> bytes;
+    for (auto e : st.bytes) {
+      e.to = begin + number[block[e.to - begin]];
+      if (!bytes.empty() && bytes.back().to == e.to && bytes.back().hi + 1 == e.lo) {
+        bytes.back().hi = e.hi;
+      } else {
+        bytes.push_back(e);
+      }
+    }
+    st.bytes = std::move(bytes);
+    for (auto& c : st.calls) c.to = begin + number[block[c.to - begin]];
+    out[k] = std::move(st);
+  }
+  states.resize(begin);
+  states.insert(states.end(), std::make_move_iterator(out.begin()), std::make_move_iterator(out.end()));
+  return begin;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar, const CompileOptions& options) {
+  const size_t n = grammar.rules.size();
+  if (n == 0 || grammar.root < 0 || static_cast<size_t>(grammar.root) >= n) {
+    return InvalidArgumentError("grammar: no root rule");
+  }
+  std::vector<std::set<int32_t>> refs(n);
+  for (size_t r = 0; r < n; ++r) {
+    if (grammar.rules[r].body) CollectRefs(*grammar.rules[r].body, refs[r]);
+    for (int32_t t : refs[r]) {
+      if (t < 0 || static_cast<size_t>(t) >= n) return InvalidArgumentError("grammar: a reference to no rule");
+    }
+  }
+  const std::vector<bool> recursive = RecursiveRules(refs);
+  std::vector<bool> kept(n, false);
+  for (size_t r = 0; r < n; ++r) kept[r] = recursive[r] || grammar.rules[r].keep;
+  kept[grammar.root] = true;
+
+  // Only the rules reachable from the root through kept rules are compiled.
+  std::vector<int32_t> order;
+  std::vector<int32_t> compiled_id(n, -1);
+  {
+    std::vector<int32_t> work = {grammar.root};
+    std::vector<bool> seen(n, false);
+    seen[grammar.root] = true;
+    while (!work.empty()) {
+      const int32_t r = work.back();
+      work.pop_back();
+      if (kept[r]) {
+        compiled_id[r] = static_cast<int32_t>(order.size());
+        order.push_back(r);
+      }
+      for (int32_t t : refs[r]) {
+        if (!seen[t]) {
+          seen[t] = true;
+          work.push_back(t);
+        }
+      }
+    }
+  }
+
+  auto out = std::shared_ptr<CompiledGrammar>(new CompiledGrammar());
+  out->root_ = 0;
+  size_t nfa_total = 0;
+  for (int32_t r : order) {
+    Nfa nfa;
+    nfa.limit = options.max_nfa_states - std::min(nfa_total, options.max_nfa_states);
+    NfaBuilder builder(grammar, kept, nfa);
+    auto [start, end] = builder.Build(*grammar.rules[r].body);
+    if (nfa.over) {
+      return InvalidArgumentError(fmt::format("grammar too large: rule '{}' needs more than {} automaton states",
+                                              grammar.rules[r].name, options.max_nfa_states));
+    }
+    nfa_total += nfa.states.size();
+
+    // Subset construction.
+    const auto rule_begin = static_cast<int32_t>(out->states_.size());
+    const int32_t rule_index = compiled_id[r];
+    std::map<std::vector<int32_t>, int32_t> ids;
+    std::vector<std::vector<int32_t>> pending;
+    auto intern = [&](std::vector<int32_t> set) -> int32_t {
+      EpsClosure(nfa, set);
+      auto it = ids.find(set);
+      if (it != ids.end()) return it->second;
+      const int32_t id = static_cast<int32_t>(out->states_.size());
+      CompiledGrammar::State st;
+      st.rule = rule_index;
+      st.final = std::binary_search(set.begin(), set.end(), end);
+      out->states_.push_back(std::move(st));
+      ids.emplace(set, id);
+      pending.push_back(std::move(set));
+      return id;
+    };
+    out->rule_start_.push_back(intern({start}));
+    out->rule_names_.push_back(grammar.rules[r].name);
+    while (!pending.empty()) {
+      if (out->states_.size() > options.max_dfa_states) {
+        return InvalidArgumentError(fmt::format("grammar too large: rule '{}' needs more than {} DFA states",
+                                                grammar.rules[r].name, options.max_dfa_states));
+      }
+      std::vector<int32_t> set = std::move(pending.back());
+      pending.pop_back();
+      const int32_t id = ids.at(set);
+      std::vector<CompiledGrammar::ByteEdge> edges;
+      std::map<int32_t, std::vector<int32_t>> calls;
+      for (int32_t s : set) {
+        edges.insert(edges.end(), nfa.states[s].bytes.begin(), nfa.states[s].bytes.end());
+        for (const auto& c : nfa.states[s].calls) calls[c.rule].push_back(c.to);
+      }
+      std::vector<int> cuts;
+      for (const auto& e : edges) {
+        cuts.push_back(e.lo);
+        cuts.push_back(e.hi + 1);
+      }
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      std::vector<CompiledGrammar::ByteEdge> dfa_edges;
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        const int lo = cuts[i], hi = cuts[i + 1] - 1;
+        std::vector<int32_t> targets;
+        for (const auto& e : edges) {
+          if (e.lo <= lo && hi <= e.hi) targets.push_back(e.to);
+        }
+        if (targets.empty()) continue;
+        std::sort(targets.begin(), targets.end());
+        targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+        const int32_t to = intern(std::move(targets));
+        if (!dfa_edges.empty() && dfa_edges.back().to == to && dfa_edges.back().hi + 1 == lo) {
+          dfa_edges.back().hi = static_cast<uint8_t>(hi);
+        } else {
+          dfa_edges.push_back({static_cast<uint8_t>(lo), static_cast<uint8_t>(hi), to});
+        }
+      }
+      std::vector<CompiledGrammar::CallEdge> dfa_calls;
+      for (auto& [callee, targets] : calls) {
+        std::sort(targets.begin(), targets.end());
+        targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+        dfa_calls.push_back({compiled_id[callee], intern(std::move(targets))});
+      }
+      out->states_[id].bytes = std::move(dfa_edges);
+      out->states_[id].calls = std::move(dfa_calls);
+    }
+    // Minimized up to a size: partition refinement takes as many rounds as the DFA is deep, and a long chain (a
+    // bounded string, say) has few equivalent states to merge.
+    if (out->states_.size() - rule_begin <= 4096) {
+      out->rule_start_.back() = Minimize(out->states_, rule_begin, out->rule_start_.back());
+    }
+    out->rule_begin_.push_back(rule_begin);
+    // FNV-1a over the DFA (states relative to the rule), with its start; 0 for a rule with calls.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xFF)) * 1099511628211ull;
+    };
+    mix(static_cast<uint64_t>(out->rule_start_.back() - rule_begin));
+    bool leaf = true;
+    for (size_t k = rule_begin; k < out->states_.size(); ++k) {
+      const auto& st = out->states_[k];
+      leaf &= st.calls.empty();
+      mix(st.final ? 0xF1 : 0xF0);
+      for (const auto& e : st.bytes) mix((uint64_t{e.lo} << 40) | (uint64_t{e.hi} << 32) | (e.to - rule_begin));
+      mix(0xE0);
+    }
+    out->fingerprints_.push_back(leaf ? (h == 0 ? 1 : h) : 0);
+  }
+
+  // Trim: keep only edges into states from which the rule can still end (a call counts when its callee can end and
+  // its continuation can). Without this a bounded count (a pattern under maxLength, say) would let a matcher into a
+  // state that no string completes, and no token would be allowed there.
+  {
+    const size_t ns = out->states_.size();
+    std::vector<std::vector<int32_t>> dependents(ns);
+    for (size_t k = 0; k < ns; ++k) {
+      for (const auto& e : out->states_[k].bytes) dependents[e.to].push_back(static_cast<int32_t>(k));
+      for (const auto& c : out->states_[k].calls) {
+        dependents[c.to].push_back(static_cast<int32_t>(k));
+        dependents[out->rule_start_[c.rule]].push_back(static_cast<int32_t>(k));
+      }
+    }
+    std::vector<char> live(ns, 0);
+    std::vector<int32_t> work;
+    for (size_t k = 0; k < ns; ++k) {
+      if (out->states_[k].final) {
+        live[k] = 1;
+        work.push_back(static_cast<int32_t>(k));
+      }
+    }
+    auto can_end = [&](int32_t k) {
+      for (const auto& e : out->states_[k].bytes) {
+        if (live[e.to]) return true;
+      }
+      for (const auto& c : out->states_[k].calls) {
+        if (live[c.to] && live[out->rule_start_[c.rule]]) return true;
+      }
+      return false;
+    };
+    while (!work.empty()) {
+      const int32_t t = work.back();
+      work.pop_back();
+      for (int32_t k : dependents[t]) {
+        if (!live[k] && can_end(k)) {
+          live[k] = 1;
+          work.push_back(k);
+        }
+      }
+    }
+    if (!live[out->rule_start_[0]]) {
+      return InvalidArgumentError("grammar: no string satisfies it (within the supported bounds)");
+    }
+    for (auto& st : out->states_) {
+      std::erase_if(st.bytes, [&](const CompiledGrammar::ByteEdge& e) { return !live[e.to]; });
+      std::erase_if(st.calls,
+                    [&](const CompiledGrammar::CallEdge& c) { return !live[c.to] || !live[out->rule_start_[c.rule]]; });
+    }
+  }
+
+  // Left recursion: a rule that can call itself before reading a byte would make the matcher's stacks grow forever.
+  const size_t nr = order.size();
+  std::vector<bool> nullable(nr, false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < nr; ++r) {
+      if (nullable[r]) continue;
+      std::vector<int32_t> work = {out->rule_start_[r]};
+      std::set<int32_t> seen = {work[0]};
+      while (!work.empty() && !nullable[r]) {
+        const int32_t s = work.back();
+        work.pop_back();
+        if (out->states_[s].final) nullable[r] = true;
+        for (const auto& c : out->states_[s].calls) {
+          if (nullable[c.rule] && seen.insert(c.to).second) work.push_back(c.to);
+        }
+      }
+      changed |= nullable[r];
+    }
+  }
+  std::vector<std::set<int32_t>> left(nr);
+  for (size_t r = 0; r < nr; ++r) {
+    std::vector<int32_t> work = {out->rule_start_[r]};
+    std::set<int32_t> seen = {work[0]};
+    while (!work.empty()) {
+      const int32_t s = work.back();
+      work.pop_back();
+      for (const auto& c : out->states_[s].calls) {
+        left[r].insert(c.rule);
+        if (nullable[c.rule] && seen.insert(c.to).second) work.push_back(c.to);
+      }
+    }
+  }
+  std::vector<int> color(nr, 0);
+  std::function<int32_t(int32_t)> cycle = [&](int32_t r) -> int32_t {
+    color[r] = 1;
+    for (int32_t t : left[r]) {
+      if (color[t] == 1) return t;
+      if (color[t] == 0) {
+        if (int32_t c = cycle(t); c >= 0) return c;
+      }
+    }
+    color[r] = 2;
+    return -1;
+  };
+  for (size_t r = 0; r < nr; ++r) {
+    if (color[r] == 0) {
+      if (int32_t c = cycle(static_cast<int32_t>(r)); c >= 0) {
+        return InvalidArgumentError(
+            fmt::format("grammar: rule '{}' is left-recursive, which is not supported", out->rule_names_[c]));
+      }
+    }
+  }
+  return std::shared_ptr<const CompiledGrammar>(std::move(out));
+}
+
+namespace {
+
+// 0: no, 1: a prefix only, 2: a full match.
+int Match(const CompiledGrammar& g, std::string_view text) {
+  using Stack = std::vector<int32_t>;  // top at the back: the current state, below it the return states
+  constexpr size_t kMaxDepth = 1000;
+  std::set<Stack> current;
+  bool accept = false;
+  std::function<void(Stack, std::set<Stack>&, bool&)> close = [&](Stack s, std::set<Stack>& out, bool& acc) {
+    if (s.size() > kMaxDepth || out.count(s)) return;
+    const auto& st = g.states()[s.back()];
+    out.insert(s);
+    for (const auto& c : st.calls) {
+      Stack t = s;
+      t.back() = c.to;
+      t.push_back(g.rule_start(c.rule));
+      close(std::move(t), out, acc);
+    }
+    if (st.final) {
+      Stack t = s;
+      t.pop_back();
+      if (t.empty()) {
+        acc = true;
+      } else {
+        close(std::move(t), out, acc);
+      }
+    }
+  };
+  close({g.root_start()}, current, accept);
+  for (char c : text) {
+    std::set<Stack> next;
+    bool acc = false;
+    for (const Stack& s : current) {
+      const int32_t to = g.Next(s.back(), static_cast<uint8_t>(c));
+      if (to < 0) continue;
+      Stack t = s;
+      t.back() = to;
+      close(std::move(t), next, acc);
+    }
+    current = std::move(next);
+    accept = acc;
+    if (current.empty() && !accept) return 0;
+  }
+  return accept ? 2 : 1;
+}
+
+}  // namespace
+
+bool Matches(const CompiledGrammar& g, std::string_view text) {
+  return Match(g, text) == 2;
+}
+bool MatchesPrefix(const CompiledGrammar& g, std::string_view text) {
+  return Match(g, text) > 0;
+}
+
+}  // namespace fathom::grammar

@@ -1,0 +1,50 @@
+// Structured-output constraints for the server: a ConstraintSpec (api.h) compiled into a grammar at the model's
+// vocabulary, on the HTTP thread that parsed the request (never the engine thread), and cached by spec so that the
+// requests of one schema share one grammar and its masks.
+//
+//   ConstraintCompiler compiler(tokenizer, eos_ids);
+//   StatusOr<std::shared_ptr<grammar::GrammarCache>> g = compiler.Get(*req.constraint);  // kInvalidArgument: a 400
+//   sampling.grammar = *g;
+#pragma once
+
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "grammar/matcher.h"
+#include "server/api.h"
+
+namespace fathom {
+
+class Tokenizer;
+
+class ConstraintCompiler {
+ public:
+  // `eos_ids`: the engine's end tokens, which a finished grammar allows. The vocabulary is built on first use.
+  ConstraintCompiler(const Tokenizer* tokenizer, std::vector<int64_t> eos_ids, size_t capacity = 64);
+
+  // `compile_s`, when given, gets the compile time (0 when the spec was cached).
+  StatusOr<std::shared_ptr<grammar::GrammarCache>> Get(const server::ConstraintSpec& spec, double* compile_s = nullptr);
+
+  struct Stats {
+    int64_t compiled = 0, cache_hits = 0, refused = 0;
+    double last_compile_s = 0.0;
+  };
+  Stats stats() const;
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<int64_t> eos_ids_;
+  size_t capacity_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const grammar::TokenVocab> vocab_;
+  std::list<std::pair<std::string, std::shared_ptr<grammar::GrammarCache>>> lru_;
+  std::unordered_map<std::string, decltype(lru_)::iterator> index_;
+  Stats stats_;
+};
+
+}  // namespace fathom
