@@ -54,6 +54,8 @@ struct EngineCore::SampleState {
   SamplerRng rng;
   std::unique_ptr<TextStream> detok;
   std::unique_ptr<grammar::GrammarMatcher> matcher;  // with a structured-output constraint
+  bool matcher_waiting = false;                      // until sampling.grammar_after_token is written
+  grammar::GrammarMatcher* active_matcher() const { return matcher_waiting ? nullptr : matcher.get(); }
   std::optional<sched::TimePoint> first_token;
   double detok_s = 0.0;
   double grammar_s = 0.0;  // mask and accept time
@@ -286,7 +288,10 @@ Status EngineCore::AddRequest(EngineRequest r, std::shared_ptr<RequestStream> st
   for (int32_t i = 0; i < n; ++i) {
     auto s = std::make_unique<SampleState>(rs.get(), i, i == 0 ? seed : MixSeed(seed, static_cast<uint64_t>(i)));
     if (text_) s->detok = text_(rs->prompt, rs->sampling.stop);
-    if (rs->sampling.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(rs->sampling.grammar);
+    if (rs->sampling.grammar) {
+      s->matcher = std::make_unique<grammar::GrammarMatcher>(rs->sampling.grammar);
+      s->matcher_waiting = rs->sampling.grammar_after_token >= 0;
+    }
     samples_.emplace(SampleId(rs->id, i), std::move(s));
   }
   requests_.emplace(rs->id, std::move(rs));
@@ -385,7 +390,9 @@ void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) 
   const int32_t produced = sr->num_output_tokens();
   FinishReason reason = FinishReason::kNone;
   bool grammar_done = false;
-  if (s.matcher) {
+  if (s.matcher && s.matcher_waiting) {
+    s.matcher_waiting = r.token != p.grammar_after_token;
+  } else if (s.matcher) {
     const auto t0 = sched::SteadyClock::now();
     const bool accepted = s.matcher->AcceptToken(r.token);
     s.grammar_s += Seconds(t0, sched::SteadyClock::now());
@@ -467,7 +474,7 @@ EngineCore::SamplePath EngineCore::ChooseSamplePath(const std::vector<StepRow>& 
   for (const StepRow& r : rows) {
     if (!r.live()) continue;
     forks = forks || r.forks;
-    constrained = constrained || r.sample->matcher != nullptr;
+    constrained = constrained || r.sample->active_matcher() != nullptr;
     plain_greedy = plain_greedy && IsPlainGreedy(r.sample->req->sampling, r.context(config_.eos_token_ids));
   }
   // A row that forks into its n samples draws them on the host from its logits row; a constrained row is masked
@@ -532,10 +539,10 @@ void EngineCore::SampleOnHost(const std::vector<StepRow>& rows, std::vector<Samp
       const StepRow& r = rows[static_cast<size_t>(i)];
       if (!r.live() || r.forks) continue;
       std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
-      if (r.sample->matcher) {
+      if (grammar::GrammarMatcher* m = r.sample->active_matcher()) {
         thread_local std::vector<float> copy;
         thread_local std::vector<uint32_t> mask;
-        logits_row = MaskedRow(logits_row, *r.sample->matcher, copy, mask, r.sample->grammar_s);
+        logits_row = MaskedRow(logits_row, *m, copy, mask, r.sample->grammar_s);
       }
       (*results)[static_cast<size_t>(i)] =
           Sample(logits_row, r.sample->req->sampling, r.context(config_.eos_token_ids), r.sample->rng);
@@ -566,7 +573,9 @@ void EngineCore::EmitRows(const std::vector<StepRow>& rows, const std::vector<Sa
     }
     std::vector<float> copy;
     std::vector<uint32_t> mask;
-    if (r.sample->matcher) logits_row = MaskedRow(logits_row, *r.sample->matcher, copy, mask, r.sample->grammar_s);
+    if (grammar::GrammarMatcher* m = r.sample->active_matcher()) {
+      logits_row = MaskedRow(logits_row, *m, copy, mask, r.sample->grammar_s);
+    }
     std::vector<SampleResult> forked;
     for (const std::string& id : ids) forked.push_back(Sample(logits_row, rq->sampling, ctx, samples_.at(id)->rng));
     for (size_t s = 0; s < ids.size(); ++s) EmitToken(ids[s], forked[s]);

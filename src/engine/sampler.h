@@ -45,6 +45,9 @@ struct SamplingParams {
   // Structured output: a compiled constraint (shared by the requests of one schema); each sample gets a matcher,
   // and tokens outside its mask are never sampled (the row is sampled on the host, masked).
   std::shared_ptr<grammar::GrammarCache> grammar = nullptr;
+  // The constraint starts after this token (an R1 model's "</think>": the answer is constrained, not the thinking);
+  // -1: from the first token.
+  int32_t grammar_after_token = -1;
 
   bool greedy() const { return temperature <= 0.0f; }
   Status Validate(int64_t vocab_size) const;

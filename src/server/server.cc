@@ -1043,6 +1043,10 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
       return ReplyError(ex, ApiErrorFromStatus(g.status(), req.constraint->param), record);
     }
     req.sampling.grammar = *g;
+    // An R1 model thinks first: the constraint holds from its "</think>" on (when that is one token).
+    if (chat && options_.reasoning == ReasoningParser::kDeepSeekR1 && model_.tokenizer != nullptr) {
+      if (auto think_end = model_.tokenizer->TokenToId("</think>")) req.sampling.grammar_after_token = *think_end;
+    }
   }
 
   // Prompt tokens.

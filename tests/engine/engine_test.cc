@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_core.h"
+#include "grammar/matcher.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
@@ -328,6 +329,52 @@ TEST_P(EngineTest, StopsOnStopTokensEosMinTokensAndStopStrings) {
   EXPECT_EQ(rt.last.finish_reason, FinishReason::kStop);
   EXPECT_EQ(rt.last.stop_reason, stop);
   EXPECT_LE(rt.tokens.size(), 8u);
+}
+
+// Structured output: token i spells the letter 'a' + i % 26; a grammar of "one 'b', then 'c' or 'd' twice" is
+// followed exactly whatever the model prefers, ends with the configured EOS, and waits for grammar_after_token
+// when one is set (an R1 model's "</think>").
+TEST_P(EngineTest, AGrammarConstrainsSampledTokensAndEndsWithEos) {
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  std::vector<std::optional<std::string>> bytes(vocab);
+  for (size_t i = 0; i < vocab; ++i) bytes[i] = std::string(1, static_cast<char>('a' + i % 26));
+  const int32_t eos = static_cast<int32_t>(vocab) - 1;
+  auto token_vocab = grammar::TokenVocab::Build(bytes, {eos});
+  grammar::GrammarBuilder b;
+  const int32_t root =
+      b.Add("root", grammar::Seq({grammar::Lit("b"), grammar::Repeat(grammar::Bytes({{'c', 'd'}}), 2, 2)}));
+  auto compiled = grammar::Compile(b.Finish(root), {});
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto cache = std::make_shared<grammar::GrammarCache>(*compiled, token_vocab);
+  EngineConfig cfg = BigConfig(true);
+  cfg.eos_token_ids = {eos};
+  const auto& gc = golden_.cases[3];
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingParams p = Greedy(16);
+    p.ignore_eos = false;
+    p.temperature = temperature;
+    p.seed = 5;
+    p.grammar = cache;
+    Result r = RunAlone(gc.input_ids, p, cfg);
+    ASSERT_EQ(r.tokens.size(), 4u) << temperature;
+    EXPECT_EQ(*bytes[r.tokens[0]], "b");
+    for (int k = 1; k < 3; ++k) EXPECT_TRUE(*bytes[r.tokens[k]] == "c" || *bytes[r.tokens[k]] == "d");
+    EXPECT_EQ(r.tokens[3], eos);
+    EXPECT_EQ(r.last.finish_reason, FinishReason::kStop);
+    EXPECT_GE(r.last.timings.grammar, 0.0);
+  }
+  // Waiting for a token first: the greedy output is unconstrained up to and including it.
+  const std::vector<int32_t>& g = gc.greedy;
+  SamplingParams w = Greedy(16);
+  w.ignore_eos = false;
+  w.grammar = cache;
+  w.grammar_after_token = g[2];
+  const size_t first = static_cast<size_t>(std::find(g.begin(), g.end(), g[2]) - g.begin());
+  Result rw = RunAlone(gc.input_ids, w, cfg);
+  ASSERT_EQ(rw.tokens.size(), first + 1 + 4);
+  EXPECT_TRUE(std::equal(g.begin(), g.begin() + static_cast<int64_t>(first) + 1, rw.tokens.begin()));
+  EXPECT_EQ(*bytes[rw.tokens[first + 1]], "b");
+  EXPECT_EQ(rw.tokens.back(), eos);
 }
 
 TEST_P(EngineTest, AbortAndTimingsThroughTheCore) {
