@@ -348,11 +348,10 @@ bool ParseConstraint(Reader& r, ParsedRequest* out) {
     specs.push_back({ConstraintSpec::Kind::kChoice, param, schema_text(v)});
     return true;
   };
-  auto refuse_grammar = [&](const std::string& param) {
-    return r.Fail(
-        param,
-        fmt::format("'{}' (an EBNF grammar) is not supported yet; use a JSON schema, a regex or a choice", param),
-        StatusCode::kUnimplemented);
+  auto add_grammar = [&](const std::string& param, const Json& v) {
+    if (!v.is_string()) return r.Fail(param, fmt::format("'{}' must be a GBNF grammar as a string", param));
+    specs.push_back({ConstraintSpec::Kind::kGrammar, param, v.get<std::string>()});
+    return true;
   };
   if (const Json* rf = r.Get("response_format"); rf != nullptr) {
     if (!rf->is_object()) return r.Fail("response_format", "'response_format' must be an object");
@@ -390,7 +389,7 @@ bool ParseConstraint(Reader& r, ParsedRequest* out) {
   if (const Json* v = r.Get("guided_json"); v != nullptr && !add_json("guided_json", *v)) return false;
   if (const Json* v = r.Get("guided_regex"); v != nullptr && !add_regex("guided_regex", *v)) return false;
   if (const Json* v = r.Get("guided_choice"); v != nullptr && !add_choice("guided_choice", *v)) return false;
-  if (r.Get("guided_grammar") != nullptr) return refuse_grammar("guided_grammar");
+  if (const Json* v = r.Get("guided_grammar"); v != nullptr && !add_grammar("guided_grammar", *v)) return false;
   if (const Json* so = r.Get("structured_outputs"); so != nullptr) {
     if (!so->is_object()) return r.Fail("structured_outputs", "'structured_outputs' must be an object");
     for (auto it = so->begin(); it != so->end(); ++it) {
@@ -403,7 +402,7 @@ bool ParseConstraint(Reader& r, ParsedRequest* out) {
       } else if (it.key() == "choice") {
         if (!add_choice(param, *it)) return false;
       } else if (it.key() == "grammar") {
-        return refuse_grammar(param);
+        if (!add_grammar(param, *it)) return false;
       } else if (it.key() == "json_object") {
         if (it->is_boolean() && it->get<bool>()) specs.push_back({ConstraintSpec::Kind::kJsonObject, param, ""});
       } else {

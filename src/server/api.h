@@ -32,9 +32,10 @@ struct RequestLimits {
 };
 
 // Structured output as asked: response_format json_object / json_schema, vLLM's guided_json / guided_regex /
-// guided_choice, or its structured_outputs object ({json | regex | choice}). The server compiles it (server.cc).
+// guided_choice / guided_grammar (GBNF), or its structured_outputs object ({json | regex | choice | grammar |
+// json_object}). The server compiles it (server.cc).
 struct ConstraintSpec {
-  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice };
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
   Kind kind = Kind::kJsonObject;
   std::string param;  // the request field it came from, for errors
   std::string body;   // the schema as JSON text (key order kept), the regex, or the choices as a JSON array

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
 #include "grammar/vocab_text.h"
@@ -30,6 +31,8 @@ StatusOr<grammar::Grammar> ToGrammar(const server::ConstraintSpec& spec) {
       const int32_t root = b.Add("regex", e);
       return b.Finish(root);
     }
+    case Kind::kGrammar:
+      return grammar::ParseGbnf(spec.body);
     case Kind::kChoice: {
       auto choices = nlohmann::json::parse(spec.body, nullptr, /*allow_exceptions=*/false);
       std::vector<grammar::ExprPtr> alts;

@@ -1035,7 +1035,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
 
   // Structured output: compiled here, on this HTTP thread, and shared with every request of the same spec.
   if (req.constraint) {
-    static constexpr const char* kKinds[] = {"json_object", "json_schema", "regex", "choice"};
+    static constexpr const char* kKinds[] = {"json_object", "json_schema", "regex", "choice", "grammar"};
     record.constraint = kKinds[static_cast<int>(req.constraint->kind)];
     auto g = constraints_->Get(*req.constraint, &record.grammar_compile);
     if (!g.ok()) {

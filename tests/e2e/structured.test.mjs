@@ -65,13 +65,17 @@ test('a streamed json_schema response is valid once its deltas are joined', asyn
   checkPerson(text);
 });
 
-test('json_object gives a JSON object (the closing brace biased, so that it is short)', async () => {
-  const close = tokenize(tokDir, '}');
+test('json_object gives a JSON object (the braces biased, so that it is short)', async () => {
+  const open = tokenize(tokDir, '{'), close = tokenize(tokDir, '}');
+  assert.equal(open.length, 1);
   assert.equal(close.length, 1);
+  // '{' first (a biased '}' inside a key string would be text), then '}': the grammar allows nothing else to follow.
   const r = await client.chat.completions.create({
     model: 'deepseek-v3-demo', messages: [{role: 'user', content: 'JSON please'}], max_tokens: 50,
-    response_format: {type: 'json_object'}, logit_bias: {[close[0]]: 100},
+    response_format: {type: 'json_object'}, logit_bias: {[open[0]]: 100, [close[0]]: 100},
   });
+  assert.equal(r.choices[0].message.content, '{}');
+  assert.equal(r.choices[0].finish_reason, 'stop');
   const v = JSON.parse(r.choices[0].message.content);
   assert.equal(typeof v, 'object');
   assert.ok(!Array.isArray(v) && v !== null);
@@ -91,6 +95,20 @@ test('guided_choice, guided_regex and structured_outputs (vLLM fields)', async (
   }
 });
 
+test('guided_grammar (GBNF) and structured_outputs.grammar', async () => {
+  const gbnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [a-c] | "n" [0-9]{1,2}\n';
+  const close = tokenize(tokDir, ')');
+  for (const seed of [1, 2, 3]) {
+    const r = await client.completions.create({model: 'deepseek-v3-demo', prompt: 'List:', max_tokens: 40, seed,
+                                               guided_grammar: gbnf, logit_bias: {[close[0]]: 10}});
+    if (r.choices[0].finish_reason === 'stop') assert.match(r.choices[0].text, /^\((?:[a-c]|n\d{1,2})(?:,(?:[a-c]|n\d{1,2}))*\)$/);
+    else assert.match(r.choices[0].text, /^\(/);
+  }
+  const so = await client.completions.create({model: 'deepseek-v3-demo', prompt: 'x', max_tokens: 8,
+                                              structured_outputs: {grammar: 'root ::= "on" | "off"'}});
+  assert.ok(['on', 'off'].includes(so.choices[0].text), so.choices[0].text);
+});
+
 test('unsupported schemas and bad constraint fields are 400s that name the problem', async () => {
   await assert.rejects(client.chat.completions.create({
     model: 'deepseek-v3-demo', messages: [{role: 'user', content: 'q'}],
@@ -98,8 +116,8 @@ test('unsupported schemas and bad constraint fields are 400s that name the probl
   }), (e) => e.status === 400 && e.error.param === 'response_format' && /'not' at '\/properties\/a'/.test(e.error.message));
   await assert.rejects(client.completions.create({model: 'deepseek-v3-demo', prompt: 'x', guided_regex: '(a)\\1'}),
                        (e) => e.status === 400 && e.error.param === 'guided_regex' && /backreferences/.test(e.error.message));
-  await assert.rejects(client.completions.create({model: 'deepseek-v3-demo', prompt: 'x', guided_grammar: 'root ::= "a"'}),
-                       (e) => e.status === 400 && e.error.param === 'guided_grammar');
+  await assert.rejects(client.completions.create({model: 'deepseek-v3-demo', prompt: 'x', guided_grammar: 'root ::= item\n'}),
+                       (e) => e.status === 400 && e.error.param === 'guided_grammar' && /'item' is used/.test(e.error.message));
   await assert.rejects(client.completions.create({model: 'deepseek-v3-demo', prompt: 'x', guided_choice: ['a'],
                                                   guided_regex: 'a'}),
                        (e) => e.status === 400 && /both constrain the output/.test(e.error.message));
