@@ -67,7 +67,9 @@ class TokenVocab {
 
 struct MatcherOptions {
   int32_t max_depth = 256;                // nesting of rule calls
-  size_t max_configurations = 2'000'000;  // interned stack sets, bounded so that memory is
+  // Interned stack sets, each with a 1 KB transition row: bounded so that a grammar's memory is (100 MB). Past it no
+  // new configuration is made, and a token that needs one is not allowed (a request then ends with an error).
+  size_t max_configurations = 100'000;
 };
 
 // What one grammar knows about one vocabulary: interned configurations, their transitions, per-state token masks.
