@@ -625,7 +625,9 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
     Nfa nfa;
     nfa.limit = options.max_nfa_states - std::min(nfa_total, options.max_nfa_states);
     NfaBuilder builder(grammar, kept, nfa);
-    auto [start, end] = builder.Build(*grammar.rules[r].body);
+    // Plain variables, not a structured binding: `intern` below captures `end` (clang 14 cannot capture bindings).
+    const std::pair<int32_t, int32_t> fragment = builder.Build(*grammar.rules[r].body);
+    const int32_t start = fragment.first, end = fragment.second;
     if (nfa.over) {
       return InvalidArgumentError(fmt::format("grammar too large: rule '{}' needs more than {} automaton states",
                                               grammar.rules[r].name, options.max_nfa_states));
