@@ -60,7 +60,6 @@ StatusOr<std::shared_ptr<grammar::GrammarCache>> ConstraintCompiler::Get(const s
     std::lock_guard lock(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
-      ++stats_.cache_hits;
       return it->second->second;
     }
     if (!vocab_) {
@@ -78,13 +77,10 @@ StatusOr<std::shared_ptr<grammar::GrammarCache>> ConstraintCompiler::Get(const s
              : StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>(g.status());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard lock(mu_);
-  stats_.last_compile_s = seconds;
   if (compile_s != nullptr) *compile_s = seconds;
   if (!c.ok()) {
-    ++stats_.refused;
     return InvalidArgumentError(fmt::format("'{}': {}", spec.param, c.status().message()));
   }
-  ++stats_.compiled;
   auto cache = std::make_shared<grammar::GrammarCache>(*c, vocab);
   if (auto it = index_.find(key); it != index_.end()) return it->second->second;  // compiled meanwhile
   lru_.emplace_front(key, cache);
@@ -94,11 +90,6 @@ StatusOr<std::shared_ptr<grammar::GrammarCache>> ConstraintCompiler::Get(const s
     lru_.pop_back();
   }
   return cache;
-}
-
-ConstraintCompiler::Stats ConstraintCompiler::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
 }
 
 }  // namespace fathom

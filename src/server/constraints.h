@@ -30,12 +30,6 @@ class ConstraintCompiler {
   // `compile_s`, when given, gets the compile time (0 when the spec was cached).
   StatusOr<std::shared_ptr<grammar::GrammarCache>> Get(const server::ConstraintSpec& spec, double* compile_s = nullptr);
 
-  struct Stats {
-    int64_t compiled = 0, cache_hits = 0, refused = 0;
-    double last_compile_s = 0.0;
-  };
-  Stats stats() const;
-
  private:
   const Tokenizer* tokenizer_;
   std::vector<int64_t> eos_ids_;
@@ -44,7 +38,6 @@ class ConstraintCompiler {
   std::shared_ptr<const grammar::TokenVocab> vocab_;
   std::list<std::pair<std::string, std::shared_ptr<grammar::GrammarCache>>> lru_;
   std::unordered_map<std::string, decltype(lru_)::iterator> index_;
-  Stats stats_;
 };
 
 }  // namespace fathom

@@ -44,7 +44,18 @@ class ByteLevelDecoder final : public Decoder {
     }
     tokens.assign(1, Utf8Lossy(bytes));
   }
-  bool byte_level() const override { return true; }
+  // A token holding a character outside the byte alphabet (an added token) stands for its UTF-8, as above.
+  std::optional<std::string> TokenBytes(const std::string& token) const override {
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      size_t len;
+      const char32_t cp = DecodeUtf8(token, i, &len);
+      i += len;
+      if (cp >= 0x200 || char_to_byte_[cp] < 0) return token;
+      bytes.push_back(static_cast<char>(char_to_byte_[cp]));
+    }
+    return bytes;
+  }
 
  private:
   int char_to_byte_[0x200];
@@ -106,6 +117,11 @@ class ByteFallbackDecoder final : public Decoder {
     }
     flush();
     tokens = std::move(out);
+  }
+  std::optional<std::string> TokenBytes(const std::string& token) const override {
+    unsigned char byte;
+    if (!ParseByteToken(token, &byte)) return std::nullopt;
+    return std::string(1, static_cast<char>(byte));
   }
 };
 
@@ -175,11 +191,11 @@ class SequenceDecoder final : public Decoder {
   void DecodeChain(std::vector<std::string>& tokens) const override {
     for (const auto& part : parts_) part->DecodeChain(tokens);
   }
-  bool byte_level() const override {
+  std::optional<std::string> TokenBytes(const std::string& token) const override {
     for (const auto& part : parts_) {
-      if (part->byte_level()) return true;
+      if (auto bytes = part->TokenBytes(token)) return bytes;
     }
-    return false;
+    return std::nullopt;
   }
 
  private:

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,9 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void DecodeChain(std::vector<std::string>& tokens) const = 0;
-  // Whether tokens are byte-level (GPT-2's byte alphabet), so that each token maps to bytes on its own.
-  virtual bool byte_level() const { return false; }
+  // The bytes one token stands for on its own, before any UTF-8 repair, where this decoder defines them (ByteLevel:
+  // every token; ByteFallback: <0xHH> tokens); nullopt elsewhere.
+  virtual std::optional<std::string> TokenBytes(const std::string& /*token*/) const { return std::nullopt; }
 };
 
 StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json);

@@ -4,7 +4,6 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -12,7 +11,6 @@
 #include <sstream>
 
 #include "core/json.h"
-#include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace fathom {
@@ -775,30 +773,8 @@ std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
   }
   const std::string* token = model_->IdToToken(id);
   if (token == nullptr) return std::nullopt;
-  if (decoder_ && decoder_->byte_level()) {
-    static const auto inverse = [] {
-      std::array<int, 0x200> inv;
-      inv.fill(-1);
-      const auto& alphabet = ByteLevelAlphabet();
-      for (int b = 0; b < 256; ++b) inv[alphabet[b]] = b;
-      return inv;
-    }();
-    std::string bytes;
-    for (size_t i = 0; i < token->size();) {
-      size_t len;
-      const char32_t cp = DecodeUtf8(*token, i, &len);
-      i += len;
-      if (cp >= 0x200 || inverse[cp] < 0) return *token;  // not in the byte alphabet: its UTF-8, as Decode gives
-      bytes.push_back(static_cast<char>(inverse[cp]));
-    }
-    return bytes;
-  }
-  if (token->size() == 6 && token->compare(0, 3, "<0x") == 0 && (*token)[5] == '>') {
-    unsigned value = 0;
-    const char* begin = token->data() + 3;
-    if (auto r = std::from_chars(begin, begin + 2, value, 16); r.ec == std::errc() && r.ptr == begin + 2) {
-      return std::string(1, static_cast<char>(value));
-    }
+  if (decoder_) {
+    if (std::optional<std::string> bytes = decoder_->TokenBytes(*token)) return bytes;
   }
   std::string out;
   for (size_t i = 0; i < token->size(); ++i) {
