@@ -38,6 +38,8 @@ struct ServeOptions {
   std::string api_key;
   std::vector<std::string> served_model_names;
   std::string reasoning_parser = "auto";
+  std::string tool_call_parser = "auto";
+  bool enable_auto_tool_choice = false;
   std::string chat_template;  // a named template of tokenizer_config.json
   double stream_retention_s = 60;
   double stream_resume_grace_s = 30;
@@ -172,6 +174,7 @@ Status Serve(ServeOptions o) {
   so.served_model_aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
   so.api_key = o.api_key;
   FATHOM_ASSIGN_OR_RETURN(so.reasoning, server::ParseReasoningParser(o.reasoning_parser, &so.reasoning_auto));
+  FATHOM_ASSIGN_OR_RETURN(so.tool_format, server::ParseToolCallParser(o.tool_call_parser));
   so.stream_logs.retention_s = o.stream_retention_s;
   so.stream_resume_grace_s = o.stream_resume_grace_s;
   so.metrics_require_key = o.metrics_require_key;
@@ -336,6 +339,14 @@ void AddServeCommand(CLI::App& app) {
                   "auto | deepseek-r1 | none: text up to </think> becomes reasoning_content (auto: when the chat "
                   "template opens a <think> block)")
       ->capture_default_str()
+      ->group(api);
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "auto | deepseek_v3 | deepseek_v31 | hermes | llama3_json | none: the format of tool calls in the "
+                  "model's output (auto: the one its chat template writes)")
+      ->capture_default_str()
+      ->group(api);
+  cmd->add_flag("--enable-auto-tool-choice", o->enable_auto_tool_choice,
+                "Accepted for vLLM's command lines: tool_choice auto is on whenever the tool-call format is known")
       ->group(api);
   cmd->add_option("--chat-template", o->chat_template, "A named chat template of tokenizer_config.json")->group(api);
   cmd->add_option("--stream-retention-s", o->stream_retention_s,

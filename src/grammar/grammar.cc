@@ -261,6 +261,26 @@ void GrammarBuilder::Define(int32_t rule, ExprPtr body) {
   grammar_.rules[rule].body = std::move(body);
 }
 
+namespace {
+
+ExprPtr Renumbered(const ExprPtr& e, int32_t offset) {
+  if (e->kind == ExprKind::kRef) return Ref(e->rule + offset);
+  if (e->items.empty()) return e;
+  auto copy = std::make_shared<Expr>(*e);
+  for (ExprPtr& item : copy->items) item = Renumbered(item, offset);
+  return copy;
+}
+
+}  // namespace
+
+int32_t GrammarBuilder::Include(const Grammar& other) {
+  const auto offset = static_cast<int32_t>(grammar_.rules.size());
+  for (const Rule& r : other.rules) {
+    grammar_.rules.push_back(Rule{r.name, r.body ? Renumbered(r.body, offset) : nullptr, r.keep});
+  }
+  return other.root + offset;
+}
+
 Grammar GrammarBuilder::Finish(int32_t root) {
   grammar_.root = root;
   for (Rule& r : grammar_.rules) {

@@ -88,6 +88,9 @@ class GrammarBuilder {
     return r;
   }
   size_t size() const { return grammar_.rules.size(); }
+  // Copies every rule of `other` into this builder (its references renumbered) and returns the rule of its root:
+  // a grammar built elsewhere (a JSON schema's, say) used as one rule of a larger one.
+  int32_t Include(const Grammar& other);
   Grammar Finish(int32_t root);
 
  private:

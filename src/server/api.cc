@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -161,6 +163,151 @@ bool FlattenContent(Reader& r, const Json& content, const std::string& param, Js
   return true;
 }
 
+bool ValidToolName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+// tools, tool_choice, parallel_tool_calls (chat).
+bool ParseTools(Reader& r, ParsedRequest* out) {
+  const Json* tools = r.Get("tools");
+  const Json* choice = r.Get("tool_choice");
+  if (tools == nullptr || (tools->is_array() && tools->empty())) {
+    if (choice != nullptr && !(choice->is_string() && (*choice == "none" || *choice == "auto"))) {
+      return r.Fail("tool_choice", "'tool_choice' names a tool or requires one, but the request has no 'tools'");
+    }
+    return true;
+  }
+  if (!tools->is_array()) return r.Fail("tools", fmt::format("'tools' must be an array, got {}", TypeName(*tools)));
+  if (tools->size() > 128) return r.Fail("tools", fmt::format("'tools' holds {} tools; at most 128", tools->size()));
+  ToolsSpec spec;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& t = (*tools)[i];
+    const std::string param = fmt::format("tools[{}]", i);
+    if (!t.is_object()) return r.Fail(param, fmt::format("'{}' must be an object", param));
+    auto type = t.find("type");
+    if (type == t.end() || *type != "function") {
+      return r.Fail(param + ".type", fmt::format("'{}.type' must be \"function\"", param));
+    }
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) {
+      return r.Fail(param + ".function", fmt::format("'{}.function' must be an object", param));
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || !ValidToolName(name->get<std::string>())) {
+      return r.Fail(param + ".function.name",
+                    fmt::format("'{}.function.name' must be 1 to 64 letters, digits, '_' or '-'", param));
+    }
+    if (std::find(names.begin(), names.end(), name->get<std::string>()) != names.end()) {
+      return r.Fail(param + ".function.name",
+                    fmt::format("two tools are named '{}': names must be unique", name->get<std::string>()));
+    }
+    names.push_back(name->get<std::string>());
+    Json f = {{"name", *name}};
+    if (auto d = fn->find("description"); d != fn->end() && !d->is_null()) {
+      if (!d->is_string()) {
+        return r.Fail(param + ".function.description",
+                      fmt::format("'{}.function.description' must be a string", param));
+      }
+      f["description"] = *d;
+    }
+    auto params = fn->find("parameters");
+    if (params == fn->end() || params->is_null()) {
+      f["parameters"] = {{"type", "object"}, {"properties", Json::object()}};
+    } else if (!params->is_object()) {
+      return r.Fail(param + ".function.parameters",
+                    fmt::format("'{}.function.parameters' must be a JSON schema object", param));
+    } else {
+      f["parameters"] = *params;
+    }
+    if (auto st = fn->find("strict"); st != fn->end() && !st->is_null()) {
+      if (!st->is_boolean()) {
+        return r.Fail(param + ".function.strict", fmt::format("'{}.function.strict' must be a boolean", param));
+      }
+      f["strict"] = *st;
+    }
+    spec.tools.push_back({{"type", "function"}, {"function", f}});
+  }
+  if (choice != nullptr) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") {
+        spec.choice = ToolsSpec::Choice::kNone;
+      } else if (c == "auto") {
+        spec.choice = ToolsSpec::Choice::kAuto;
+      } else if (c == "required") {
+        spec.choice = ToolsSpec::Choice::kRequired;
+      } else {
+        return r.Fail("tool_choice",
+                      fmt::format("'tool_choice' must be none, auto, required or {{\"type\": \"function\", "
+                                  "\"function\": {{\"name\": ...}}}}, got '{}'",
+                                  c));
+      }
+    } else if (choice->is_object()) {
+      const Json* name = nullptr;
+      if (auto fn = choice->find("function"); fn != choice->end() && fn->is_object() && fn->contains("name")) {
+        name = &fn->at("name");
+      }
+      auto type = choice->find("type");
+      if (type == choice->end() || *type != "function" || name == nullptr || !name->is_string()) {
+        return r.Fail("tool_choice",
+                      "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) == names.end()) {
+        return r.Fail("tool_choice",
+                      fmt::format("'tool_choice' names '{}', which is not one of the tools", name->get<std::string>()));
+      }
+      spec.choice = ToolsSpec::Choice::kNamed;
+      spec.name = name->get<std::string>();
+    } else {
+      return r.Fail("tool_choice",
+                    fmt::format("'tool_choice' must be a string or an object, got {}", TypeName(*choice)));
+    }
+  }
+  if (auto p = r.Bool("parallel_tool_calls")) spec.parallel = *p;
+  if (r.failed()) return false;
+  out->tools = std::move(spec);
+  return true;
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}], arguments a
+// JSON string (an object is taken too, and serialized).
+bool ParseToolCallHistory(Reader& r, const Json& calls, const std::string& param, Json* out) {
+  if (!calls.is_array()) return r.Fail(param, fmt::format("'{}' must be an array", param));
+  Json result = Json::array();
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const Json& c = calls[j];
+    const std::string pp = fmt::format("{}[{}]", param, j);
+    if (!c.is_object() || !c.contains("function") || !c.at("function").is_object()) {
+      return r.Fail(pp, fmt::format("'{}' must be {{\"id\", \"type\": \"function\", \"function\": "
+                                    "{{\"name\", \"arguments\"}}}}",
+                                    pp));
+    }
+    const Json& fn = c.at("function");
+    auto name = fn.find("name");
+    if (name == fn.end() || !name->is_string()) {
+      return r.Fail(pp + ".function.name", fmt::format("'{}.function.name' must be a string", pp));
+    }
+    Json call = c;
+    auto args = fn.find("arguments");
+    if (args == fn.end() || args->is_null()) {
+      call["function"]["arguments"] = "{}";
+    } else if (args->is_object()) {
+      call["function"]["arguments"] = args->dump();
+    } else if (!args->is_string()) {
+      return r.Fail(pp + ".function.arguments", fmt::format("'{}.function.arguments' must be a JSON string", pp));
+    }
+    if (!call.contains("type")) call["type"] = "function";
+    result.push_back(std::move(call));
+  }
+  *out = std::move(result);
+  return true;
+}
+
 bool ParseMessages(Reader& r, const Json& body, ParsedRequest* out) {
   const Json* messages = r.Get("messages");
   if (messages == nullptr) return r.Fail("messages", "'messages' is required");
@@ -196,6 +343,18 @@ bool ParseMessages(Reader& r, const Json& body, ParsedRequest* out) {
       }
     }
     Json msg = m;
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (role_name != "assistant") {
+        return r.Fail(param + ".tool_calls", fmt::format("'{}.tool_calls' belongs to assistant messages", param));
+      }
+      if (!ParseToolCallHistory(r, *calls, param + ".tool_calls", &msg["tool_calls"])) return false;
+    }
+    if (role_name == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id != m.end() && !id->is_null() && !id->is_string()) {
+        return r.Fail(param + ".tool_call_id", fmt::format("'{}.tool_call_id' must be a string", param));
+      }
+    }
     auto content = m.find("content");
     if (content == m.end()) {
       if (role_name != "assistant") return r.Fail(param + ".content", fmt::format("'{}.content' is required", param));
@@ -301,12 +460,13 @@ bool ParseLogitBias(Reader& r, const RequestLimits& limits, SamplingParams* sp) 
 }
 
 bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
-  if (const Json* tools = r.Get("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return r.Fail("tools", "'tools' is not supported: this server has no tool-call parser for the model",
-                  StatusCode::kUnimplemented);
+  if (endpoint == Endpoint::kCompletion) {
+    if (const Json* tools = r.Get("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+      return r.Fail("tools", "'tools' needs /v1/chat/completions", StatusCode::kUnimplemented);
+    }
   }
   if (const Json* functions = r.Get("functions"); functions != nullptr) {
-    return r.Fail("functions", "'functions' is not supported: this server has no tool-call parser for the model",
+    return r.Fail("functions", "'functions' (the legacy form) is not supported: send 'tools'",
                   StatusCode::kUnimplemented);
   }
   if (endpoint == Endpoint::kCompletion) {
@@ -433,7 +593,13 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
   if (!RefuseUnsupported(r, endpoint)) return false;
   if (!ParseConstraint(r, out)) return false;
   if (endpoint == Endpoint::kChat) {
-    if (!ParseMessages(r, j, out)) return false;
+    if (!ParseMessages(r, j, out) || !ParseTools(r, out)) return false;
+    if (out->tools && out->constraint && out->tools->choice != ToolsSpec::Choice::kAuto &&
+        out->tools->choice != ToolsSpec::Choice::kNone) {
+      return r.Fail("tool_choice", fmt::format("'tool_choice' (a required or named call) and '{}' both constrain the "
+                                               "output: give one",
+                                               out->constraint->param));
+    }
     if (const Json* kw = r.Get("chat_template_kwargs"); kw != nullptr) {
       if (!kw->is_object()) return r.Fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       out->chat_template_kwargs = *kw;

@@ -7,7 +7,7 @@
 //   // req.messages (content flattened to strings), req.sampling, req.stream, req.include_usage, ...
 //
 // Unknown fields are ignored, as OpenAI does; fields that would change the output in ways fathom cannot honour
-// (tools without a parser, structured output, echo, best_of > n, image parts) are refused with a 400.
+// (legacy `functions`, echo, best_of > n, image parts) are refused with a 400.
 #pragma once
 
 #include <cstdint>
@@ -35,11 +35,24 @@ struct RequestLimits {
 // guided_choice / guided_grammar (GBNF), or its structured_outputs object ({json | regex | choice | grammar |
 // json_object}). The server compiles it (server.cc).
 struct ConstraintSpec {
-  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
+  // kTools: tool_choice "required" or a named function (server/tools.h builds the grammar); body is then the JSON
+  // {"format", "tools", "choice", "name", "parallel"}.
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar, kTools };
   Kind kind = Kind::kJsonObject;
   std::string param;  // the request field it came from, for errors
   std::string body;   // the schema as JSON text (key order kept), the regex, or the choices as a JSON array
   bool strict = false;
+};
+
+// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request (server/tools.h renders and parses them).
+struct ToolsSpec {
+  enum class Choice { kNone, kAuto, kRequired, kNamed };
+  // Validated: [{"type": "function", "function": {"name", "description"?, "parameters" (default: any object),
+  // "strict"?}}], names unique and of at most 64 letters, digits, '_' or '-'.
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  Choice choice = Choice::kAuto;
+  std::string name;  // kNamed: the function
+  bool parallel = true;
 };
 
 struct ParsedRequest {
@@ -63,6 +76,7 @@ struct ParsedRequest {
 
   SamplingParams sampling;
   std::optional<ConstraintSpec> constraint;
+  std::optional<ToolsSpec> tools;  // chat with a non-empty `tools`
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;

@@ -9,6 +9,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
 #include "grammar/vocab_text.h"
+#include "server/tools.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -33,6 +34,19 @@ StatusOr<grammar::Grammar> ToGrammar(const server::ConstraintSpec& spec) {
     }
     case Kind::kGrammar:
       return grammar::ParseGbnf(spec.body);
+    case Kind::kTools: {
+      auto body = nlohmann::ordered_json::parse(spec.body, nullptr, /*allow_exceptions=*/false);
+      if (body.is_discarded() || !body.is_object()) return InternalError("a tools constraint that is not JSON");
+      server::ToolsSpec tools;
+      tools.tools = body.value("tools", nlohmann::ordered_json::array());
+      tools.choice = body.value("choice", "") == "named" ? server::ToolsSpec::Choice::kNamed
+                                                         : server::ToolsSpec::Choice::kRequired;
+      tools.name = body.value("name", "");
+      tools.parallel = body.value("parallel", true);
+      FATHOM_ASSIGN_OR_RETURN(std::optional<server::ToolFormat> format,
+                              server::ParseToolCallParser(body.value("format", "none")));
+      return server::ToolCallGrammar(format.value_or(server::ToolFormat::kNone), tools);
+    }
     case Kind::kChoice: {
       auto choices = nlohmann::json::parse(spec.body, nullptr, /*allow_exceptions=*/false);
       std::vector<grammar::ExprPtr> alts;

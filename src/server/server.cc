@@ -170,6 +170,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     // one in the completion (its prompt is not echoed, so offsets start at 0).
     std::vector<int64_t> lp_offsets;
     int64_t lp_chars = 0;
+    std::unique_ptr<ToolCallParser> tools;  // a chat request with tools (not tool_choice none)
   };
 
   Job(OpenAiServer* server, std::shared_ptr<HttpExchange> ex, ParsedRequest req, RequestRecord record,
@@ -186,6 +187,11 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         samples_(static_cast<size_t>(req_.sampling.n)) {
     reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat;
     created_ = static_cast<int64_t>(EpochSeconds());
+    if (req_.tools && req_.tools->choice != ToolsSpec::Choice::kNone) {
+      for (Sample& s : samples_) {
+        s.tools = std::make_unique<ToolCallParser>(server_->tool_format_, [] { return NewSecretId("call_"); });
+      }
+    }
   }
 
   void set_trace_flow(uint64_t flow) { flow_ = flow; }
@@ -335,6 +341,18 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     return lp;
   }
 
+  // "tool_calls" when the sample ended by itself (stop) with tool calls in its message, as OpenAI reports it.
+  std::string FinishFor(const Sample& s, const RequestOutput& out) const {
+    if (out.finish_reason == FinishReason::kStop && s.tools && !s.tools->calls().empty()) return "tool_calls";
+    return std::string(FinishName(out));
+  }
+
+  // The calls a sample returns: all of them, or the first without parallel_tool_calls.
+  size_t NumCalls(const Sample& s) const {
+    if (!s.tools) return 0;
+    return req_.tools->parallel ? s.tools->calls().size() : std::min<size_t>(1, s.tools->calls().size());
+  }
+
   void Process(RequestOutput out) {
     Sample& s = samples_.at(static_cast<size_t>(out.index));
     // Failed before anything was produced (queue timeout, model error): a proper HTTP error, if nothing was sent.
@@ -392,6 +410,25 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     } else {
       delta.content = std::move(out.text);
     }
+    std::vector<ToolCallDelta> call_deltas;
+    if (s.tools) {
+      ToolDelta td = s.tools->Push(delta.content);
+      if (out.finished) {
+        ToolDelta tail = s.tools->Finish();
+        td.content += tail.content;
+        for (ToolCallDelta& d : tail.calls) {
+          if (!td.calls.empty() && td.calls.back().index == d.index && !d.first) {
+            td.calls.back().arguments += d.arguments;
+          } else {
+            td.calls.push_back(std::move(d));
+          }
+        }
+      }
+      delta.content = std::move(td.content);
+      for (ToolCallDelta& d : td.calls) {
+        if (req_.tools->parallel || d.index == 0) call_deltas.push_back(std::move(d));
+      }
+    }
     s.content += delta.content;
     s.reasoning += delta.reasoning;
     if (out.finished) {
@@ -402,7 +439,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
 
     if (req_.stream) {
       const auto t0 = Clock::now();
-      const bool has_text = !delta.content.empty() || !delta.reasoning.empty();
+      const bool has_text = !delta.content.empty() || !delta.reasoning.empty() || !call_deltas.empty();
       const bool has_lp =
           req_.logprobs && (req_.endpoint == Endpoint::kChat ? s.logprobs.size() : s.lp_tokens.size()) > first_new_lp;
       if (has_text || has_lp || out.finished || !s.sent_role) {
@@ -417,12 +454,27 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
           }
           if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
           if (!delta.content.empty()) d["content"] = delta.content;
+          if (!call_deltas.empty()) {
+            Json calls = Json::array();
+            for (const ToolCallDelta& c : call_deltas) {
+              Json call = {{"index", c.index}};
+              if (c.first) {
+                call["id"] = c.id;
+                call["type"] = "function";
+                call["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+              } else {
+                call["function"] = {{"arguments", c.arguments}};
+              }
+              calls.push_back(std::move(call));
+            }
+            d["tool_calls"] = std::move(calls);
+          }
           choice["delta"] = d;
         } else {
           choice["text"] = delta.content;
         }
         choice["logprobs"] = has_lp ? ChunkLogprobs(s, first_new_lp) : Json(nullptr);
-        choice["finish_reason"] = out.finished ? Json(std::string(FinishName(out))) : Json(nullptr);
+        choice["finish_reason"] = out.finished ? Json(FinishFor(s, out)) : Json(nullptr);
         if (out.finished && !out.stop_reason.empty()) choice["stop_reason"] = out.stop_reason;
         chunk["choices"] = Json::array({choice});
         record_.serialize += SecondsSince(t0);
@@ -445,7 +497,7 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     const RequestOutput& f0 = samples_[0].final_out;
     record_.prompt_tokens = f0.prompt_tokens;
     record_.cached_tokens = f0.prompt_cache_hit_tokens;
-    record_.finish_reason = std::string(FinishName(f0));
+    record_.finish_reason = FinishFor(samples_[0], f0);
     record_.queue = f0.timings.queue_wait;
     record_.prefill = f0.timings.prefill;
     record_.decode = f0.timings.decode;
@@ -550,12 +602,23 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         if (req_.endpoint == Endpoint::kChat) {
           Json message = {{"role", "assistant"}, {"content", s.content}};
           if (reasoning_) message["reasoning_content"] = s.reasoning;
+          if (const size_t n = NumCalls(s); n > 0) {
+            Json calls = Json::array();
+            for (size_t c = 0; c < n; ++c) {
+              const ToolCall& call = s.tools->calls()[c];
+              calls.push_back({{"id", call.id},
+                               {"type", "function"},
+                               {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+            }
+            message["tool_calls"] = std::move(calls);
+            if (s.content.empty()) message["content"] = nullptr;
+          }
           choice["message"] = message;
         } else {
           choice["text"] = s.content;
         }
         choice["logprobs"] = ChunkLogprobs(s, 0);
-        choice["finish_reason"] = std::string(FinishName(s.final_out));
+        choice["finish_reason"] = FinishFor(s, s.final_out);
         if (!s.final_out.stop_reason.empty()) choice["stop_reason"] = s.final_out.stop_reason;
         choices.push_back(choice);
       }
@@ -653,7 +716,25 @@ void OpenAiServer::Attach(ServedModel model) {
     options_.reasoning = ReasoningParser::kDeepSeekR1;
     FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
   }
+  if (options_.tool_format) {
+    tool_format_ = *options_.tool_format;
+  } else if (model_.chat != nullptr) {
+    tool_format_ = DetectToolFormat(model_.chat->source(), model_.tokenizer);
+    if (tool_format_ != ToolFormat::kNone) {
+      FATHOM_LOG_INFO("tool calls: format {} (from the chat template)", ToolFormatName(tool_format_));
+    }
+  }
   ready_.store(true);
+}
+
+Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr) const {
+  cr->messages = req.messages;
+  cr->extra = req.chat_template_kwargs;
+  cr->add_generation_prompt = req.add_generation_prompt;
+  cr->continue_final_message = req.continue_final_message;
+  ToolsSpec none;
+  none.choice = ToolsSpec::Choice::kNone;
+  return PrepareToolPrompt(tool_format_, model_.chat->source(), req.tools ? *req.tools : none, cr);
 }
 
 // The listener stays open while draining: a new connection is answered (503 for new generations, /health 503
@@ -902,10 +983,9 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
       return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template")), record);
     }
     ChatRequest cr;
-    cr.messages = req.chat_request.messages;
-    cr.extra = req.chat_request.chat_template_kwargs;
-    cr.add_generation_prompt = req.chat_request.add_generation_prompt;
-    cr.continue_final_message = req.chat_request.continue_final_message;
+    if (Status st = PrepareChat(req.chat_request, &cr); !st.ok()) {
+      return ReplyError(ex, ApiErrorFromStatus(st, "tools"), record);
+    }
     auto text = model_.chat->Render(cr);
     if (!text.ok()) return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
     ids = model_.chat->EncodePrompt(*text);
@@ -1033,9 +1113,29 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     record.model = req.model;  // the response names the model as the client did
   }
 
+  // tool_choice "required" or a named function: a grammar of calls in the model's format.
+  if (req.tools &&
+      (req.tools->choice == ToolsSpec::Choice::kRequired || req.tools->choice == ToolsSpec::Choice::kNamed)) {
+    if (tool_format_ == ToolFormat::kNone) {
+      record.error_code = "invalid";
+      return ReplyError(ex,
+                        ApiErrorFromStatus(InvalidArgumentError("this model has no known tool-call format: start the "
+                                                                "server with --tool-call-parser"),
+                                           "tool_choice"),
+                        record);
+    }
+    const bool named = req.tools->choice == ToolsSpec::Choice::kNamed;
+    nlohmann::ordered_json body = {{"format", ToolFormatName(tool_format_)},
+                                   {"tools", req.tools->tools},
+                                   {"choice", named ? "named" : "required"},
+                                   {"name", req.tools->name},
+                                   {"parallel", req.tools->parallel}};
+    req.constraint = ConstraintSpec{ConstraintSpec::Kind::kTools, "tools", body.dump(), false};
+  }
+
   // Structured output: compiled here, on this HTTP thread, and shared with every request of the same spec.
   if (req.constraint) {
-    static constexpr const char* kKinds[] = {"json_object", "json_schema", "regex", "choice", "grammar"};
+    static constexpr const char* kKinds[] = {"json_object", "json_schema", "regex", "choice", "grammar", "tools"};
     record.constraint = kKinds[static_cast<int>(req.constraint->kind)];
     auto g = constraints_->Get(*req.constraint, &record.grammar_compile);
     if (!g.ok()) {
@@ -1059,10 +1159,10 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
           ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template; use /v1/completions")), record);
     }
     ChatRequest cr;
-    cr.messages = req.messages;
-    cr.extra = req.chat_template_kwargs;
-    cr.add_generation_prompt = req.add_generation_prompt;
-    cr.continue_final_message = req.continue_final_message;
+    if (Status st = PrepareChat(req, &cr); !st.ok()) {
+      record.error_code = "invalid";
+      return ReplyError(ex, ApiErrorFromStatus(st, "tools"), record);
+    }
     auto text = model_.chat->Render(cr);
     if (!text.ok()) {
       record.error_code = "invalid";

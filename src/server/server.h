@@ -31,6 +31,7 @@
 #include "server/http_server.h"
 #include "server/reasoning.h"
 #include "server/stream_log.h"
+#include "server/tools.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,6 +46,8 @@ struct ServerOptions {
   // kNone, or kDeepSeekR1; `reasoning_auto` picks R1 when the chat template opens a <think> block.
   ReasoningParser reasoning = ReasoningParser::kNone;
   bool reasoning_auto = true;
+  // --tool-call-parser: the format of tool calls; unset: the one the chat template (or the tokenizer) shows.
+  std::optional<ToolFormat> tool_format;
   StreamLogOptions stream_logs;
   // A resumable stream (the client opted in) whose client drops keeps generating this long for a resume to pick it
   // up; without a resume by then it is aborted. Streams that did not opt in are aborted at once.
@@ -164,6 +167,9 @@ class OpenAiServer {
   std::unique_ptr<HttpServer> private_http_;  // --private-port
   ServedModel model_;
   std::unique_ptr<ConstraintCompiler> constraints_;  // structured output, at the model's vocabulary
+  ToolFormat tool_format_ = ToolFormat::kNone;       // resolved at Attach
+  // Fills `cr` from a chat request: messages, tools (server/tools.h) and the template switches.
+  Status PrepareChat(const ParsedRequest& req, ChatRequest* cr) const;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::shared_ptr<std::atomic<int64_t>> active_ = std::make_shared<std::atomic<int64_t>>(0);

@@ -26,6 +26,7 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokeni
   std::unique_ptr<ChatTemplate> chat(new ChatTemplate());
   chat->tokenizer_ = &tokenizer;
   chat->name_ = chosen->first;
+  chat->source_ = chosen->second;
   FATHOM_ASSIGN_OR_RETURN(chat->template_, jinja::Template::Parse(chosen->second, chosen->first));
   return chat;
 }

@@ -46,11 +46,14 @@ class ChatTemplate {
   std::vector<int32_t> EncodePrompt(const std::string& prompt) const;
 
   const std::string& name() const { return name_; }
+  // The template's Jinja text (the server reads from it whether the template takes `tools` and `tool_calls`).
+  const std::string& source() const { return source_; }
 
  private:
   ChatTemplate() = default;
   const Tokenizer* tokenizer_ = nullptr;
   std::string name_;
+  std::string source_;
   std::unique_ptr<jinja::Template> template_;
 };
 

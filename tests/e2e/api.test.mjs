@@ -161,8 +161,9 @@ test('errors arrive as OpenAI error bodies through the client', async () => {
   await assert.rejects(client.completions.create({model: 'scripted', prompt: 'Count:', temperature: 3}),
                        (e) => e.status === 400 && e.error.param === 'temperature' && /\[0, 2\]/.test(e.error.message));
   await assert.rejects(client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}],
-                                                       tools: [{type: 'function', function: {name: 'f', parameters: {}}}]}),
-                       (e) => e.status === 400 && e.error.param === 'tools');
+                                                       tools: [{type: 'function', function: {name: 'f', parameters: {}}}],
+                                                       tool_choice: {type: 'function', function: {name: 'g'}}}),
+                       (e) => e.status === 400 && e.error.param === 'tool_choice');
   await assert.rejects(client.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'q'}],
                                                        response_format: {type: 'json_schema', json_schema: {name: 'x', schema: {not: {}}}}}),
                        (e) => e.status === 400 && e.error.param === 'response_format' && /'not'/.test(e.error.message));

@@ -130,7 +130,32 @@ TEST(ApiTest, ErrorsNameTheField) {
        "invalid_value"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":101}})", Endpoint::kChat, "logit_bias",
        "invalid_value"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", Endpoint::kChat, "tools",
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", Endpoint::kChat,
+       "tools[0].function", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       Endpoint::kChat, "tools[0].function.name", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},)"
+       R"({"type":"function","function":{"name":"f"}}]})",
+       Endpoint::kChat, "tools[1].function.name", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", Endpoint::kChat, "tool_choice",
+       "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],)"
+       R"("tool_choice":{"type":"function","function":{"name":"g"}}})",
+       Endpoint::kChat, "tool_choice", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],)"
+       R"("tool_choice":"required","response_format":{"type":"json_object"}})",
+       Endpoint::kChat, "tool_choice", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f",)"
+       R"("parameters":[]}}]})",
+       Endpoint::kChat, "tools[0].function.parameters", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"function":{"name":"f",)"
+       R"("arguments":1}}]}]})",
+       Endpoint::kChat, "messages[1].tool_calls[0].function.arguments", "invalid_value"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", Endpoint::kChat, "messages[0].tool_calls",
+       "invalid_value"},
+      {R"({"prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", Endpoint::kCompletion, "tools",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", Endpoint::kChat, "functions",
        "unsupported_parameter"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}})", Endpoint::kChat,
        "response_format", "invalid_value"},
@@ -185,6 +210,29 @@ TEST(ApiTest, StructuredOutputFieldsBecomeOneConstraint) {
   ASSERT_TRUE(ParseRequest(R"({"prompt":"x","response_format":{"type":"text"}})", Endpoint::kCompletion,
                            RequestLimits{.vocab_size = 100}, &req, &err));
   EXPECT_FALSE(req.constraint.has_value());
+}
+
+TEST(ApiTest, ToolsToolChoiceAndHistoryAreParsed) {
+  ParsedRequest req =
+      Ok(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1",)"
+         R"("type":"function","function":{"name":"f","arguments":{"a":1}}}]},{"role":"tool","tool_call_id":"c1",)"
+         R"("content":"ok"}],"tools":[{"type":"function","function":{"name":"f","description":"d"}}],)"
+         R"("tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false})");
+  ASSERT_TRUE(req.tools.has_value());
+  EXPECT_EQ(req.tools->choice, ToolsSpec::Choice::kNamed);
+  EXPECT_EQ(req.tools->name, "f");
+  EXPECT_FALSE(req.tools->parallel);
+  // Absent parameters: any object.
+  EXPECT_EQ(req.tools->tools[0]["function"]["parameters"].dump(), R"({"type":"object","properties":{}})");
+  EXPECT_EQ(req.tools->tools[0]["function"]["description"], "d");
+  // Arguments given as an object are serialized, as the chat templates expect a string.
+  EXPECT_EQ(req.messages[1]["tool_calls"][0]["function"]["arguments"], R"({"a":1})");
+  EXPECT_EQ(Ok(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]})")
+                .tools->choice,
+            ToolsSpec::Choice::kAuto);
+  // Empty tools, or tool_choice none / auto without tools: no tools.
+  EXPECT_FALSE(Ok(R"({"messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"none"})").tools);
+  EXPECT_FALSE(Ok(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})").tools);
 }
 
 TEST(ApiTest, MalformedAndHostileJson) {

@@ -1,0 +1,314 @@
+#include "server/tools.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "grammar/grammar.h"
+#include "jinja/template.h"
+
+namespace fathom::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string TemplateOf(const std::string& name) {
+  std::ifstream in(std::string(FATHOM_TEST_DATA_DIR) + "/tokenizers/" + name + "/tokenizer_config.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Json::parse(ss.str()).at("chat_template").get<std::string>();
+}
+
+// Feeds `text` whole, and one byte at a time, and checks both give the same content and calls.
+struct Parsed {
+  std::string content;
+  std::vector<ToolCall> calls;
+  std::vector<ToolCallDelta> deltas;
+};
+
+Parsed Parse(ToolFormat format, std::string_view text, size_t piece) {
+  int n = 0;
+  ToolCallParser p(format, [&n] { return "call_" + std::to_string(n++); });
+  Parsed out;
+  auto take = [&](ToolDelta d) {
+    out.content += d.content;
+    for (auto& c : d.calls) out.deltas.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < text.size(); i += piece) take(p.Push(text.substr(i, piece)));
+  take(p.Finish());
+  out.calls = p.calls();
+  return out;
+}
+
+Parsed ParseBoth(ToolFormat format, std::string_view text) {
+  Parsed whole = Parse(format, text, text.size() + 1);
+  Parsed bytes = Parse(format, text, 1);
+  EXPECT_EQ(whole.content, bytes.content) << text;
+  EXPECT_EQ(whole.calls.size(), bytes.calls.size()) << text;
+  for (size_t i = 0; i < std::min(whole.calls.size(), bytes.calls.size()); ++i) {
+    EXPECT_EQ(whole.calls[i].name, bytes.calls[i].name);
+    EXPECT_EQ(whole.calls[i].arguments, bytes.calls[i].arguments);
+  }
+  // The streamed deltas add up to the calls: the first of each carries id and name, the rest its arguments.
+  std::vector<ToolCall> joined;
+  for (const ToolCallDelta& d : bytes.deltas) {
+    if (d.first) {
+      EXPECT_EQ(d.index, static_cast<int32_t>(joined.size()));
+      joined.push_back({d.id, d.name, d.arguments});
+    } else {
+      EXPECT_TRUE(d.id.empty() && d.name.empty());
+      EXPECT_EQ(d.index + 1, static_cast<int32_t>(joined.size()));
+      if (!joined.empty()) joined.back().arguments += d.arguments;
+    }
+  }
+  EXPECT_EQ(joined.size(), bytes.calls.size());
+  for (size_t i = 0; i < std::min(joined.size(), bytes.calls.size()); ++i) {
+    EXPECT_EQ(joined[i].arguments, bytes.calls[i].arguments);
+    EXPECT_EQ(joined[i].id, bytes.calls[i].id);
+  }
+  return whole;
+}
+
+const char* kV3Two =
+    "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
+    "{\"tz\": \"CET\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+
+TEST(ToolCallParserTest, DeepSeekV3CallsWithContentBefore) {
+  Parsed p = ParseBoth(ToolFormat::kDeepSeekV3, kV3Two);
+  EXPECT_EQ(p.content, "Let me check.");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, R"({"tz": "CET"})");
+  EXPECT_EQ(p.calls[0].id, "call_0");
+  EXPECT_EQ(p.calls[1].id, "call_1");
+}
+
+TEST(ToolCallParserTest, DeepSeekV3StreamsArgumentsAsTheyCome) {
+  int n = 0;
+  ToolCallParser p(ToolFormat::kDeepSeekV3, [&n] { return "id" + std::to_string(n++); });
+  ToolDelta a = p.Push("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ");
+  ASSERT_EQ(a.calls.size(), 1u);  // the name, with the first fragment
+  EXPECT_TRUE(a.calls[0].first);
+  EXPECT_EQ(a.calls[0].name, "f");
+  EXPECT_EQ(a.calls[0].arguments, "{\"a\": ");
+  ToolDelta b = p.Push("1}\n`");  // the newline and backquote may begin the closing fence: held back
+  ASSERT_EQ(b.calls.size(), 1u);
+  EXPECT_EQ(b.calls[0].arguments, "1}");
+  ToolDelta c = p.Push("``<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_TRUE(c.calls.empty());
+  EXPECT_EQ(p.calls().at(0).arguments, "{\"a\": 1}");
+  EXPECT_TRUE(p.Finish().content.empty());
+}
+
+TEST(ToolCallParserTest, DeepSeekV31AndPlainText) {
+  Parsed p = ParseBoth(ToolFormat::kDeepSeekV31,
+                       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{\"q\":\"x\"}<｜tool▁call▁end｜>"
+                       "<｜tool▁call▁begin｜>open<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_EQ(p.content, "");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "search");
+  EXPECT_EQ(p.calls[0].arguments, R"({"q":"x"})");
+  EXPECT_EQ(p.calls[1].name, "open");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  // Text without calls is content, including a '<' that starts no marker.
+  Parsed t = ParseBoth(ToolFormat::kDeepSeekV3, "a < b and <｜tool▁ is not a call");
+  EXPECT_EQ(t.content, "a < b and <｜tool▁ is not a call");
+  EXPECT_TRUE(t.calls.empty());
+}
+
+TEST(ToolCallParserTest, DeepSeekCallCutShortKeepsItsArguments) {
+  Parsed p = ParseBoth(ToolFormat::kDeepSeekV3,
+                       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": [1, 2");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].name, "f");
+  EXPECT_EQ(p.calls[0].arguments, "{\"a\": [1, 2");
+}
+
+TEST(ToolCallParserTest, Hermes) {
+  Parsed p = ParseBoth(ToolFormat::kHermes,
+                       "I'll look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                       "</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+  EXPECT_EQ(p.content, "I'll look.\n");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  // A body that is not a call stays content, markers and all.
+  Parsed bad = ParseBoth(ToolFormat::kHermes, "x<tool_call>{not json}</tool_call>y");
+  EXPECT_EQ(bad.content, "x<tool_call>{not json}</tool_call>y");
+  EXPECT_TRUE(bad.calls.empty());
+  // The closing tag never came: a complete object is still a call.
+  Parsed open = ParseBoth(ToolFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"k\": 1}}\n");
+  ASSERT_EQ(open.calls.size(), 1u);
+  EXPECT_EQ(open.calls[0].arguments, R"({"k":1})");
+}
+
+TEST(ToolCallParserTest, Llama3Json) {
+  Parsed p = ParseBoth(ToolFormat::kLlama3Json,
+                       "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": \"1;2\"}}; {\"name\": \"b\", "
+                       "\"parameters\": {}}");
+  EXPECT_EQ(p.content, "");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "a");
+  EXPECT_EQ(p.calls[0].arguments, R"({"x":"1;2"})");
+  EXPECT_EQ(p.calls[1].name, "b");
+  Parsed text = ParseBoth(ToolFormat::kLlama3Json, "The answer is {42}.");
+  EXPECT_EQ(text.content, "The answer is {42}.");
+  EXPECT_TRUE(text.calls.empty());
+  Parsed braces = ParseBoth(ToolFormat::kLlama3Json, "{not a call}");
+  EXPECT_EQ(braces.content, "{not a call}");
+  EXPECT_TRUE(braces.calls.empty());
+}
+
+TEST(ToolFormatTest, DetectedFromTheTemplatesAndNamedByTheFlag) {
+  EXPECT_EQ(DetectToolFormat(TemplateOf("deepseek-v3"), nullptr), ToolFormat::kDeepSeekV3);
+  EXPECT_EQ(DetectToolFormat(TemplateOf("qwen3"), nullptr), ToolFormat::kHermes);
+  EXPECT_EQ(DetectToolFormat("{{ '<｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>' }}", nullptr),
+            ToolFormat::kDeepSeekV31);
+  EXPECT_EQ(DetectToolFormat("{{ '<|python_tag|>' }}", nullptr), ToolFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolFormat(TemplateOf("llama-3.1"), nullptr), ToolFormat::kNone);  // this one shows no tools
+  EXPECT_EQ(ParseToolCallParser("deepseek_v3").value(), ToolFormat::kDeepSeekV3);
+  EXPECT_EQ(ParseToolCallParser("qwen25").value(), ToolFormat::kHermes);
+  EXPECT_FALSE(ParseToolCallParser("auto").value().has_value());
+  EXPECT_FALSE(ParseToolCallParser("mistral").ok());
+}
+
+ToolsSpec WeatherTools(ToolsSpec::Choice choice = ToolsSpec::Choice::kAuto) {
+  ToolsSpec spec;
+  spec.tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                     "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}])");
+  spec.choice = choice;
+  return spec;
+}
+
+std::string RenderDeepSeek(const ChatRequest& cr) {
+  auto t = jinja::Template::Parse(TemplateOf("deepseek-v3"), "default");
+  EXPECT_TRUE(t.ok());
+  jinja::Value ctx = jinja::Value::MakeObject();
+  ctx.as_object().Set("bos_token", jinja::Value(std::string("<BOS>")));
+  ctx.as_object().Set("messages", jinja::Value::FromJson(cr.messages));
+  ctx.as_object().Set("tools", jinja::Value::FromJson(cr.tools));
+  ctx.as_object().Set("add_generation_prompt", jinja::Value(true));
+  auto text = (*t)->Render(ctx);
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
+  return text.ok() ? *text : "";
+}
+
+TEST(ToolPromptTest, DeepSeekTemplateGetsToolsInTheSystemPromptAndRendersTheHistory) {
+  ChatRequest cr;
+  cr.messages = Json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "18C"}])");
+  const std::string source = TemplateOf("deepseek-v3");
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kDeepSeekV3, source, WeatherTools(), &cr).ok());
+  EXPECT_TRUE(cr.tools.is_null());  // this template does not read `tools`: they went into the system prompt
+  const std::string system = cr.messages[0].at("content").get<std::string>();
+  EXPECT_EQ(system.rfind("Be brief.\n\n## Tools\n", 0), 0u) << system;
+  EXPECT_NE(system.find("### get_weather\nDescription: Weather of a city\n\nParameters: {\"type\":\"object\""),
+            std::string::npos);
+  EXPECT_TRUE(cr.messages[2].at("content").is_null());  // empty content: null, so that the template writes the calls
+  const std::string text = RenderDeepSeek(cr);
+  EXPECT_NE(text.find("<｜User｜>Weather in Paris?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+                      "<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Paris\"}\n```<｜tool▁call▁end｜>"
+                      "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"),
+            std::string::npos)
+      << text;
+  // tool_choice none: no tools in the prompt.
+  ChatRequest none;
+  none.messages = Json::parse(R"([{"role": "user", "content": "hi"}])");
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kDeepSeekV3, source, WeatherTools(ToolsSpec::Choice::kNone), &none).ok());
+  EXPECT_EQ(none.messages.size(), 1u);
+}
+
+TEST(ToolPromptTest, TemplatesThatReadToolsGetThemAndOthersGetTextAndRoles) {
+  ChatRequest cr;
+  cr.messages = Json::parse(R"([{"role": "user", "content": "q"}])");
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kHermes, TemplateOf("qwen3"), WeatherTools(), &cr).ok());
+  EXPECT_EQ(cr.tools, WeatherTools().tools);
+  EXPECT_EQ(cr.messages.size(), 1u);
+  // A template with neither tools, tool_calls nor a tool role (this Llama 3.1 one).
+  ChatRequest plain;
+  plain.messages = Json::parse(R"([
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "content": "noon"}])");
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kLlama3Json, TemplateOf("llama-3.1"), WeatherTools(), &plain).ok());
+  ASSERT_EQ(plain.messages.size(), 4u);
+  EXPECT_EQ(plain.messages[0].at("role"), "system");
+  EXPECT_NE(plain.messages[0].at("content").get<std::string>().find("\"name\": \"get_weather\""), std::string::npos);
+  EXPECT_EQ(plain.messages[2].at("content"), R"({"name": "get_time", "parameters": {}})");
+  EXPECT_FALSE(plain.messages[2].contains("tool_calls"));
+  EXPECT_EQ(plain.messages[3].at("role"), "ipython");
+  // No known format: tools are refused with the flag to pass.
+  ChatRequest unknown;
+  unknown.messages = Json::parse(R"([{"role": "user", "content": "q"}])");
+  Status s = PrepareToolPrompt(ToolFormat::kNone, TemplateOf("llama-3.1"), WeatherTools(), &unknown);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--tool-call-parser"), std::string::npos);
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> CompileTools(ToolFormat f, const ToolsSpec& spec) {
+  auto g = ToolCallGrammar(f, spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  if (!g.ok()) return nullptr;
+  auto c = grammar::Compile(*g, {});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : nullptr;
+}
+
+TEST(ToolGrammarTest, RequiredAndNamedCallsInEachFormat) {
+  for (ToolFormat f :
+       {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
+    SCOPED_TRACE(std::string(ToolFormatName(f)));
+    const Json weather = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])");
+    const Json two = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                                     {"function": {"name": "get_time", "arguments": "{}"}}])");
+    const Json bad_args = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"town\":\"Oslo\"}"}}])");
+    const Json bad_name = Json::parse(R"([{"function": {"name": "get_wind", "arguments": "{}"}}])");
+    auto required = CompileTools(f, WeatherTools(ToolsSpec::Choice::kRequired));
+    ASSERT_NE(required, nullptr);
+    EXPECT_TRUE(grammar::Matches(*required, FormatToolCalls(f, weather)));
+    EXPECT_TRUE(grammar::Matches(*required, FormatToolCalls(f, two)));
+    EXPECT_FALSE(grammar::Matches(*required, FormatToolCalls(f, bad_args)));
+    EXPECT_FALSE(grammar::Matches(*required, FormatToolCalls(f, bad_name)));
+    EXPECT_FALSE(grammar::Matches(*required, "Sure, here you go."));
+    // The text the grammar allows parses back into the same calls.
+    Parsed back = ParseBoth(f, FormatToolCalls(f, two));
+    ASSERT_EQ(back.calls.size(), 2u);
+    EXPECT_EQ(back.calls[1].name, "get_time");
+    EXPECT_EQ(back.content, "");
+
+    ToolsSpec one = WeatherTools(ToolsSpec::Choice::kRequired);
+    one.parallel = false;
+    auto single = CompileTools(f, one);
+    EXPECT_TRUE(grammar::Matches(*single, FormatToolCalls(f, weather)));
+    EXPECT_FALSE(grammar::Matches(*single, FormatToolCalls(f, two)));
+
+    ToolsSpec named = WeatherTools(ToolsSpec::Choice::kNamed);
+    named.name = "get_time";
+    auto time = CompileTools(f, named);
+    EXPECT_TRUE(grammar::Matches(*time, FormatToolCalls(f, Json::parse(R"([{"function": {"name": "get_time",
+                                                                           "arguments": "{}"}}])"))));
+    EXPECT_FALSE(grammar::Matches(*time, FormatToolCalls(f, weather)));
+  }
+  ToolsSpec refused = WeatherTools(ToolsSpec::Choice::kRequired);
+  refused.tools[1]["function"]["parameters"] = Json::parse(R"({"type": "object", "not": {}})");
+  auto g = ToolCallGrammar(ToolFormat::kDeepSeekV3, refused);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("tool 'get_time'"), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().message().find("'not'"), std::string::npos) << g.status().message();
+}
+
+}  // namespace
+}  // namespace fathom::server
