@@ -8,9 +8,10 @@
 #   bench/peers/llama_cpp.sh run OUT_DIR MAKE_GGUF.py PRESET:DTYPE [PRESET:DTYPE ...]
 #   e.g. ... run /tmp/peer make_gguf.py r1-distill-llama-8b:f16 deepseek-v2-lite:f16 > peer.jsonl
 #
-# SRC.tar.xz holds llama.cpp's CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app (the
-# node-llama-cpp 3.22.1 npm package's bundle, commit de3ff81). Each model: llama-bench -ngl 99 -fa 1 -p 512 -n 128
-# -r 3 -o jsonl (pp512: a 512-token prefill; tg128: batch-1 decode), then its GGUF is deleted.
+# SRC.tar.xz holds llama.cpp's CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app
+# scripts/ui-assets.cmake (the node-llama-cpp 3.22.1 npm package's bundle, commit de3ff81). Each model: llama-bench
+# -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl (pp512: a 512-token prefill; tg128: batch-1 decode), then its GGUF is
+# deleted.
 set -euo pipefail
 case "$1" in
   build)
@@ -19,10 +20,17 @@ case "$1" in
     tar xJf "$src" -C "$out/llama.cpp"
     echo "peer: building llama.cpp (CUDA, sm_90)" >&2
     cmake -S "$out/llama.cpp" -B "$out/b" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release \
-      >"$out/cmake.log" 2>&1
-    ninja -C "$out/b" llama-bench >"$out/ninja.log" 2>&1
-    echo "peer: built" >&2
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DCMAKE_BUILD_TYPE=Release >"$out/cmake.log" 2>&1
+    ninja -C "$out/b" llama-bench llama-batched-bench >"$out/ninja.log" 2>&1
+    echo "peer: built llama-bench" >&2
+    # llama-server (bench/peers/llama_server_grammar.py) embeds no web UI: nothing is downloaded at build time.
+    if ninja -C "$out/b" llama-server >>"$out/ninja.log" 2>&1; then
+      echo "peer: built llama-server" >&2
+    else
+      tail -20 "$out/ninja.log" >&2
+      echo "peer: llama-server did not build" >&2
+    fi
     ;;
   run)
     out=$2 gguf_tool=$3

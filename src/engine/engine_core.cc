@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/logging.h"
 #include "core/thread_pool.h"
@@ -63,20 +67,23 @@ struct EngineCore::SampleState {
 
 namespace {
 
-// Sets the logits of tokens outside `matcher`'s mask to -inf in a copy of `row` (the engine's vocabulary may be
-// wider than the tokenizer's: those ids are outside it too), timing it into `seconds`.
-std::span<const float> MaskedRow(std::span<const float> row, grammar::GrammarMatcher& matcher, std::vector<float>& copy,
-                                 std::vector<uint32_t>& mask, double& seconds) {
-  const auto t0 = sched::SteadyClock::now();
-  mask.resize(matcher.vocab().mask_words());
-  matcher.FillMask(mask);
-  copy.assign(row.begin(), row.end());
-  const size_t known = std::min(copy.size(), matcher.vocab().size());
-  for (size_t t = 0; t < copy.size(); ++t) {
-    if (t >= known || !((mask[t >> 5] >> (t & 31)) & 1)) copy[t] = -std::numeric_limits<float>::infinity();
+// `matcher`'s mask over the model's `vocab` ids in `out` (ceil(vocab / 32) words): ids at or past the matcher's
+// vocabulary (the tokenizer's, which may be narrower than the model's, or wider) are disallowed, as are the bits past
+// `vocab` in the last word.
+void FillRowMask(grammar::GrammarMatcher& matcher, std::span<uint32_t> out, int64_t vocab) {
+  const size_t words = matcher.vocab().mask_words();
+  if (words <= out.size()) {
+    matcher.FillMask(out.first(words));
+  } else {
+    thread_local std::vector<uint32_t> wide;
+    wide.resize(words);
+    matcher.FillMask(wide);
+    std::copy_n(wide.begin(), out.size(), out.begin());
   }
-  seconds += std::chrono::duration<double>(sched::SteadyClock::now() - t0).count();
-  return copy;
+  const size_t known = std::min(matcher.vocab().size(), static_cast<size_t>(vocab));
+  size_t full = known / 32;
+  if (known % 32 != 0) out[full++] &= (1u << (known % 32)) - 1;
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(full), out.end(), 0u);
 }
 
 }  // namespace
@@ -232,7 +239,62 @@ EngineCore::EngineCore(Model& model, Backend& backend, EngineConfig config, KvCa
              std::move(sched::MakePolicy(config_.policy)).value(), now_),
       seed_source_(config_.seed ? *config_.seed : std::random_device{}()) {}
 
-EngineCore::~EngineCore() = default;
+// One job at a time on a thread of its own, which runs it on a small pool of its own (the thread counts as one of
+// the pool's): StartMasks submits the step's masks before the forward pass is issued and FinishMasks waits for them.
+// Not the default pool, which a CPU forward pass and the host sampler use.
+class EngineCore::MaskWorker {
+ public:
+  explicit MaskWorker(int threads) : pool_(threads), thread_([this] { Loop(); }) {}
+  ~MaskWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ThreadPool& pool() { return pool_; }
+  void Submit(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    FATHOM_CHECK(!job_ && !running_, "a mask job is already pending");
+    job_ = std::move(job);
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !job_ && !running_; });
+  }
+
+ private:
+  void Loop() {
+    obs::SetTraceThreadName("grammar masks");
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || job_; });
+      if (!job_) return;  // stopping, nothing pending
+      std::function<void()> job = std::move(job_);
+      job_ = nullptr;
+      running_ = true;
+      lock.unlock();
+      job();
+      lock.lock();
+      running_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  ThreadPool pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool running_ = false;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+EngineCore::~EngineCore() {
+  if (mask_worker_ != nullptr) mask_worker_->Wait();
+}
 
 Status EngineCore::Validate(const EngineRequest& r) const {
   const int64_t vocab = model_.config().vocab_size;
@@ -470,16 +532,15 @@ std::vector<EngineCore::StepRow> EngineCore::StepRows(const sched::SchedulerOutp
 
 EngineCore::SamplePath EngineCore::ChooseSamplePath(const std::vector<StepRow>& rows) const {
   if (rows.empty()) return SamplePath::kHost;
-  bool forks = false, plain_greedy = true, constrained = false;
+  bool forks = false, plain_greedy = true;
   for (const StepRow& r : rows) {
     if (!r.live()) continue;
     forks = forks || r.forks;
-    constrained = constrained || r.sample->active_matcher() != nullptr;
     plain_greedy = plain_greedy && IsPlainGreedy(r.sample->req->sampling, r.context(config_.eos_token_ids));
   }
-  // A row that forks into its n samples draws them on the host from its logits row; a constrained row is masked
-  // there.
-  if (forks || constrained) return SamplePath::kHost;
+  // Constrained rows take any path: their logits were masked on the device already (StartMasks, FinishMasks).
+  // A row that forks into its n samples draws them on the host from its logits row.
+  if (forks) return SamplePath::kHost;
   // When every sampled row is plain greedy, only the argmax ids cross to the host (4 bytes a row, not 4 x vocab).
   if (plain_greedy) return SamplePath::kDeviceArgMax;
   // Otherwise the backend samples every row on the device where it can (the host sampler's rule, at each sample's
@@ -538,12 +599,7 @@ void EngineCore::SampleOnHost(const std::vector<StepRow>& rows, std::vector<Samp
     for (int64_t i = lo; i < hi; ++i) {
       const StepRow& r = rows[static_cast<size_t>(i)];
       if (!r.live() || r.forks) continue;
-      std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
-      if (grammar::GrammarMatcher* m = r.sample->active_matcher()) {
-        thread_local std::vector<float> copy;
-        thread_local std::vector<uint32_t> mask;
-        logits_row = MaskedRow(logits_row, *m, copy, mask, r.sample->grammar_s);
-      }
+      const std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
       (*results)[static_cast<size_t>(i)] =
           Sample(logits_row, r.sample->req->sampling, r.context(config_.eos_token_ids), r.sample->rng);
     }
@@ -563,7 +619,8 @@ void EngineCore::EmitRows(const std::vector<StepRow>& rows, const std::vector<Sa
     ReqState* rq = r.sample->req;
     rq->forked = true;
     const SamplingContext ctx = r.context(config_.eos_token_ids);
-    std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
+    // Masked already when constrained: every sample's matcher is at its start, as sample 0's was.
+    const std::span<const float> logits_row(host_logits_.data() + r.row * vocab, static_cast<size_t>(vocab));
     std::vector<std::string> ids = {r.seq->id};
     for (int32_t s = 1; s < rq->sampling.n; ++s) {
       const std::string child = SampleId(rq->id, s);
@@ -571,15 +628,70 @@ void EngineCore::EmitRows(const std::vector<StepRow>& rows, const std::vector<Sa
       FATHOM_CHECK(fs.ok(), "{}", fs.ToString());
       ids.push_back(child);
     }
-    std::vector<float> copy;
-    std::vector<uint32_t> mask;
-    if (grammar::GrammarMatcher* m = r.sample->active_matcher()) {
-      logits_row = MaskedRow(logits_row, *m, copy, mask, r.sample->grammar_s);
-    }
     std::vector<SampleResult> forked;
     for (const std::string& id : ids) forked.push_back(Sample(logits_row, rq->sampling, ctx, samples_.at(id)->rng));
     for (size_t s = 0; s < ids.size(); ++s) EmitToken(ids[s], forked[s]);
   }
+}
+
+void EngineCore::StartMasks(const std::vector<StepRow>& rows) {
+  FATHOM_CHECK(!masks_pending_, "StartMasks twice without FinishMasks");
+  mask_rows_.clear();
+  mask_samples_.clear();
+  for (const StepRow& r : rows) {
+    if (!r.live() || r.sample->active_matcher() == nullptr) continue;  // a waiting matcher does not mask yet
+    mask_rows_.push_back(static_cast<int32_t>(r.row));
+    mask_samples_.push_back(r.sample);
+  }
+  if (mask_rows_.empty()) return;
+  masks_pending_ = true;
+  const int64_t vocab = model_.config().vocab_size, words = (vocab + 31) / 32;
+  mask_words_.resize(mask_rows_.size() * static_cast<size_t>(words));
+  if (!OverlapMasks()) return;  // filled in FinishMasks, after the forward pass
+  if (mask_worker_ == nullptr) {
+    // A row's mask costs tens of microseconds (milliseconds at a state's first visit): a few threads hide 64 rows
+    // behind a decode step; the rest of the cores stay with the HTTP threads and the host sampler.
+    const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+    mask_worker_ = std::make_unique<MaskWorker>(threads);
+  }
+  mask_worker_->Submit([this] { FillMasks(mask_worker_->pool()); });
+}
+
+void EngineCore::FillMasks(ThreadPool& pool) {
+  obs::TraceSpan span("grammar mask", "engine");
+  span.Arg("rows", static_cast<int64_t>(mask_rows_.size()));
+  const auto t0 = sched::SteadyClock::now();
+  const int64_t vocab = model_.config().vocab_size, words = (vocab + 31) / 32;
+  pool.ParallelFor(static_cast<int64_t>(mask_rows_.size()), 1, [&](int64_t lo, int64_t hi) {  // [rows]
+    for (int64_t i = lo; i < hi; ++i) {
+      SampleState& s = *mask_samples_[static_cast<size_t>(i)];
+      const auto m0 = sched::SteadyClock::now();
+      FillRowMask(*s.active_matcher(),
+                  std::span<uint32_t>(mask_words_).subspan(static_cast<size_t>(i * words), static_cast<size_t>(words)),
+                  vocab);
+      s.grammar_s += Seconds(m0, sched::SteadyClock::now());
+    }
+  });
+  mask_fill_s_ = Seconds(t0, sched::SteadyClock::now());  // read by FinishMasks once the job is done
+}
+
+Status EngineCore::FinishMasks(const TensorView* logits) {
+  if (!masks_pending_) return OkStatus();
+  masks_pending_ = false;
+  const auto t0 = sched::SteadyClock::now();
+  if (OverlapMasks()) {
+    mask_worker_->Wait();
+  } else {
+    FillMasks(DefaultThreadPool());
+  }
+  stats_.total_grammar_mask_s += mask_fill_s_;
+  stats_.total_grammar_wait_s += Seconds(t0, sched::SteadyClock::now());
+  if (logits == nullptr) return OkStatus();
+  return backend_.MaskLogits(*logits, mask_rows_, mask_words_, (model_.config().vocab_size + 31) / 32);
+}
+
+bool EngineCore::OverlapMasks() const {
+  return config_.overlap_grammar_masks.value_or(backend_.device() != Device::kCpu);
 }
 
 Status EngineCore::Step() {
@@ -616,6 +728,10 @@ Status EngineCore::Step() {
   Status status = CopyKvBlocks(backend_, kv_, plan.copies);
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
   if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
+  const std::vector<StepRow> rows = StepRows(plan);
+  // Structured output: the masks of this step's constrained rows depend only on the tokens sampled so far, so on a
+  // GPU they are computed while the forward pass runs, then applied on the device before any path samples.
+  if (status.ok()) StartMasks(rows);
   const auto t1 = sched::SteadyClock::now();
   Tensor eager_logits;
   TensorView logits;  // [n_logits, vocab]
@@ -634,8 +750,11 @@ Status EngineCore::Step() {
     logits = eager_logits.view();
   }
   if (replayed) ++stats_.num_graph_steps;
-  const std::vector<StepRow> rows = StepRows(plan);
   const SamplePath path = ChooseSamplePath(rows);
+  {
+    const Status masked = FinishMasks(status.ok() ? &logits : nullptr);  // waits for the masks in any case
+    if (status.ok()) status = masked;
+  }
   std::vector<SampleResult> results;
   if (status.ok()) status = SampleOnBackend(path, logits, rows, &results);
   const auto t2 = sched::SteadyClock::now();

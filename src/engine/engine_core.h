@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "engine/decode_graphs.h"
 #include "engine/detokenizer.h"
 #include "engine/request_stream.h"
@@ -39,6 +40,9 @@ struct EngineConfig {
   bool enforce_eager = false;           // --enforce-eager: no decode graphs (CUDA graphs) on a GPU
   bool host_sampling = false;           // --host-sampling: copy logits rows to the host sampler even on a GPU
   std::optional<DType> kv_cache_dtype;  // --kv-cache-dtype; unset: the backend's kv_cache_dtype()
+  // Structured output's masks computed by a worker while the forward pass runs (EngineCore::StartMasks); unset: on a
+  // device backend only (a CPU forward pass takes every core). Tests turn it on for the CPU backend.
+  std::optional<bool> overlap_grammar_masks;
 };
 
 struct EngineRequest {
@@ -67,6 +71,11 @@ struct EngineStats {
   double last_step_cpu_s = 0.0;  // scheduling, batch building, sampling and detokenization of the last step
   double total_step_cpu_s = 0.0;
   double total_forward_s = 0.0;  // model execution
+  // Structured output's token masks: the CPU time of computing them (on a device backend by the mask worker while the
+  // forward pass runs; on the CPU backend after it), and the part of it the engine thread waited for after the
+  // forward pass was issued (inside total_forward_s: what the overlap did not hide).
+  double total_grammar_mask_s = 0.0;
+  double total_grammar_wait_s = 0.0;
   // The latest step: "prefill" (only prompt tokens), "decode" (one token per sequence) or "mixed".
   const char* last_step_kind = "";
   double last_step_s = 0.0;  // wall time of the whole step
@@ -133,10 +142,22 @@ class EngineCore {
     SamplingContext context(const std::vector<int64_t>& eos_ids) const;
   };
   // Where a step's tokens are sampled: the argmax on the device (every row plain greedy), Backend::SampleRows, or
-  // the host sampler on copied logits (forks, --host-sampling, backends without SampleRows).
+  // the host sampler on copied logits (forks, --host-sampling, backends without SampleRows). A constraint does not
+  // choose the path: its rows are masked on the device first.
   enum class SamplePath { kDeviceArgMax, kDeviceSample, kHost };
   std::vector<StepRow> StepRows(const sched::SchedulerOutput& plan);
   SamplePath ChooseSamplePath(const std::vector<StepRow>& rows) const;
+  // Structured output's token masks, in two halves around the forward pass. StartMasks picks the rows whose matcher
+  // is active (not waiting for grammar_after_token) and, on a device backend, hands their masks to the mask worker
+  // (a thread of its own with a small pool) before the forward pass is issued, so that they are computed while the
+  // GPU runs; on the CPU backend, whose forward pass takes every core, they are computed in FinishMasks. Either way
+  // they go into one host buffer [rows, ceil(vocab / 32)] (the model's vocab), each row's time into its grammar_s.
+  // FinishMasks waits for them (always, also when the forward pass failed: the rows point at samples) and, given
+  // logits, applies them with one Backend::MaskLogits. No row constrained: nothing allocated, no call.
+  void StartMasks(const std::vector<StepRow>& rows);
+  Status FinishMasks(const TensorView* logits);
+  void FillMasks(ThreadPool& pool);
+  bool OverlapMasks() const;  // EngineConfig::overlap_grammar_masks, by default on a device backend
   // The device paths' tokens into `results` (one per row); the host path copies the logits rows to the host.
   Status SampleOnBackend(SamplePath path, const TensorView& logits, const std::vector<StepRow>& rows,
                          std::vector<SampleResult>* results);
@@ -163,6 +184,15 @@ class EngineCore {
   std::vector<SampleRowSpec> device_rows_;
   std::vector<LogitAdjust> device_adjust_;
   std::vector<SampledToken> device_sampled_;
+  // StartMasks' rows, their samples and their masks, kept between steps; the worker that fills them on a device
+  // backend (made at the first constrained step) and whether it holds this step's job.
+  class MaskWorker;
+  std::vector<int32_t> mask_rows_;
+  std::vector<SampleState*> mask_samples_;
+  std::vector<uint32_t> mask_words_;
+  std::unique_ptr<MaskWorker> mask_worker_;
+  bool masks_pending_ = false;
+  double mask_fill_s_ = 0.0;  // FillMasks' wall time of the step
   EngineStats stats_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: eager only (CPU, --enforce-eager, or a model without support)
 };

@@ -43,7 +43,8 @@ struct SamplingParams {
   int32_t top_logprobs = 0;  // and this many most likely alternatives (0..20)
   int32_t n = 1;             // independent samples sharing the prompt
   // Structured output: a compiled constraint (shared by the requests of one schema); each sample gets a matcher,
-  // and tokens outside its mask are never sampled (the row is sampled on the host, masked).
+  // and tokens outside its mask are never sampled (the engine sets their logits to -inf on the device,
+  // Backend::MaskLogits, before the row is sampled on whichever path).
   std::shared_ptr<grammar::GrammarCache> grammar = nullptr;
   // The constraint starts after this token (an R1 model's "</think>": the answer is constrained, not the thinking);
   // -1: from the first token.

@@ -1,4 +1,5 @@
-// The default implementations of Backend's MoE ops, written with the other ops (see backend.h).
+// The default implementations of Backend's MoE ops, written with the other ops (see backend.h), and the shape checks
+// that the backends share.
 #include "model/backend.h"
 
 #include <vector>
@@ -64,6 +65,17 @@ Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const 
   ScatterAddRows(expert_out, tokens_dev, weights_dev, out);
   // Freed device tensors are reused in stream order, after the kernels queued here; the CPU backend has run them.
   return OkStatus();
+}
+
+void Backend::CheckMaskLogitsArgs(const TensorView& logits, std::span<const int32_t> rows,
+                                  std::span<const uint32_t> masks, int64_t words_per_row) {
+  FATHOM_CHECK(logits.dtype() == DType::kF32 && logits.ndim() == 2 && logits.stride(1) == 1,
+               "MaskLogits needs f32 [n, vocab] logits with unit inner stride");
+  FATHOM_CHECK_EQ(words_per_row, (logits.dim(1) + 31) / 32);
+  FATHOM_CHECK_EQ(static_cast<int64_t>(masks.size()), static_cast<int64_t>(rows.size()) * words_per_row);
+  for (const int32_t r : rows) {
+    FATHOM_CHECK(r >= 0 && r < logits.dim(0), "MaskLogits: row {} outside [0, {})", r, logits.dim(0));
+  }
 }
 
 }  // namespace fathom

@@ -204,6 +204,17 @@ class Backend {
     return UnimplementedError(std::string(name()) + " samples on the host");
   }
 
+  // Structured output's token masks, in place: for each i, every logit of row rows[i] whose bit is clear in
+  // masks[i * words_per_row, (i + 1) * words_per_row) (bit t of word t / 32 set = token t allowed) becomes -inf; the
+  // allowed logits keep their bits, and rows not listed are untouched. logits f32 [n, vocab] on device() (unit inner
+  // stride); rows in [0, n); masks in HOST memory [rows.size(), words_per_row], words_per_row = ceil(vocab / 32) (bits
+  // past vocab are ignored). Stream-ordered: the masks are copied before the call returns (the caller may reuse them
+  // at once) and the op runs after the ops before it, e.g. the forward pass that made the logits. Sizes that do not
+  // agree are a FATHOM_CHECK; a failed copy is the returned status, a failed launch Synchronize()'s.
+  //   be.MaskLogits(logits, /*rows=*/{0, 3}, masks /* [2, ceil(vocab / 32)] */, (vocab + 31) / 32);
+  virtual Status MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                            int64_t words_per_row) = 0;
+
   // dst = src for same-shaped 2-d or 3-d views (strided, unit inner stride).
   virtual void Copy(const TensorView& src, const TensorView& dst) = 0;
 
@@ -237,6 +248,11 @@ class Backend {
   virtual Status BeginCapture() { return UnimplementedError(std::string(name()) + " has no graphs"); }
   virtual StatusOr<int64_t> EndCapture() { return UnimplementedError(std::string(name()) + " has no graphs"); }
   virtual Status ReplayGraph(int64_t /*graph*/) { return UnimplementedError(std::string(name()) + " has no graphs"); }
+
+ protected:
+  // MaskLogits' shape contract (above), FATHOM_CHECKed: every backend's implementation calls it first.
+  static void CheckMaskLogitsArgs(const TensorView& logits, std::span<const int32_t> rows,
+                                  std::span<const uint32_t> masks, int64_t words_per_row);
 };
 
 }  // namespace fathom

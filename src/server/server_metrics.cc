@@ -1,5 +1,7 @@
 #include "server/server_metrics.h"
 
+#include <algorithm>
+
 #include "core/logging.h"
 
 namespace fathom::server {
@@ -59,6 +61,12 @@ ServerMetrics::ServerMetrics() {
                                             {"replica", "placement"});
   preemptions_ =
       &registry_.AddCounter("fathom_preemptions_total", "Sequences preempted for KV-cache space", {"replica"});
+  grammar_mask_ = &registry_.AddCounter(
+      "fathom_grammar_mask_seconds_total",
+      "Computing structured output's token masks (on a GPU while the forward pass runs)", {"replica"});
+  grammar_wait_ = &registry_.AddCounter(
+      "fathom_grammar_mask_wait_seconds_total",
+      "Engine thread waiting for token masks after the forward pass (what the overlap did not hide)", {"replica"});
   rejected_ = &registry_.AddCounter("fathom_requests_rejected_total", "Requests refused before generation", {"reason"});
   for (const char* reason : {"queue_full", "queue_timeout", "too_long", "invalid", "unauthorized"}) {
     rejected_->WithLabels({reason});
@@ -96,6 +104,8 @@ ServerMetrics::Replica& ServerMetrics::ReplicaState(int32_t replica) {
     r.preemptions = &preemptions_->WithLabels({label});
     r.prefix_hit_tokens = &prefix_hit_tokens_->WithLabels({label});
     r.prefix_queried_tokens = &prefix_queried_tokens_->WithLabels({label});
+    r.grammar_mask = &grammar_mask_->WithLabels({label});
+    r.grammar_wait = &grammar_wait_->WithLabels({label});
   }
   return replicas_[static_cast<size_t>(replica)];
 }
@@ -146,6 +156,12 @@ void ServerMetrics::OnStep(const EngineStats& s, int32_t replica) {
   if (s.prefix_cache_queried_tokens > r.seen_queried_tokens) {
     r.prefix_queried_tokens->Inc(s.prefix_cache_queried_tokens - r.seen_queried_tokens);
   }
+  if (s.total_grammar_mask_s > r.seen_grammar_mask_s)
+    r.grammar_mask->Inc(s.total_grammar_mask_s - r.seen_grammar_mask_s);
+  if (s.total_grammar_wait_s > r.seen_grammar_wait_s)
+    r.grammar_wait->Inc(s.total_grammar_wait_s - r.seen_grammar_wait_s);
+  r.seen_grammar_mask_s = std::max(r.seen_grammar_mask_s, s.total_grammar_mask_s);
+  r.seen_grammar_wait_s = std::max(r.seen_grammar_wait_s, s.total_grammar_wait_s);
   r.seen_preemptions = s.num_preemptions;
   r.seen_hit_tokens = s.prefix_cache_hit_tokens;
   r.seen_queried_tokens = s.prefix_cache_queried_tokens;

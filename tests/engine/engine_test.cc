@@ -9,6 +9,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_core.h"
@@ -19,6 +20,58 @@
 
 namespace fathom {
 namespace {
+
+// The CPU reference with counters on MaskLogits and, when `device_sampling` is set, a SampleRows by the host
+// sampler's rule (Sample() at the row's draw, after its LogitAdjust entries), so that the engine takes its device
+// sampling path as it does on a GPU. Off, it is the plain CPU backend.
+class RecordingCpuBackend : public CpuBackend {
+ public:
+  bool device_sampling = false;
+  int64_t mask_calls = 0;
+  int64_t masked_rows = 0;
+  int64_t sample_rows_calls = 0;
+  int fail_next_syncs = 0;  // Synchronize fails this many more times (a device error at the end of a forward pass)
+
+  Status Synchronize() override {
+    if (fail_next_syncs > 0) {
+      --fail_next_syncs;
+      return InternalError("injected device failure");
+    }
+    return CpuBackend::Synchronize();
+  }
+
+  bool SupportsSampling() const override { return device_sampling; }
+  Status SampleRows(const TensorView& logits, std::span<const SampleRowSpec> rows, std::span<const LogitAdjust> adjust,
+                    std::span<SampledToken> out) override {
+    if (!device_sampling) return CpuBackend::SampleRows(logits, rows, adjust, out);
+    ++sample_rows_calls;
+    const int64_t vocab = logits.dim(1);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const SampleRowSpec& spec = rows[r];
+      const float* row = logits.data<float>() + static_cast<int64_t>(r) * logits.stride(0);
+      std::vector<float> l(row, row + vocab);
+      for (int32_t j = spec.adjust_begin; j < spec.adjust_begin + spec.adjust_count; ++j) {
+        const LogitAdjust& a = adjust[static_cast<size_t>(j)];
+        l[static_cast<size_t>(a.id)] = AdjustedLogit(l[static_cast<size_t>(a.id)], a, spec.repetition_penalty);
+      }
+      SamplingParams p;
+      p.temperature = spec.temperature;
+      p.top_k = spec.top_k;
+      p.top_p = spec.top_p;
+      p.min_p = spec.min_p;
+      SamplerRng rng(spec.seed);
+      for (uint64_t d = 0; d < spec.draw; ++d) rng.Skip();
+      out[r] = SampledToken{.token = Sample(l, p, {}, rng).token};
+    }
+    return OkStatus();
+  }
+  Status MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                    int64_t words_per_row) override {
+    ++mask_calls;
+    masked_rows += static_cast<int64_t>(rows.size());
+    return CpuBackend::MaskLogits(logits, rows, masks, words_per_row);
+  }
+};
 
 struct Result {
   std::vector<int32_t> tokens;
@@ -106,7 +159,55 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return p;
   }
 
-  CpuBackend cpu_;
+  // Token i spells the letter 'a' + i % 26, for the first vocab - 12 ids only (a tokenizer narrower than the model,
+  // and not a multiple of 32 ids): the last of them is EOS. The grammar: one 'b', then `repeats` of 'c' or 'd'.
+  struct Letters {
+    std::vector<std::optional<std::string>> bytes;
+    int32_t eos = 0;
+    int32_t repeats = 0;
+    std::shared_ptr<grammar::GrammarCache> cache;
+
+    // `tokens` is the grammar's whole output, EOS included, and every id is in the tokenizer's vocabulary.
+    bool Follows(const std::vector<int32_t>& tokens) const {
+      if (tokens.size() != static_cast<size_t>(repeats) + 2 || tokens.back() != eos) return false;
+      for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] >= eos) return false;
+        const std::string& b = *bytes[static_cast<size_t>(tokens[i])];
+        if (i == 0 ? b != "b" : b != "c" && b != "d") return false;
+      }
+      return true;
+    }
+  };
+  Letters MakeLetters(int32_t repeats) const {
+    Letters l;
+    l.repeats = repeats;
+    const auto vocab = static_cast<size_t>(model_->config().vocab_size) - 12;
+    l.bytes.resize(vocab);
+    for (size_t i = 0; i < vocab; ++i) l.bytes[i] = std::string(1, static_cast<char>('a' + i % 26));
+    l.eos = static_cast<int32_t>(vocab) - 1;
+    grammar::GrammarBuilder b;
+    const int32_t root = b.Add(
+        "root", grammar::Seq({grammar::Lit("b"), grammar::Repeat(grammar::Bytes({{'c', 'd'}}), repeats, repeats)}));
+    auto compiled = grammar::Compile(b.Finish(root), {});
+    FATHOM_CHECK(compiled.ok(), "{}", compiled.status().ToString());
+    l.cache = std::make_shared<grammar::GrammarCache>(*compiled, grammar::TokenVocab::Build(l.bytes, {l.eos}));
+    return l;
+  }
+  SamplingParams Constrained(const Letters& l, float temperature, uint64_t seed) const {
+    SamplingParams p = Greedy(32);
+    p.ignore_eos = false;
+    p.temperature = temperature;
+    p.seed = seed;
+    p.grammar = l.cache;
+    return p;
+  }
+  static EngineConfig LettersConfig(const Letters& l) {
+    EngineConfig cfg = BigConfig(true);
+    cfg.eos_token_ids = {l.eos};
+    return cfg;
+  }
+
+  RecordingCpuBackend cpu_;
   std::unique_ptr<Model> model_;
   testing::GoldenSet golden_;
 };
@@ -375,6 +476,179 @@ TEST_P(EngineTest, AGrammarConstrainsSampledTokensAndEndsWithEos) {
   EXPECT_TRUE(std::equal(g.begin(), g.begin() + static_cast<int64_t>(first) + 1, rw.tokens.begin()));
   EXPECT_EQ(*bytes[rw.tokens[first + 1]], "b");
   EXPECT_EQ(rw.tokens.back(), eos);
+}
+
+// Masks are applied to the device logits of the constrained rows only: in a batch with a constrained greedy request,
+// an unconstrained one gets exactly its tokens alone (both plain greedy: the device argmax path), and the constrained
+// one only tokens its grammar allows, never an id past the tokenizer's vocabulary. Without a constraint the engine
+// never calls MaskLogits.
+TEST_P(EngineTest, AConstrainedRequestLeavesTheOthersOfItsBatchUnchanged) {
+  const Letters letters = MakeLetters(6);
+  const EngineConfig cfg = LettersConfig(letters);
+  const std::vector<int32_t>& free_prompt = golden_.cases[3].input_ids;
+  const std::vector<int32_t>& constrained_prompt = golden_.cases[1].input_ids;
+  const Result alone = RunAlone(free_prompt, Greedy(12), cfg);
+  ASSERT_EQ(alone.tokens.size(), 12u);
+  EXPECT_EQ(cpu_.mask_calls, 0);
+  const Result constrained_alone = RunAlone(constrained_prompt, Constrained(letters, 0.0f, 1), cfg);
+  EXPECT_TRUE(letters.Follows(constrained_alone.tokens));
+  const int64_t calls_alone = cpu_.mask_calls;
+  EXPECT_EQ(calls_alone, 8);  // one masked row a step: the prompt's, then each decode step's up to EOS
+
+  for (int delay : {0, 3}) {  // together from the first step, and joining the free request's decode
+    cpu_.mask_calls = cpu_.masked_rows = 0;
+    std::unique_ptr<EngineCore> core = NewCore(cfg);
+    auto free_stream = std::make_shared<RequestStream>("free", 1), c_stream = std::make_shared<RequestStream>("c", 1);
+    ASSERT_TRUE(core->AddRequest({.id = "free", .prompt = free_prompt, .sampling = Greedy(12)}, free_stream).ok());
+    for (int step = 0; core->HasUnfinished() || step <= delay; ++step) {
+      if (step == delay) {
+        ASSERT_TRUE(
+            core->AddRequest({.id = "c", .prompt = constrained_prompt, .sampling = Constrained(letters, 0.0f, 1)},
+                             c_stream)
+                .ok());
+      }
+      ASSERT_TRUE(core->Step().ok());
+      ASSERT_LT(step, 200);
+    }
+    const Result free_result = Collect(*free_stream)[0], c_result = Collect(*c_stream)[0];
+    EXPECT_EQ(free_result.tokens, alone.tokens) << "delay " << delay;
+    EXPECT_EQ(c_result.tokens, constrained_alone.tokens) << "delay " << delay;
+    EXPECT_TRUE(letters.Follows(c_result.tokens)) << "delay " << delay;
+    EXPECT_EQ(c_result.last.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(cpu_.masked_rows, 8) << "only the constrained row is masked, once a step";
+    EXPECT_EQ(core->Stats().num_free_blocks, 256);
+    EXPECT_GT(core->Stats().total_grammar_mask_s, 0.0);
+  }
+}
+
+// Sampled constrained rows (temperature 1, top-p 0.95) on the device sampling path (SampleRows on masked logits) and
+// on the host path give the same allowed tokens for every seed: the mask is applied before either path.
+TEST_P(EngineTest, ConstrainedSamplingOnTheDevicePathYieldsOnlyAllowedTokens) {
+  const Letters letters = MakeLetters(5);
+  const EngineConfig cfg = LettersConfig(letters);
+  const std::vector<int32_t>& prompt = golden_.cases[2].input_ids;
+  std::set<std::vector<int32_t>> distinct;
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+    SamplingParams p = Constrained(letters, 1.0f, seed);
+    p.top_p = 0.95f;
+    cpu_.device_sampling = true;
+    cpu_.sample_rows_calls = 0;
+    const Result device = RunAlone(prompt, p, cfg);
+    EXPECT_EQ(cpu_.sample_rows_calls, 7) << "every step sampled on the device path";
+    cpu_.device_sampling = false;
+    const Result host = RunAlone(prompt, p, cfg);
+    EXPECT_TRUE(letters.Follows(device.tokens)) << "seed " << seed;
+    EXPECT_EQ(device.tokens, host.tokens) << "seed " << seed;
+    distinct.insert(device.tokens);
+  }
+  EXPECT_GT(distinct.size(), 1u) << "the seeds should not all give one output";
+}
+
+// The masks computed by the mask worker while the forward pass runs (as on a GPU; forced here on the CPU backend)
+// give the tokens of the masks computed after it: a batch of a constrained greedy request, a constrained sampled one
+// and a free one, started together and staggered.
+TEST_P(EngineTest, MasksComputedDuringTheForwardPassGiveTheSameTokens) {
+  const Letters letters = MakeLetters(7);
+  const std::vector<int32_t>& p0 = golden_.cases[0].input_ids;
+  const std::vector<int32_t>& p1 = golden_.cases[1].input_ids;
+  const std::vector<int32_t>& p2 = golden_.cases[2].input_ids;
+  std::map<bool, std::vector<std::vector<int32_t>>> tokens;
+  for (bool overlap : {false, true}) {
+    EngineConfig cfg = LettersConfig(letters);
+    cfg.overlap_grammar_masks = overlap;
+    std::unique_ptr<EngineCore> core = NewCore(cfg);
+    SamplingParams sampled = Constrained(letters, 1.0f, 5);
+    sampled.top_k = 3;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 3; ++i) streams.push_back(std::make_shared<RequestStream>(std::to_string(i), 1));
+    ASSERT_TRUE(
+        core->AddRequest({.id = "0", .prompt = p0, .sampling = Constrained(letters, 0.0f, 1)}, streams[0]).ok());
+    ASSERT_TRUE(core->AddRequest({.id = "1", .prompt = p1, .sampling = Greedy(10)}, streams[1]).ok());
+    for (int step = 0; core->HasUnfinished(); ++step) {
+      if (step == 2) {
+        ASSERT_TRUE(core->AddRequest({.id = "2", .prompt = p2, .sampling = sampled}, streams[2]).ok());
+      }
+      ASSERT_TRUE(core->Step().ok());
+      ASSERT_LT(step, 200);
+    }
+    for (auto& stream : streams) tokens[overlap].push_back(Collect(*stream)[0].tokens);
+    EXPECT_TRUE(letters.Follows(tokens[overlap][0])) << "overlap " << overlap;
+    EXPECT_TRUE(letters.Follows(tokens[overlap][2])) << "overlap " << overlap;
+    const EngineStats st = core->Stats();
+    EXPECT_GT(st.total_grammar_mask_s, 0.0);
+    EXPECT_GT(st.total_grammar_wait_s, 0.0);
+    EXPECT_LE(st.total_grammar_wait_s, st.total_forward_s);
+    EXPECT_EQ(st.num_free_blocks, 256);
+  }
+  EXPECT_EQ(tokens[true], tokens[false]);
+}
+
+// A step that fails while its masks are being computed fails its requests only after the worker is done with their
+// samples (ASan would see the samples freed under it otherwise); the engine then serves the next request.
+TEST_P(EngineTest, AStepThatFailsWhileItsMasksAreComputedFailsItsRequestsAndTheEngineGoesOn) {
+  const Letters letters = MakeLetters(6);
+  EngineConfig cfg = LettersConfig(letters);
+  cfg.overlap_grammar_masks = true;
+  std::unique_ptr<EngineCore> core = NewCore(cfg);
+  auto c = std::make_shared<RequestStream>("c", 1), f = std::make_shared<RequestStream>("f", 1);
+  ASSERT_TRUE(
+      core->AddRequest({.id = "c", .prompt = golden_.cases[1].input_ids, .sampling = Constrained(letters, 0.0f, 1)}, c)
+          .ok());
+  ASSERT_TRUE(core->AddRequest({.id = "f", .prompt = golden_.cases[2].input_ids, .sampling = Greedy(20)}, f).ok());
+  ASSERT_TRUE(core->Step().ok());
+  ASSERT_TRUE(core->Step().ok());
+  cpu_.fail_next_syncs = 1;
+  const Status failed = core->Step();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("injected device failure"), std::string::npos) << failed.ToString();
+  EXPECT_FALSE(core->HasUnfinished());
+  for (auto* stream : {c.get(), f.get()}) {
+    EXPECT_TRUE(stream->finished());
+    EXPECT_EQ(Collect(*stream)[0].last.finish_reason, FinishReason::kError);
+  }
+  const Result after = [&] {
+    auto s = std::make_shared<RequestStream>("after", 1);
+    EXPECT_TRUE(
+        core->AddRequest(
+                {.id = "after", .prompt = golden_.cases[3].input_ids, .sampling = Constrained(letters, 0.0f, 1)}, s)
+            .ok());
+    while (core->HasUnfinished()) EXPECT_TRUE(core->Step().ok());
+    return Collect(*s)[0];
+  }();
+  EXPECT_TRUE(letters.Follows(after.tokens));
+  EXPECT_EQ(core->Stats().num_free_blocks, 256);
+}
+
+// n > 1: the forking row is masked once, by sample 0's matcher at its start, and each sample's own matcher masks
+// its later rows; greedy samples all equal the constrained greedy output alone, sampled ones all follow the grammar.
+TEST_P(EngineTest, ForkedConstrainedSamplesYieldOnlyAllowedTokens) {
+  const Letters letters = MakeLetters(6);
+  const EngineConfig cfg = LettersConfig(letters);
+  const std::vector<int32_t>& prompt = golden_.cases[2].input_ids;
+  const Result greedy_alone = RunAlone(prompt, Constrained(letters, 0.0f, 1), cfg);
+  ASSERT_TRUE(letters.Follows(greedy_alone.tokens));
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingParams p = Constrained(letters, temperature, 77);
+    p.n = 3;
+    std::unique_ptr<EngineCore> core = NewCore(cfg);
+    auto stream = std::make_shared<RequestStream>("n3", 3);
+    ASSERT_TRUE(core->AddRequest({.id = "n3", .prompt = prompt, .sampling = p}, stream).ok());
+    while (core->HasUnfinished()) ASSERT_TRUE(core->Step().ok());
+    std::map<int32_t, Result> samples = Collect(*stream);
+    ASSERT_EQ(samples.size(), 3u);
+    std::set<std::vector<int32_t>> distinct;
+    for (auto& [i, r] : samples) {
+      EXPECT_TRUE(letters.Follows(r.tokens)) << "temperature " << temperature << " sample " << i;
+      if (temperature == 0.0f) {
+        EXPECT_EQ(r.tokens, greedy_alone.tokens) << "sample " << i;
+      }
+      distinct.insert(r.tokens);
+    }
+    if (temperature > 0.0f) {
+      EXPECT_GT(distinct.size(), 1u);
+    }
+    EXPECT_EQ(core->Stats().num_free_blocks, 256);
+  }
 }
 
 TEST_P(EngineTest, AbortAndTimingsThroughTheCore) {

@@ -53,7 +53,10 @@ TEST(ServerMetricsTest, EngineStepsFeedStepHistogramAndCacheCounters) {
   s.num_preemptions = 2;
   s.prefix_cache_queried_tokens = 100;
   s.prefix_cache_hit_tokens = 40;
+  s.total_grammar_mask_s = 0.25;
+  s.total_grammar_wait_s = 0.125;
   m.OnStep(s);
+  s.total_grammar_mask_s = 0.75;
   s.last_step_kind = "prefill";
   s.prefix_cache_queried_tokens = 200;
   s.prefix_cache_hit_tokens = 120;
@@ -64,6 +67,9 @@ TEST(ServerMetricsTest, EngineStepsFeedStepHistogramAndCacheCounters) {
   EXPECT_TRUE(Has(text, "fathom_preemptions_total{replica=\"0\"} 2"));
   EXPECT_TRUE(Has(text, "fathom_prefix_cache_hit_tokens_total{replica=\"0\"} 120"));
   EXPECT_TRUE(Has(text, "fathom_prefix_cache_queries_tokens_total{replica=\"0\"} 200"));
+  // Structured output's mask time and the engine's wait for it: the engine's totals, differenced.
+  EXPECT_TRUE(Has(text, "fathom_grammar_mask_seconds_total{replica=\"0\"} 0.75")) << text;
+  EXPECT_TRUE(Has(text, "fathom_grammar_mask_wait_seconds_total{replica=\"0\"} 0.125")) << text;
 }
 
 // Two replicas' steps land in their own series, and each replica's cumulative counters are differenced on their

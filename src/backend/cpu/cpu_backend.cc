@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
@@ -421,6 +422,21 @@ void CpuBackend::ArgMax(const TensorView& logits, const TensorView& ids) {
     const float* row = logits.data<float>() + r * logits.stride(0);
     ids.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
   }
+}
+
+Status CpuBackend::MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                              int64_t words_per_row) {
+  CheckMaskLogitsArgs(logits, rows, masks, words_per_row);
+  const int64_t vocab = logits.dim(1);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* row = F32Row(logits, rows[i]);
+    const uint32_t* mask = masks.data() + static_cast<int64_t>(i) * words_per_row;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (((mask[t >> 5] >> (t & 31)) & 1u) == 0) row[t] = kNegInf;
+    }
+  }
+  return OkStatus();
 }
 
 void CpuBackend::Copy(const TensorView& src, const TensorView& dst) {

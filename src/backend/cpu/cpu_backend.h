@@ -45,6 +45,8 @@ class CpuBackend : public Backend {
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
   void ArgMax(const TensorView& logits, const TensorView& ids) override;
+  Status MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                    int64_t words_per_row) override;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 

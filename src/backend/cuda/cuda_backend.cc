@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <set>
 
 #include "backend/cuda/attention.h"
@@ -15,6 +16,7 @@
 #include "backend/cuda/norm.h"
 #include "backend/cuda/rope_kv.h"
 #include "backend/cuda/sampling.h"
+#include "core/bytes.h"
 
 namespace fathom {
 
@@ -141,7 +143,7 @@ StatusOr<Tensor> CudaBackend::NewDeviceTensor(DType dtype, std::span<const int64
   const size_t bytes = std::max<size_t>(probe.nbytes(), 16);
   if (capturing_) {
     void* p = ArenaTake(bytes);
-    if (p == nullptr) return ResourceExhaustedError(fmt::format("graph arena: cudaMalloc of {} bytes failed", bytes));
+    if (p == nullptr) return ResourceExhaustedError(arena_error_);
     return Tensor::Adopt(p, dtype, shape, Device::kCuda, [](void*) {});
   }
   const bool pooled = bytes <= kMaxPooledBytes;
@@ -207,11 +209,34 @@ CudaBackend::~CudaBackend() {
   if (int4_counters_ != nullptr) cudaFree(int4_counters_);
   if (int4_scratch_ != nullptr) cudaFree(int4_scratch_);
   if (int4_stage_ != nullptr) cudaFree(int4_stage_);
+  for (void* p : graph_workspaces_) cudaFree(p);
+  if (mask_copied_ != nullptr) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(mask_copied_));  // the copy out of the staging buffer is done
+    cudaEventDestroy(static_cast<cudaEvent_t>(mask_copied_));
+  }
+  if (mask_staging_ != nullptr) cudaFreeHost(mask_staging_);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 void* CudaBackend::Workspace(size_t bytes) {
-  if (capturing_) return ArenaTake(bytes);  // a captured kernel keeps its pointer: never the growable buffer
+  if (capturing_) {
+    // A captured kernel keeps its pointer, so never the growable buffer below (it may be freed); but one op's
+    // workspace is dead once the next op starts (one stream, replayed in order), as in eager mode, so every op of
+    // every graph shares one capture workspace. It grows by new buffers, the old ones kept for the graphs that use
+    // them: not per op from the arena, which cost a graph (layers) x (attention's and the experts' scratch).
+    // Its buffers are not the arena's, which the next capture hands out again from its start.
+    if (bytes <= graph_workspace_bytes_) return graph_workspaces_.back();
+    const size_t size = std::max(bytes, 2 * graph_workspace_bytes_);
+    void* p = nullptr;
+    if (const cudaError_t e = cudaMalloc(&p, size); e != cudaSuccess) {  // relaxed capture mode allows it
+      cudaGetLastError();
+      arena_error_ = fmt::format("graph workspace: cudaMalloc of {} bytes failed: {}", size, cudaGetErrorString(e));
+      return nullptr;
+    }
+    graph_workspaces_.push_back(p);
+    graph_workspace_bytes_ = size;
+    return p;
+  }
   if (bytes <= workspace_bytes_) return workspace_;
   // Grows (rarely): the stream must be done with the old buffer before it is freed.
   Check(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))), "workspace");
@@ -242,8 +267,14 @@ void* CudaBackend::ArenaTake(size_t bytes) {
   // Relaxed capture mode allows cudaMalloc; the chunk outlives every graph that uses it.
   const size_t size = std::max(bytes, kArenaChunkBytes);
   void* p = nullptr;
-  if (cudaMalloc(&p, size) != cudaSuccess) {
+  if (const cudaError_t e = cudaMalloc(&p, size); e != cudaSuccess) {
     cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    cudaGetLastError();
+    arena_error_ = fmt::format("graph arena: cudaMalloc of {} bytes failed: {} ({} free of {} on the device)", size,
+                               cudaGetErrorString(e), FormatBytes(static_cast<int64_t>(free)),
+                               FormatBytes(static_cast<int64_t>(total)));
     return nullptr;
   }
   arena_.chunks.emplace_back(p, size);
@@ -772,7 +803,11 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   const int64_t slice = cuda::kMaxMoePairs / k;
   a.n = std::min(n, slice);
   void* ws = Workspace(static_cast<size_t>(cuda::MoeExpertsWorkspaceBytes(a)));
-  if (ws == nullptr) return ResourceExhaustedError("MoeExperts: no device memory for the workspace");
+  if (ws == nullptr) {
+    return ResourceExhaustedError(fmt::format("MoeExperts: no device memory for its {}-byte workspace{}",
+                                              cuda::MoeExpertsWorkspaceBytes(a),
+                                              capturing_ ? "; " + arena_error_ : std::string()));
+  }
   for (int64_t t0 = 0; t0 < n; t0 += slice) {
     a.n = std::min(slice, n - t0);
     a.x = x.data<float>() + t0 * x.stride(0);
@@ -829,6 +864,53 @@ Status CudaBackend::SampleRows(const TensorView& logits, std::span<const SampleR
         reinterpret_cast<SampledToken*>(d_out.view().raw()), stream_);
   });
   return CopyToHost(d_out.view(), out.data());
+}
+
+Status CudaBackend::MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                               int64_t words_per_row) {
+  CheckMaskLogitsArgs(logits, rows, masks, words_per_row);
+  if (rows.empty()) return OkStatus();
+  if (capturing_) return FailedPreconditionError("MaskLogits copies host memory and cannot be captured in a graph");
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (mask_copied_ == nullptr) {
+    cudaEvent_t e = nullptr;
+    FATHOM_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "MaskLogits event"));
+    mask_copied_ = e;
+  }
+  // The last call's copy must have left the staging buffer before it is rewritten or freed (an event never recorded
+  // counts as done). In the engine the sampling after it synchronized long ago, so this does not wait.
+  FATHOM_RETURN_IF_ERROR(
+      CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(mask_copied_)), "MaskLogits staging wait"));
+  // One transfer: the row ids, then the masks (4-byte words both).
+  const size_t bytes = rows.size_bytes() + masks.size_bytes();
+  if (bytes > mask_staging_bytes_) {
+    const size_t size = std::max({bytes, 2 * mask_staging_bytes_, kMaskStagingBytes});
+    if (mask_staging_ != nullptr) cudaFreeHost(mask_staging_);
+    mask_staging_ = nullptr;
+    mask_staging_bytes_ = 0;
+    void* p = nullptr;
+    FATHOM_RETURN_IF_ERROR(
+        CudaStatus(cudaHostAlloc(&p, size, cudaHostAllocDefault), fmt::format("MaskLogits: pinned {} bytes", size)));
+    mask_staging_ = p;
+    mask_staging_bytes_ = size;
+  }
+  char* host = static_cast<char*>(mask_staging_);
+  std::memcpy(host, rows.data(), rows.size_bytes());
+  std::memcpy(host + rows.size_bytes(), masks.data(), masks.size_bytes());
+  // Pooled device memory without Alloc's memset; freed at the end of this call and reused in stream order.
+  const int64_t words[] = {static_cast<int64_t>(bytes / 4)};
+  FATHOM_ASSIGN_OR_RETURN(Tensor dev, NewDeviceTensor(DType::kI32, words));
+  int32_t* d_rows = dev.view().data<int32_t>();
+  FATHOM_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(d_rows, host, bytes, cudaMemcpyHostToDevice, stream), "MaskLogits copy"));
+  FATHOM_RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(mask_copied_), stream), "MaskLogits event record"));
+  const auto* d_masks = reinterpret_cast<const uint32_t*>(d_rows + rows.size());
+  Launch("MaskLogits", [&] {
+    return cuda::LaunchMaskLogits(logits.data<float>(), logits.stride(0), logits.dim(1), d_rows,
+                                  static_cast<int64_t>(rows.size()), d_masks, words_per_row, stream_);
+  });
+  return OkStatus();
 }
 
 void CudaBackend::Copy(const TensorView& src, const TensorView& dst) {

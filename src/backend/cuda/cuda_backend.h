@@ -99,6 +99,13 @@ class CudaBackend final : public Backend {
   bool SupportsSampling() const override { return true; }
   Status SampleRows(const TensorView& logits, std::span<const SampleRowSpec> rows, std::span<const LogitAdjust> adjust,
                     std::span<SampledToken> out) override;
+  // The masks go through a pinned staging buffer (kMaskStagingBytes at first, grown as needed) into pooled device
+  // memory with one async copy on the stream, then one kernel: the CPU waits for neither the forward pass queued
+  // before nor the copy (only, when the buffer is reused, for the previous call's copy out of it). Not while a graph
+  // is being captured.
+  Status MaskLogits(const TensorView& logits, std::span<const int32_t> rows, std::span<const uint32_t> masks,
+                    int64_t words_per_row) override;
+  static constexpr size_t kMaskStagingBytes = 64u << 10;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
   Status CopyFromHost(const void* src, const TensorView& dst) override;
@@ -161,7 +168,12 @@ class CudaBackend final : public Backend {
     size_t offset = 0;
   };
   static constexpr size_t kArenaChunkBytes = 64ull << 20;
-  void* ArenaTake(size_t bytes);
+  void* ArenaTake(size_t bytes);  // null when cudaMalloc fails: arena_error_ says why
+  std::string arena_error_;
+  // Workspace() while capturing: one buffer shared by every captured op (the last of these; the earlier, smaller ones
+  // stay allocated for the graphs that point into them).
+  std::vector<void*> graph_workspaces_;
+  size_t graph_workspace_bytes_ = 0;
 
   CudaBackend() = default;
   StatusOr<Tensor> NewDeviceTensor(DType dtype, std::span<const int64_t> shape);
@@ -243,6 +255,10 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMaxAttentionWorkspace = 256ll << 20;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  // MaskLogits' pinned host staging (cudaHostAlloc) and the event after its last copy out of it (cudaEvent_t).
+  void* mask_staging_ = nullptr;
+  size_t mask_staging_bytes_ = 0;
+  void* mask_copied_ = nullptr;
   Arena arena_;
   bool capturing_ = false;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id

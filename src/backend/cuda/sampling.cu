@@ -435,7 +435,28 @@ __global__ void ArgMaxKernel(const float* x, int64_t xs, int64_t cols, int32_t* 
   }
 }
 
+// Block b covers 256 ids of listed row b / chunks; a warp's 32 ids share one mask word. Only disallowed logits are
+// written (the allowed ones are not even read).
+__global__ void MaskLogitsKernel(float* logits, int64_t ls, int64_t vocab, const int32_t* rows, const uint32_t* masks,
+                                 int64_t words, int64_t chunks) {
+  const int64_t b = blockIdx.x;
+  const int64_t i = b / chunks;
+  const int64_t t = (b - i * chunks) * 256 + threadIdx.x;
+  if (t >= vocab) return;
+  const uint32_t word = masks[i * words + (t >> 5)];
+  if (((word >> (t & 31)) & 1u) == 0) logits[static_cast<int64_t>(rows[i]) * ls + t] = -INFINITY;
+}
+
 }  // namespace
+
+int LaunchMaskLogits(float* logits, int64_t ls, int64_t vocab, const int32_t* rows, int64_t n_rows,
+                     const uint32_t* masks, int64_t words, Stream s) {
+  if (n_rows == 0 || vocab == 0) return 0;
+  const int64_t chunks = (vocab + 255) / 256;
+  MaskLogitsKernel<<<static_cast<unsigned>(n_rows * chunks), 256, 0, static_cast<cudaStream_t>(s)>>>(
+      logits, ls, vocab, rows, masks, words, chunks);
+  return static_cast<int>(cudaGetLastError());
+}
 
 int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, const SampleRowSpec* specs,
                      const LogitAdjust* adjust, float* saved, SampledToken* out, Stream s) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "model/forward_batch.h"
@@ -153,6 +155,57 @@ TEST(CpuBackendTest, ArgMaxTakesTheLowestIndexAmongEqualMaxima) {
   EXPECT_EQ(ids.data<int32_t>()[0], 1);
   EXPECT_EQ(ids.data<int32_t>()[1], 0);
   EXPECT_EQ(ids.data<int32_t>()[2], 3);
+}
+
+// Rows 3 and 1 of 5 (listed out of order) over a 70-id vocabulary (3 words, the last partial): exactly the ids whose
+// bit is clear become -inf, allowed ids keep their bits (a NaN and an infinity included), other rows are untouched.
+TEST(CpuBackendTest, MaskLogitsSetsExactlyTheDisallowedIdsOfTheListedRowsToMinusInfinity) {
+  CpuBackend be;
+  const int64_t n = 5, vocab = 70, words = 3;
+  std::vector<float> values = Random(static_cast<size_t>(n * vocab), 11, 3.0f);
+  values[1 * vocab + 5] = NAN;
+  values[3 * vocab + 64] = INFINITY;
+  Tensor logits = FromVector(values, {n, vocab});
+  const std::vector<int32_t> rows = {3, 1};
+  // Row 3: even ids below 64, and ids 64 and 69 (bits past 70 set: ignored). Row 1: ids 0, 5, 33 and 68.
+  const std::vector<uint32_t> masks = {0x55555555u,    0x55555555u, 0xffffffc0u | 1u | (1u << 5),
+                                       1u | (1u << 5), 1u << 1,     1u << 4};
+  ASSERT_TRUE(be.MaskLogits(logits, rows, masks, words).ok());
+  const auto allowed = [&](size_t i, int64_t t) { return ((masks[i * words + t / 32] >> (t % 32)) & 1u) != 0; };
+  for (int64_t r = 0; r < n; ++r) {
+    const auto listed = std::find(rows.begin(), rows.end(), r);
+    for (int64_t t = 0; t < vocab; ++t) {
+      const float got = logits.data<float>()[r * vocab + t], before = values[static_cast<size_t>(r * vocab + t)];
+      if (listed != rows.end() && !allowed(static_cast<size_t>(listed - rows.begin()), t)) {
+        EXPECT_EQ(got, -INFINITY) << "row " << r << " id " << t;
+      } else {
+        EXPECT_EQ(std::memcmp(&got, &before, sizeof(float)), 0) << "row " << r << " id " << t << " changed";
+      }
+    }
+  }
+  // Spot checks against the masks as written.
+  EXPECT_EQ(logits.data<float>()[3 * vocab + 1], -INFINITY);
+  EXPECT_NE(logits.data<float>()[3 * vocab + 2], -INFINITY);
+  EXPECT_EQ(logits.data<float>()[3 * vocab + 64], INFINITY);
+  EXPECT_NE(logits.data<float>()[3 * vocab + 69], -INFINITY);
+  EXPECT_EQ(logits.data<float>()[3 * vocab + 68], -INFINITY);
+  EXPECT_TRUE(std::isnan(logits.data<float>()[1 * vocab + 5]));
+  EXPECT_NE(logits.data<float>()[1 * vocab + 68], -INFINITY);
+  EXPECT_EQ(logits.data<float>()[1 * vocab + 1], -INFINITY);
+  // Nothing listed: nothing changes.
+  Tensor again = FromVector(values, {n, vocab});
+  ASSERT_TRUE(be.MaskLogits(again, {}, {}, words).ok());
+  EXPECT_EQ(std::memcmp(again.data<float>(), values.data(), values.size() * sizeof(float)), 0);
+}
+
+TEST(CpuBackendTest, MaskLogitsChecksItsSizes) {
+  CpuBackend be;
+  Tensor logits = FromVector(Random(2 * 40, 3), {2, 40});
+  const std::vector<int32_t> row = {1}, bad_row = {2};
+  const std::vector<uint32_t> two(2, 0u), three(3, 0u);
+  EXPECT_DEATH((void)be.MaskLogits(logits, row, three, 3), "words_per_row");
+  EXPECT_DEATH((void)be.MaskLogits(logits, row, three, 2), "masks.size");
+  EXPECT_DEATH((void)be.MaskLogits(logits, bad_row, two, 2), "row 2 outside");
 }
 
 TEST(CpuBackendTest, RopeInterleavedEqualsNeoxOnPermutedInput) {

@@ -1,23 +1,45 @@
 // Sampling on the GPU (CudaBackend::SampleRows) against the host sampler (engine/sampler.cc Sample(), the reference),
-// and core/philox.h against cuRAND.
+// structured output's MaskLogits and the engine's constrained rows, and core/philox.h against cuRAND.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <random>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/require_gpu.h"
 #include "backend/cuda/sampling.h"
 #include "engine/engine_core.h"
 #include "engine/sampler.h"
+#include "grammar/matcher.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
 
 namespace fathom {
 namespace {
+
+// The llama3-distill-tiny fixture on `be`, with its oracle cases.
+struct TinyModel {
+  ModelConfig cfg;
+  std::unique_ptr<Model> model;
+  testing::GoldenSet golden;
+};
+StatusOr<TinyModel> LoadTinyLlama(Backend& be) {
+  const std::string dir = testing::ModelDir("llama3-distill-tiny");
+  TinyModel t;
+  FATHOM_ASSIGN_OR_RETURN(t.cfg, LoadModelConfig(dir));
+  LoadOptions opts;
+  opts.show_progress = false;
+  FATHOM_ASSIGN_OR_RETURN(t.model, LoadModel(dir, t.cfg, opts, be));
+  FATHOM_ASSIGN_OR_RETURN(t.golden, testing::LoadGolden(dir));
+  return t;
+}
 
 TEST(CudaSamplingTest, PhiloxMatchesCurandOnTheDeviceAndTheHost) {
   REQUIRE_GPU(gpu);
@@ -243,19 +265,147 @@ TEST(CudaSamplingTest, SampleRowsRejectsBadRows) {
   EXPECT_TRUE(gpu->SampleRows(logits.view(), specs, adjust, out).ok());
 }
 
+// MaskLogits on the GPU against the CPU reference, bit for bit, where ordering matters. The logits are written by
+// kernels queued behind a long run of copies, so that every mask copy waits on the stream: the masks must land after
+// the logits; the caller overwrites its masks as soon as a call returns; the second call (as large as the first)
+// rewrites the pinned staging buffer while the first call's copy out of it is still queued (it must wait for that
+// copy); the third grows the buffer past its first size.
+TEST(CudaSamplingTest, MaskLogitsFollowsTheStreamAndReusesItsStagingSafely) {
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const int64_t n = 48, vocab = 152064 + 7, words = (vocab + 31) / 32;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  Tensor host = Tensor::Empty(DType::kF32, {n, vocab});
+  for (int64_t i = 0; i < n * vocab; ++i) host.data<float>()[i] = u(rng);
+  auto src = gpu->Upload(host.view());
+  ASSERT_TRUE(src.ok());
+  Tensor busy_src = gpu->Alloc(DType::kF32, {4096, 16384}), busy_dst = gpu->Alloc(DType::kF32, {4096, 16384});
+  {  // The kernels' lazy loading (which waits for the device) out of the way first.
+    Tensor warm = gpu->Alloc(DType::kF32, {1, vocab});
+    gpu->Copy(src->view().Slice(0, 0, 1), warm.view());
+    const std::vector<int32_t> row0 = {0};
+    const std::vector<uint32_t> ones(static_cast<size_t>(words), 1u);
+    ASSERT_TRUE(gpu->MaskLogits(warm.view(), row0, ones, words).ok());
+  }
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  const auto masks_for = [&](size_t rows, uint32_t seed) {
+    std::mt19937 r(seed);
+    std::vector<uint32_t> m(rows * static_cast<size_t>(words));
+    for (uint32_t& w : m) w = static_cast<uint32_t>(r()) & static_cast<uint32_t>(r());  // a quarter allowed
+    return m;
+  };
+  const std::vector<std::vector<int32_t>> rows = {
+      {5, 0, 17}, {17, 2, 40}, {47, 1, 2, 3, 30, 31, 32, 33, 34, 35, 36, 20}};
+  std::vector<std::vector<uint32_t>> masks, sent;
+  for (size_t c = 0; c < rows.size(); ++c) masks.push_back(masks_for(rows[c].size(), static_cast<uint32_t>(c + 1)));
+  sent = masks;
+  ASSERT_LE((rows[0].size() + masks[0].size()) * 4, CudaBackend::kMaskStagingBytes);
+  ASSERT_GT(masks[2].size() * 4, CudaBackend::kMaskStagingBytes);
+  std::vector<Tensor> logits;
+  for (size_t c = 0; c < rows.size(); ++c) logits.push_back(gpu->Alloc(DType::kF32, {n, vocab}));
+  for (int i = 0; i < 20; ++i) gpu->Copy(busy_src.view(), busy_dst.view());  // about 4 ms of the GPU's time
+  for (size_t c = 0; c < rows.size(); ++c) {
+    gpu->Copy(src->view(), logits[c].view());
+    ASSERT_TRUE(gpu->MaskLogits(logits[c].view(), rows[c], sent[c], words).ok());
+    std::fill(sent[c].begin(), sent[c].end(), 0xffffffffu);  // the call has taken its copy
+  }
+  Tensor ids = gpu->Alloc(DType::kI32, {n});
+  gpu->ArgMax(logits[2].view(), ids);
+  std::vector<int32_t> got_ids(static_cast<size_t>(n));
+  ASSERT_TRUE(gpu->CopyToHost(ids.view(), got_ids.data()).ok());
+  for (size_t c = 0; c < rows.size(); ++c) {
+    std::vector<float> got(static_cast<size_t>(n * vocab));
+    ASSERT_TRUE(gpu->CopyToHost(logits[c].view(), got.data()).ok());
+    Tensor want = Tensor::Empty(DType::kF32, {n, vocab});
+    std::copy_n(host.data<float>(), n * vocab, want.data<float>());
+    ASSERT_TRUE(cpu.MaskLogits(want, rows[c], masks[c], words).ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data<float>(), got.size() * sizeof(float)), 0) << "call " << c;
+    int64_t masked = 0;
+    for (float v : got) masked += v == -INFINITY;
+    EXPECT_GT(masked, static_cast<int64_t>(rows[c].size()) * vocab / 2) << "call " << c;  // the masks did something
+    if (c == 2) {
+      Tensor want_ids = Tensor::Empty(DType::kI32, {n});
+      cpu.ArgMax(want, want_ids);
+      for (int64_t r = 0; r < n; ++r) EXPECT_EQ(got_ids[static_cast<size_t>(r)], want_ids.data<int32_t>()[r]) << r;
+    }
+  }
+  ASSERT_TRUE(gpu->Synchronize().ok());
+}
+
+// Structured output on the GPU: constrained requests (greedy and sampled, one of n = 2) batched with an unconstrained
+// one give the same tokens with the device samplers (ArgMax, SampleRows) as with --host-sampling, both with decode
+// graphs (the masks computed while the graph runs), and follow their grammar.
+TEST(CudaSamplingTest, ConstrainedTokensAreTheSameOnEveryPath) {
+  REQUIRE_GPU(gpu);
+  StatusOr<TinyModel> tiny = LoadTinyLlama(*gpu);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  // Token i spells 'a' + i % 26 for the first vocab - 12 ids; the grammar: 'b', then 8 of 'c' or 'd', then EOS.
+  const auto vocab = static_cast<size_t>(tiny->cfg.vocab_size) - 12;
+  std::vector<std::optional<std::string>> bytes(vocab);
+  for (size_t i = 0; i < vocab; ++i) bytes[i] = std::string(1, static_cast<char>('a' + i % 26));
+  const int32_t eos = static_cast<int32_t>(vocab) - 1;
+  grammar::GrammarBuilder b;
+  const int32_t root =
+      b.Add("root", grammar::Seq({grammar::Lit("b"), grammar::Repeat(grammar::Bytes({{'c', 'd'}}), 8, 8)}));
+  auto compiled = grammar::Compile(b.Finish(root), {});
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto cache = std::make_shared<grammar::GrammarCache>(*compiled, grammar::TokenVocab::Build(bytes, {eos}));
+  std::vector<std::vector<std::vector<int32_t>>> tokens(2);
+  for (int host = 0; host < 2; ++host) {
+    EngineConfig ec;
+    ec.num_blocks = 256;
+    ec.block_size = 16;
+    ec.host_sampling = host == 1;
+    ec.eos_token_ids = {eos};
+    auto core = EngineCore::Create(*tiny->model, *gpu, ec, nullptr);
+    ASSERT_TRUE(core.ok()) << core.status().ToString();
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    const float temps[] = {0.0f, 0.8f, 1.0f, -1.0f};  // -1: unconstrained greedy
+    for (int i = 0; i < 4; ++i) {
+      SamplingParams p;
+      p.temperature = std::max(temps[i], 0.0f);
+      p.seed = 300 + i;
+      p.max_tokens = 16;
+      p.ignore_eos = temps[i] < 0;
+      if (temps[i] >= 0) p.grammar = cache;
+      p.n = i == 2 ? 2 : 1;
+      const std::string id = fmt::format("r{}", i);
+      streams.push_back(std::make_shared<RequestStream>(id, p.n));
+      const auto& prompt = tiny->golden.cases[static_cast<size_t>(i) % tiny->golden.cases.size()].input_ids;
+      ASSERT_TRUE((*core)->AddRequest({.id = id, .prompt = prompt, .sampling = p}, streams.back()).ok());
+    }
+    while ((*core)->HasUnfinished()) ASSERT_TRUE((*core)->Step().ok());
+    EXPECT_GT((*core)->Stats().num_graph_steps, 0);
+    for (size_t i = 0; i < streams.size(); ++i) {
+      std::map<int32_t, std::vector<int32_t>> by_sample;
+      while (std::optional<RequestOutput> o = streams[i]->TryNext()) {
+        by_sample[o->index].insert(by_sample[o->index].end(), o->token_ids.begin(), o->token_ids.end());
+      }
+      for (auto& [index, t] : by_sample) {
+        if (temps[i] >= 0) {
+          ASSERT_EQ(t.size(), 10u) << "request " << i;
+          EXPECT_EQ(*bytes[static_cast<size_t>(t[0])], "b");
+          for (size_t k = 1; k < 9; ++k) {
+            ASSERT_LT(t[k], eos);
+            EXPECT_TRUE(*bytes[static_cast<size_t>(t[k])] == "c" || *bytes[static_cast<size_t>(t[k])] == "d");
+          }
+          EXPECT_EQ(t.back(), eos);
+        }
+        tokens[static_cast<size_t>(host)].push_back(t);
+      }
+    }
+  }
+  ASSERT_EQ(tokens[0].size(), 5u);
+  for (size_t i = 0; i < tokens[0].size(); ++i) EXPECT_EQ(tokens[0][i], tokens[1][i]) << "sample " << i;
+}
+
 // The engine on the GPU: seeded sampled requests (top-k, top-p, penalties, logprobs) give the same tokens and
 // logprobs with the device sampler as with --host-sampling over the same logits.
 TEST(CudaSamplingTest, EngineTokensEqualWithHostSampling) {
   REQUIRE_GPU(gpu);
-  const std::string dir = testing::ModelDir("llama3-distill-tiny");
-  auto cfg = LoadModelConfig(dir);
-  ASSERT_TRUE(cfg.ok());
-  LoadOptions opts;
-  opts.show_progress = false;
-  auto model = LoadModel(dir, *cfg, opts, *gpu);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto golden = testing::LoadGolden(dir);
-  ASSERT_TRUE(golden.ok());
+  StatusOr<TinyModel> tiny = LoadTinyLlama(*gpu);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
   std::vector<std::vector<std::vector<int32_t>>> tokens(2);
   std::vector<std::vector<float>> logprobs(2);
   for (int host = 0; host < 2; ++host) {
@@ -264,7 +414,7 @@ TEST(CudaSamplingTest, EngineTokensEqualWithHostSampling) {
     ec.block_size = 16;
     ec.enforce_eager = true;
     ec.host_sampling = host == 1;
-    auto core = EngineCore::Create(**model, *gpu, ec, nullptr);
+    auto core = EngineCore::Create(*tiny->model, *gpu, ec, nullptr);
     ASSERT_TRUE(core.ok()) << core.status().ToString();
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (int i = 0; i < 8; ++i) {
@@ -276,7 +426,7 @@ TEST(CudaSamplingTest, EngineTokensEqualWithHostSampling) {
       p.top_logprobs = 2;
       const std::string id = fmt::format("r{}", i);
       streams.push_back(std::make_shared<RequestStream>(id, 1));
-      const auto& prompt = golden->cases[static_cast<size_t>(i) % golden->cases.size()].input_ids;
+      const auto& prompt = tiny->golden.cases[static_cast<size_t>(i) % tiny->golden.cases.size()].input_ids;
       ASSERT_TRUE((*core)->AddRequest({.id = id, .prompt = prompt, .sampling = p}, streams.back()).ok());
     }
     while ((*core)->HasUnfinished()) ASSERT_TRUE((*core)->Step().ok());

@@ -1096,6 +1096,58 @@ struct SampleRowsCase {
   }
 };
 
+// MaskLogits over a subset of the rows, listed out of order (every row but those with r % 3 == 1, last row first):
+// the first listed row allows every id (it must keep its bits), the second none (all -inf), the others a seeded
+// random half, with garbage bits past the vocabulary in each last word (ignored). `strided`: the logits are a view
+// [rows, vocab] of a [rows, vocab + 16] tensor. The whole tensor is compared: rows not listed, and the padding, must
+// stay bit-identical. The masks live in host memory; on the GPU they cross through MaskLogits' pinned staging buffer,
+// whose first size (CudaBackend::kMaskStagingBytes, 64 KiB) the 24 x 50257 row exceeds (16 masked rows of 1571
+// words), after the smaller rows made it.
+struct MaskLogitsCase {
+  int64_t rows, vocab;
+  bool strided = false;
+  std::string Op() const { return "MaskLogits"; }
+  std::string Shape() const {
+    return fmt::format("rows={} vocab={} masked={}{}", rows, vocab, Listed().size(), strided ? " strided" : "");
+  }
+  std::string DTypes() const { return "logits=f32 masks=u32"; }
+  double Bytes() const {
+    const double listed = static_cast<double>(Listed().size());
+    return listed * (4.0 * static_cast<double>(vocab) + 4.0 * static_cast<double>(CeilDiv(vocab, 32)));
+  }
+  double Flops() const { return 0.0; }
+  std::vector<int32_t> Listed() const {
+    std::vector<int32_t> listed;
+    for (int64_t r = rows - 1; r >= 0; --r) {
+      if (r % 3 != 1) listed.push_back(static_cast<int32_t>(r));
+    }
+    return listed;
+  }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const int64_t width = strided ? vocab + 16 : vocab, words = CeilDiv(vocab, 32);
+    const TensorView whole = s->Random(F32, {rows, width}, 3, 4.0f);  // [rows, width]
+    const TensorView logits = strided ? whole.Slice(1, 0, vocab) : whole;
+    auto listed = std::make_shared<std::vector<int32_t>>(Listed());
+    auto masks = std::make_shared<std::vector<uint32_t>>(listed->size() * static_cast<size_t>(words));
+    const uint64_t key = KeyOf(4);
+    for (size_t i = 0; i < listed->size(); ++i) {
+      uint32_t* m = masks->data() + i * static_cast<size_t>(words);
+      for (int64_t w = 0; w < words; ++w) {
+        m[w] = i == 0   ? 0xffffffffu
+               : i == 1 ? 0u
+                        : static_cast<uint32_t>(Mix(key + i * static_cast<uint64_t>(words) + static_cast<uint64_t>(w)));
+      }
+      if (vocab % 32 != 0 && i != 0) m[words - 1] |= ~((1u << (vocab % 32)) - 1);  // past the vocabulary: ignored
+    }
+    s->Hold(listed);
+    s->Hold(masks);
+    s->op = [&be, logits, listed, masks, words] { return be.MaskLogits(logits, *listed, *masks, words); };
+    s->Output("logits", whole);
+    return s;
+  }
+};
+
 // Copy between strided views: 2-d [a, c] (b == 0) or 3-d [a, b, c], from a view inside a wider source to one inside
 // a wider destination; the whole destination is compared (the rest must stay).
 struct CopyCase {
@@ -1556,6 +1608,12 @@ std::vector<OpCase> BuildCases() {
       {{64, 129280}, "default", kExact, kGpu},
   };
   Add(c, sample_rows_rows);
+  const Row<MaskLogitsCase> mask_logits_rows[] = {
+      {{8, 1000}, "default", kExact},          {{3, 4099, true}, "default", kExact},
+      {{24, 50257}, "default", kExact},  // past the pinned staging buffer's first 64 KiB
+      {{64, 152064}, "default", kExact, kGpu}, {{256, 129280}, "default", kExact, kGpu},
+  };
+  Add(c, mask_logits_rows);
   const Row<CopyCase> copy_rows[] = {
       {{40, 0, 100}, "default", kExact},
       {{9, 4, 64}, "default", kExact},
