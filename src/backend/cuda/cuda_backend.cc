@@ -225,17 +225,22 @@ void* CudaBackend::Workspace(size_t bytes) {
     // every graph shares one capture workspace. It grows by new buffers, the old ones kept for the graphs that use
     // them: not per op from the arena, which cost a graph (layers) x (attention's and the experts' scratch).
     // Its buffers are not the arena's, which the next capture hands out again from its start.
-    if (bytes <= graph_workspace_bytes_) return graph_workspaces_.back();
-    const size_t size = std::max(bytes, 2 * graph_workspace_bytes_);
-    void* p = nullptr;
-    if (const cudaError_t e = cudaMalloc(&p, size); e != cudaSuccess) {  // relaxed capture mode allows it
-      cudaGetLastError();
-      arena_error_ = fmt::format("graph workspace: cudaMalloc of {} bytes failed: {}", size, cudaGetErrorString(e));
-      return nullptr;
+    if (!graph_workspaces_.empty() && bytes <= graph_workspace_bytes_) return graph_workspaces_.back();
+    // Doubling keeps the growth steps few; when that much is not free, exactly what is asked for.
+    for (const size_t size : {std::max(bytes, 2 * graph_workspace_bytes_), std::max<size_t>(bytes, 1)}) {
+      void* p = nullptr;
+      if (const cudaError_t e = cudaMalloc(&p, size); e != cudaSuccess) {  // relaxed capture mode allows it
+        cudaGetLastError();
+        arena_error_ = fmt::format("graph workspace: cudaMalloc of {} bytes failed: {}", size, cudaGetErrorString(e));
+        continue;
+      }
+      graph_workspaces_.push_back(p);
+      graph_workspace_bytes_ = size;
+      return p;
     }
-    graph_workspaces_.push_back(p);
-    graph_workspace_bytes_ = size;
-    return p;
+    // The callers skip their kernels on null: the capture must fail rather than leave them out of the graph.
+    RecordError(ResourceExhaustedError(arena_error_));
+    return nullptr;
   }
   if (bytes <= workspace_bytes_) return workspace_;
   // Grows (rarely): the stream must be done with the old buffer before it is freed.

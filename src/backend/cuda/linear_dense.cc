@@ -131,14 +131,16 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   }
   if (!one_launch || options_.generic_linear || x.stride(1) != 1) {
     // Prefill-sized: x is rounded to bf16 once for all the weights that go to cuBLASLt; the others (float32
-    // inputs, other dtypes and formats) take Linear.
-    void* xb = nullptr;
+    // inputs, other dtypes and formats) take Linear, first: Linear may use the workspace (f8's W8A8 path) that holds
+    // the staged x, which must then stay untouched until the last GEMM that reads it.
+    auto to_cublas = [&](size_t i) { return UseCublasLt(n, ws[i]) && ws[i].in_features() == k && x.stride(1) == 1; };
     for (size_t i = 0; i < ws.size(); ++i) {
       FATHOM_CHECK_EQ(outs[i].dim(1), ws[i].out_features());
-      if (!UseCublasLt(n, ws[i]) || ws[i].in_features() != k || x.stride(1) != 1) {
-        Linear(x, ws[i], outs[i]);
-        continue;
-      }
+      if (!to_cublas(i)) Linear(x, ws[i], outs[i]);
+    }
+    void* xb = nullptr;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!to_cublas(i)) continue;
       if (xb == nullptr) xb = StageBf16(x);
       if (xb == nullptr) return;
       GemmFromStaged(xb, n, k, ws[i], outs[i]);
