@@ -3,6 +3,7 @@
 //
 //   ParallelConfig par{.tp_size = 2, .tp_rank = 1};
 //   int64_t local_heads = par.Part(cfg.num_heads);   // 16 of 32
+//   int64_t local_kv = par.KvHeads(cfg.num_kv_heads); // 4 of 8; 1 of 2 at tp_size 4 (each kept by 2 ranks)
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,15 @@ struct ParallelConfig {
   // This rank's share of `n` items split evenly (callers check divisibility first: Divides).
   int64_t Part(int64_t n) const { return n / tp_size; }
   bool Divides(int64_t n) const { return n % tp_size == 0; }
+
+  // KV heads (GQA), as vLLM splits them: `n` heads divide into the ranks, or, when the ranks outnumber them and
+  // their count divides by `n`, each rank holds one, shared by tp_size / n ranks (rank r: head r / (tp_size / n),
+  // the head its query heads read).
+  bool SplitsKvHeads(int64_t n) const { return n % tp_size == 0 || tp_size % n == 0; }
+  int64_t KvHeads(int64_t n) const { return n % tp_size == 0 ? n / tp_size : 1; }
+  // The KV projections' column split: into how many parts, and this rank's part.
+  int64_t KvParts(int64_t n) const { return n % tp_size == 0 ? tp_size : n; }
+  int64_t KvPart(int64_t n) const { return n % tp_size == 0 ? tp_rank : tp_rank / (tp_size / n); }
 };
 
 }  // namespace fathom

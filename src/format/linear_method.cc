@@ -9,20 +9,20 @@ namespace fathom {
 WeightShard LinearSpec::ShardFor(int out_dim, int in_dim) const {
   WeightShard s;
   const int dim = split == LinearSplit::kColumns ? out_dim : split == LinearSplit::kRows ? in_dim : -1;
-  if (dim < 0 || parallel.single()) return s;
+  if (dim < 0 || split_parts() == 1) return s;
   s.dim = dim;
-  s.parts = parallel.tp_size;
-  s.index = parallel.tp_rank;
+  s.parts = split_parts();
+  s.index = split_part();
   return s;
 }
 
 Status LinearSpec::CheckSplit(int64_t granule_out, int64_t granule_in) const {
-  if (split == LinearSplit::kReplicated || parallel.single()) return OkStatus();
+  if (split == LinearSplit::kReplicated || split_parts() == 1) return OkStatus();
   const bool cols = split == LinearSplit::kColumns;
   const int64_t n = cols ? out : in, granule = cols ? granule_out : granule_in;
-  if (n % (parallel.tp_size * granule) == 0) return OkStatus();
+  if (n % (split_parts() * granule) == 0) return OkStatus();
   return InvalidArgumentError(fmt::format("{}: its {} ({}) do not split into {} tensor-parallel parts{}", prefix,
-                                          cols ? "output rows" : "input columns", n, parallel.tp_size,
+                                          cols ? "output rows" : "input columns", n, split_parts(),
                                           granule > 1 ? fmt::format(" of whole {}-wide blocks", granule) : ""));
 }
 

@@ -46,10 +46,16 @@ struct LinearSpec {
   double active_fraction = 1.0;
   LinearSplit split = LinearSplit::kReplicated;
   ParallelConfig parallel;
+  // The split's parts and this rank's part; 0: tp_size parts, part tp_rank. Fewer parts than ranks replicate a part
+  // on several ranks (KV projections with fewer KV heads than ranks: ParallelConfig::KvParts, KvPart).
+  int64_t parts = 0;
+  int64_t part = 0;
 
+  int64_t split_parts() const { return parts > 0 ? parts : parallel.tp_size; }
+  int64_t split_part() const { return parts > 0 ? part : parallel.tp_rank; }
   // This rank's shape.
-  int64_t local_out() const { return split == LinearSplit::kColumns ? parallel.Part(out) : out; }
-  int64_t local_in() const { return split == LinearSplit::kRows ? parallel.Part(in) : in; }
+  int64_t local_out() const { return split == LinearSplit::kColumns ? out / split_parts() : out; }
+  int64_t local_in() const { return split == LinearSplit::kRows ? in / split_parts() : in; }
   // The shard of a tensor whose dimension `out_dim` runs over outputs and `in_dim` over inputs (-1: none).
   WeightShard ShardFor(int out_dim, int in_dim) const;
   // Checks that this rank's share is whole: `out` or `in` (with `granule` rows per indivisible block, 1 for none) cut

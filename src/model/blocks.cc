@@ -48,11 +48,17 @@ void GatedMlp::Forward(Backend& be, const TensorView& x, const TensorView& out) 
 
 void GqaAttention::AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const ModelConfig& c) {
   b.RequireSplit("num_attention_heads", c.num_heads);
-  b.RequireSplit("num_key_value_heads", c.num_kv_heads);
+  b.RequireKvSplit(c.num_kv_heads);
   const int64_t h = c.hidden_size, q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   b.Linear(prefix + "q_proj", q_dim, h, {.bias = c.qkv_bias, .split = LinearSplit::kColumns});
-  b.Linear(prefix + "k_proj", kv_dim, h, {.bias = c.qkv_bias, .split = LinearSplit::kColumns});
-  b.Linear(prefix + "v_proj", kv_dim, h, {.bias = c.qkv_bias, .split = LinearSplit::kColumns});
+  // Fewer KV heads than ranks: each rank loads the one head its query heads read.
+  const ParallelConfig& par = b.parallel();
+  const LinearOptions kv = {.bias = c.qkv_bias,
+                            .split = LinearSplit::kColumns,
+                            .parts = par.KvParts(c.num_kv_heads),
+                            .part = par.KvPart(c.num_kv_heads)};
+  b.Linear(prefix + "k_proj", kv_dim, h, kv);
+  b.Linear(prefix + "v_proj", kv_dim, h, kv);
   b.Linear(prefix + "o_proj", h, q_dim, {.bias = c.o_bias, .split = LinearSplit::kRows});
 }
 
@@ -64,7 +70,7 @@ StatusOr<GqaAttention> GqaAttention::Bind(const WeightStore& w, Backend& be, con
   FATHOM_ASSIGN_OR_RETURN(a.qkv[2], w.Linear(prefix + "v_proj", be));
   FATHOM_ASSIGN_OR_RETURN(a.o, w.Linear(prefix + "o_proj", be));
   a.heads = par.Part(c.num_heads);
-  a.kv_heads = par.Part(c.num_kv_heads);
+  a.kv_heads = par.KvHeads(c.num_kv_heads);
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.interleaved = c.rope.interleaved;

@@ -19,7 +19,7 @@ void LlamaMlpSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& c) {
 KvCacheSpec LlamaKvSpec(const ModelConfig& c, const ParallelConfig& par) {
   KvCacheSpec k;
   k.num_layers = c.num_layers;
-  k.num_kv_heads = par.Part(c.num_kv_heads);
+  k.num_kv_heads = par.KvHeads(c.num_kv_heads);
   k.k_dim = c.head_dim;
   k.v_dim = c.head_dim;
   return k;

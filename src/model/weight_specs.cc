@@ -44,6 +44,8 @@ void WeightSpecBuilder::Linear(const std::string& prefix, int64_t out, int64_t i
   l.read_fraction = l.active_fraction = options.active;
   l.split = options.split;
   l.parallel = parallel_;
+  l.parts = options.parts;
+  l.part = options.part;
   status_ = AddLinearSpecs(*std::move(method), l, &specs_);
 }
 
@@ -51,6 +53,13 @@ void WeightSpecBuilder::RequireSplit(const char* what, int64_t n) {
   if (!status_.ok() || parallel_.Divides(n)) return;
   status_ = InvalidArgumentError(
       fmt::format("{} ({}) does not split into {} tensor-parallel ranks", what, n, parallel_.tp_size));
+}
+
+void WeightSpecBuilder::RequireKvSplit(int64_t num_kv_heads) {
+  if (!status_.ok() || parallel_.SplitsKvHeads(num_kv_heads)) return;
+  status_ = InvalidArgumentError(fmt::format(
+      "num_key_value_heads ({}) does not split into {} tensor-parallel ranks, nor do the ranks share its heads evenly",
+      num_kv_heads, parallel_.tp_size));
 }
 
 StatusOr<std::vector<WeightSpec>> WeightSpecBuilder::Finish() {

@@ -29,6 +29,8 @@ struct LinearOptions {
   LinearSplit split = LinearSplit::kReplicated;
   double active = 1.0;      // share of the layer one token reads and uses (routed experts: top_k / n_experts)
   bool quantizable = true;  // false: float in every checkpoint (DeepSeek's router, lm_head)
+  int64_t parts = 0;        // LinearSpec's: 0, tp_size parts; else that many, this rank holding `part`
+  int64_t part = 0;
 };
 
 class WeightSpecBuilder {
@@ -48,6 +50,8 @@ class WeightSpecBuilder {
 
   // Checks that `n` of `what` (a config key: "num_attention_heads") split evenly between the tensor-parallel ranks.
   void RequireSplit(const char* what, int64_t n);
+  // KV heads split into the ranks or shared by them (ParallelConfig::SplitsKvHeads); otherwise an error naming them.
+  void RequireKvSplit(int64_t num_kv_heads);
 
   // The specs in the order they were added, or the first error (an unsupported format, a split that does not divide).
   StatusOr<std::vector<WeightSpec>> Finish();

@@ -270,13 +270,38 @@ TEST(ShardTest, ColumnAndRowShardsSliceTheCheckpoint) {
   EXPECT_EQ(lw->in_features(), 64);
 }
 
+// Fewer KV heads than ranks (2 heads, tp = 4): each rank loads the one head its query heads read, whole (ranks 0
+// and 1 head 0, ranks 2 and 3 head 1), and its KV cache holds that one head.
+TEST(ShardTest, KvHeadsFewerThanTheRanksAreSharedByThem) {
+  const ModelConfig cfg = TinyConfig("llama3-distill-tiny");  // 8 heads of 16, 2 KV heads: k_proj [32, 128]
+  auto arch = FindArchitecture(cfg.architecture);
+  ASSERT_TRUE(arch.ok());
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    auto specs = Specs(cfg, {.tp_size = 4, .tp_rank = rank});
+    ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+    EXPECT_EQ(Find(*specs, "model.layers.0.self_attn.q_proj.weight").shape[0], cfg.num_heads * cfg.head_dim / 4);
+    for (const char* name : {"model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"}) {
+      const WeightSpec& kv = Find(*specs, name);
+      EXPECT_EQ(kv.shape[0], cfg.head_dim) << name;
+      EXPECT_EQ(kv.shard.parts, 2) << name;
+      EXPECT_EQ(kv.shard.index, rank / 2) << name;
+    }
+    EXPECT_EQ((*arch)->kv_cache_spec(cfg, {.tp_size = 4, .tp_rank = rank}).num_kv_heads, 1);
+  }
+}
+
 TEST(ShardTest, ShapesThatDoNotSplitAreRefusedByName) {
   auto specs = Specs(TinyConfig("llama3-distill-tiny"), {.tp_size = 3, .tp_rank = 0});
   EXPECT_EQ(specs.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(specs.status().message().find("num_attention_heads (8) does not split into 3"), std::string::npos)
       << specs.status().message();
-  specs = Specs(TinyConfig("llama3-distill-tiny"), {.tp_size = 4, .tp_rank = 0});  // 2 KV heads
-  EXPECT_NE(specs.status().message().find("num_key_value_heads (2)"), std::string::npos) << specs.status().message();
+  // KV heads that neither divide into the ranks nor are shared by them evenly (3 heads, 4 ranks).
+  ModelConfig three_kv = TinyConfig("llama3-distill-tiny");
+  three_kv.num_kv_heads = 3;
+  specs = Specs(three_kv, {.tp_size = 4, .tp_rank = 0});
+  EXPECT_EQ(specs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(specs.status().message().find("num_key_value_heads (3) does not split into 4"), std::string::npos)
+      << specs.status().message();
   // FP8's 128 x 128 blocks are never cut: V3-tiny's q_b_proj has 192 rows, 96 a rank at tp = 2.
   specs = Specs(TinyConfig("deepseek-v3-fp8-tiny"), {.tp_size = 2, .tp_rank = 0});
   EXPECT_EQ(specs.status().code(), StatusCode::kInvalidArgument);
