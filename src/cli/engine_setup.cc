@@ -8,10 +8,12 @@
 #include <filesystem>
 
 #include "cli/cli_util.h"
+#include "comm/local_group.h"
 #include "core/bytes.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 #include "engine/memory_plan.h"
+#include "engine/tensor_parallel.h"
 #include "model/registry.h"
 #include "model/weights.h"
 
@@ -30,6 +32,14 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
       ->group(model_group);
   cmd->add_option("--threads", o.threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)")->group(model_group);
   cmd->add_option("--weights-seed", o.weights_seed, "Seed of dummy weights")->capture_default_str()->group(model_group);
+
+  cmd->add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                  "Tensor-parallel ranks over one model (also -tp): heads, MLP and experts split between them, KV "
+                  "heads split or shared. On --device cpu the ranks are threads of this process; GPUs need NCCL "
+                  "ranks, not built yet")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64))
+      ->group("Parallel");
 
   const std::string engine_group = "Engine";
   cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block")
@@ -133,6 +143,35 @@ Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilizat
   return CheckBudgetFits(mem.total_bytes, mem.free_bytes, start_free_bytes, utilization, weights);
 }
 
+// --tensor-parallel-size N on the CPU: N ranks (rank 0 on `m`'s backend, the others on backends of their own), each
+// loading its shard, behind one TensorParallelModel.
+StatusOr<std::unique_ptr<Model>> LoadTensorParallel(const EngineOptions& o, const LoadedModel& m, LoadOptions lo) {
+  const int64_t tp = o.tensor_parallel_size;
+  if (m.backend->device() != Device::kCpu) {
+    return UnimplementedError(fmt::format(
+        "--tensor-parallel-size {} on {}: GPU ranks need NCCL communicators, which are not built yet (on --device "
+        "cpu the ranks are threads of this process)",
+        tp, o.device));
+  }
+  auto group = std::make_unique<LocalGroup>(tp);
+  std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(tp));
+  for (int64_t r = 0; r < tp; ++r) {
+    TensorParallelModel::Rank& rank = ranks[static_cast<size_t>(r)];
+    rank.comm = group->Rank(r);
+    if (r > 0) {
+      FATHOM_ASSIGN_OR_RETURN(rank.backend, MakeBackend(o.device));
+    }
+    lo.show_progress = r == 0;
+    auto model = LoadModel(m.folder, m.config, lo, r == 0 ? *m.backend : *rank.backend, *rank.comm);
+    if (!model.ok()) return model.status().WithContext(fmt::format("tensor-parallel rank {} of {}", r, tp));
+    rank.model = std::move(model).value();
+  }
+  FATHOM_LOG_INFO("tensor parallel: {} ranks on the CPU (threads), each loaded its shard", tp);
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelModel> model,
+                          TensorParallelModel::Create(std::move(group), std::move(ranks)));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
 }  // namespace
 
 StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoad tokenizer) {
@@ -160,6 +199,10 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
+  if (o.tensor_parallel_size > 1) {
+    FATHOM_ASSIGN_OR_RETURN(m.model, LoadTensorParallel(o, m, lo));
+    return m;
+  }
   auto model = LoadModel(m.folder, m.config, lo, *m.backend);
   if (!model.ok() && model.status().code() == StatusCode::kNotFound && format != LoadFormat::kDummy) {
     namespace fs = std::filesystem;

@@ -47,6 +47,8 @@ struct EngineOptions {
   bool enforce_eager = false;
   bool host_sampling = false;
   std::string kv_cache_dtype = "auto";
+  // Parallel.
+  int tensor_parallel_size = 1;  // --tensor-parallel-size / -tp: ranks over one model (threads on the CPU)
 };
 
 // Registers the model and engine flags on `cmd` in two option groups ("Model" and "Engine"). `model_required`:

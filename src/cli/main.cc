@@ -69,6 +69,14 @@ int main(int argc, char** argv) {
   fathom::AddRunCommand(app);
   fathom::AddServeCommand(app);
   fathom::AddTokenizerCommands(app);
+  // vLLM's -tp (CLI11 takes one letter after a single dash): the same as --tensor-parallel-size.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) {
+    if (a == "-tp") a = "--tensor-parallel-size";
+    arg_ptrs.push_back(a.data());
+  }
+  argv = arg_ptrs.data();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

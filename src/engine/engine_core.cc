@@ -4,18 +4,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/job_thread.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
+#include "engine/tensor_parallel.h"
 #include "obs/trace.h"
 
 namespace fathom {
@@ -239,57 +239,19 @@ EngineCore::EngineCore(Model& model, Backend& backend, EngineConfig config, KvCa
              std::move(sched::MakePolicy(config_.policy)).value(), now_),
       seed_source_(config_.seed ? *config_.seed : std::random_device{}()) {}
 
-// One job at a time on a thread of its own, which runs it on a small pool of its own (the thread counts as one of
-// the pool's): StartMasks submits the step's masks before the forward pass is issued and FinishMasks waits for them.
-// Not the default pool, which a CPU forward pass and the host sampler use.
+// The step's masks are one job on a JobThread of its own, which runs it on a small pool of its own (the thread counts
+// as one of the pool's): StartMasks submits it before the forward pass is issued and FinishMasks waits for it. Not the
+// default pool, which a CPU forward pass and the host sampler use.
 class EngineCore::MaskWorker {
  public:
-  explicit MaskWorker(int threads) : pool_(threads), thread_([this] { Loop(); }) {}
-  ~MaskWorker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+  explicit MaskWorker(int threads) : pool_(threads), thread_([] { obs::SetTraceThreadName("grammar masks"); }) {}
   ThreadPool& pool() { return pool_; }
-  void Submit(std::function<void()> job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    FATHOM_CHECK(!job_ && !running_, "a mask job is already pending");
-    job_ = std::move(job);
-    cv_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !job_ && !running_; });
-  }
+  void Submit(std::function<void()> job) { thread_.Submit(std::move(job)); }
+  void Wait() { thread_.Wait(); }
 
  private:
-  void Loop() {
-    obs::SetTraceThreadName("grammar masks");
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || job_; });
-      if (!job_) return;  // stopping, nothing pending
-      std::function<void()> job = std::move(job_);
-      job_ = nullptr;
-      running_ = true;
-      lock.unlock();
-      job();
-      lock.lock();
-      running_ = false;
-      cv_.notify_all();
-    }
-  }
-
   ThreadPool pool_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<void()> job_;
-  bool running_ = false;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
+  JobThread thread_;
 };
 
 EngineCore::~EngineCore() {
@@ -726,6 +688,9 @@ Status EngineCore::Step() {
     stats_.last_step_seqs = static_cast<int32_t>(plan.seqs.size());
   }
   Status status = CopyKvBlocks(backend_, kv_, plan.copies);
+  if (auto* tp = dynamic_cast<TensorParallelModel*>(&model_); tp != nullptr && status.ok()) {
+    status = tp->CopyKvBlocks(plan.copies);  // the other ranks' caches
+  }
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
   if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
   const std::vector<StepRow> rows = StepRows(plan);

@@ -771,11 +771,7 @@ TEST_P(EngineTest, ListenersAndStepObserverSeeEveryOutputAndStep) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest,
                          ::testing::Values("qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         testing::FixtureName);
 
 }  // namespace
 }  // namespace fathom

@@ -208,11 +208,7 @@ TEST_P(MlaPrefillGoldenTest, AbsorbedPrefillMatchesTheOracle) {
   ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "absorbed, uneven chunks");
 }
 
-std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  std::replace(s.begin(), s.end(), '-', '_');
-  return s;
-}
+using testing::FixtureName;
 
 // The delivered expected.safetensors of deepseek-v3-tiny and a re-run of transformers 5.17 / torch 2.11 (float32,
 // CPU; the same on CUDA without TF32) agree on every logit of cases 0-2 and on case3 up to position 30. At case3

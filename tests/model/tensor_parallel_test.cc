@@ -165,11 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelTest,
                          ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny",
                                            "qwen2-distill-tiny", "qwen2-tied-tiny", "deepseek-v2-lite-tiny",
                                            "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         testing::FixtureName);
 
 }  // namespace
 }  // namespace fathom

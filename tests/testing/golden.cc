@@ -83,4 +83,10 @@ float MaxAbsDiff(const float* a, const float* b, int64_t n) {
   return m;
 }
 
+std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
 }  // namespace fathom::testing

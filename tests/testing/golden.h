@@ -6,6 +6,8 @@
 //   std::vector<int32_t> table = blocks.Take(5);
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
@@ -17,6 +19,9 @@ namespace fathom::testing {
 
 std::string DataDir();
 std::string ModelDir(const std::string& name);
+// A fixture name as a gtest parameter name: "llama3-distill-tiny" -> "llama3_distill_tiny".
+//   INSTANTIATE_TEST_SUITE_P(Fixtures, MyTest, ::testing::Values("llama3-distill-tiny"), testing::FixtureName);
+std::string FixtureName(const ::testing::TestParamInfo<std::string>& info);
 
 struct GoldenCase {
   std::vector<int32_t> input_ids;  // [T]

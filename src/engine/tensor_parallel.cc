@@ -1,0 +1,95 @@
+#include "engine/tensor_parallel.h"
+
+#include <fmt/format.h>
+
+#include "engine/engine_core.h"
+#include "obs/trace.h"
+
+namespace fathom {
+
+StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::unique_ptr<LocalGroup> group,
+                                                                           std::vector<Rank> ranks) {
+  FATHOM_CHECK(group != nullptr && static_cast<int64_t>(ranks.size()) == group->size(), "{} ranks for a group of {}",
+               ranks.size(), group == nullptr ? 0 : group->size());
+  const KvCacheSpec want = ranks[0].model->kv_cache_spec();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    FATHOM_CHECK(
+        ranks[r].model != nullptr && ranks[r].comm != nullptr && ranks[r].comm->rank() == static_cast<int64_t>(r),
+        "rank {} is incomplete or out of place", r);
+    FATHOM_CHECK(r == 0 || ranks[r].backend != nullptr, "rank {} needs a backend of its own", r);
+    const KvCacheSpec got = ranks[r].model->kv_cache_spec();
+    if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
+        got.v_dim != want.v_dim || got.v_in_k != want.v_in_k) {
+      return InternalError(fmt::format("tensor-parallel rank {} has another KV cache layout than rank 0", r));
+    }
+  }
+  return std::unique_ptr<TensorParallelModel>(new TensorParallelModel(std::move(group), std::move(ranks)));
+}
+
+TensorParallelModel::TensorParallelModel(std::unique_ptr<LocalGroup> group, std::vector<Rank> ranks)
+    : group_(std::move(group)), ranks_(std::move(ranks)), caches_(ranks_.size()) {
+  threads_.resize(ranks_.size());
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    threads_[r] = std::make_unique<JobThread>([r] { obs::SetTraceThreadName(fmt::format("tp rank {}", r)); });
+  }
+}
+
+TensorParallelModel::~TensorParallelModel() {
+  for (auto& t : threads_) {
+    if (t != nullptr) t->Wait();
+  }
+  threads_.clear();  // before the caches and models the jobs used
+}
+
+Status TensorParallelModel::EnsureCaches(const KvCache& kv) {
+  if (caches_.size() > 1 && caches_[1].num_blocks() == kv.num_blocks() && caches_[1].block_size() == kv.block_size() &&
+      caches_[1].dtype() == kv.dtype()) {
+    return OkStatus();
+  }
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    FATHOM_ASSIGN_OR_RETURN(caches_[r], KvCache::Allocate(*ranks_[r].backend, ranks_[r].model->kv_cache_spec(),
+                                                          kv.dtype(), kv.num_blocks(), kv.block_size()));
+  }
+  return OkStatus();
+}
+
+Status TensorParallelModel::Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
+  if (!broken_.ok()) return broken_;
+  FATHOM_RETURN_IF_ERROR(EnsureCaches(kv));
+  const size_t n = ranks_.size();
+  std::vector<Status> status(n);
+  std::vector<Tensor> unused(n);  // the other ranks' logits (the same as rank 0's)
+  for (size_t r = 1; r < n; ++r) {
+    threads_[r]->Submit([this, r, &batch, &status, &unused] {
+      status[r] = ranks_[r].model->Forward(batch, caches_[r], &unused[r]);
+      if (!status[r].ok()) group_->Abort(status[r].WithContext(fmt::format("tensor-parallel rank {}", r)));
+    });
+  }
+  status[0] = ranks_[0].model->Forward(batch, kv, logits);
+  if (!status[0].ok()) group_->Abort(status[0].WithContext("tensor-parallel rank 0"));
+  for (size_t r = 1; r < n; ++r) threads_[r]->Wait();
+  for (size_t r = 0; r < n; ++r) {
+    if (status[r].ok()) continue;
+    // The first failing rank's own error, or the abort that another rank's failure made (which names that rank).
+    broken_ = status[r].message().find("tensor-parallel rank") == std::string::npos
+                  ? status[r].WithContext(fmt::format("tensor-parallel rank {}", r))
+                  : status[r];
+    return broken_;
+  }
+  return OkStatus();
+}
+
+void TensorParallelModel::set_run_options(const ModelRunOptions& options) {
+  for (Rank& r : ranks_) r.model->set_run_options(options);
+}
+
+Status TensorParallelModel::CopyKvBlocks(std::span<const kv::BlockCopy> copies) {
+  if (copies.empty()) return OkStatus();
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    if (caches_[r].num_blocks() == 0) continue;  // nothing written there yet
+    FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(*ranks_[r].backend, caches_[r], copies));
+  }
+  return OkStatus();
+}
+
+}  // namespace fathom

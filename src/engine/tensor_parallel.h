@@ -1,0 +1,59 @@
+// One model over several tensor-parallel ranks, seen by the engine as one Model: the engine's thread runs rank 0
+// (on the engine's backend, with the engine's KV cache) and a JobThread each runs the other ranks, every rank the
+// same ForwardBatch in lockstep; the ranks meet at their Communicator's collectives inside the forward pass. One
+// scheduler and one block table serve all ranks: each rank's KV cache has the same blocks (its own heads), and
+// block copies (copy-on-write) are made on every rank. Logits come from rank 0 (every rank holds the same).
+//
+//   // ranks[r] = {backend (null for rank 0: the engine's), communicator, model loaded for rank r}
+//   FATHOM_ASSIGN_OR_RETURN(auto tp, TensorParallelModel::Create(std::move(group), std::move(ranks)));
+//   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*tp, engine_backend, config, text));
+//
+// A rank's failure fails the step on every rank (the group is aborted, so no rank waits at a collective) and every
+// later step with the same error: the model is then unusable, as a failed GPU would leave it. Built for the CPU
+// backend with a LocalGroup (its ranks are threads); the GPU layout takes NCCL communicators in the same place.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/local_group.h"
+#include "core/job_thread.h"
+#include "kv/kv_cache_manager.h"
+#include "model/model.h"
+
+namespace fathom {
+
+class TensorParallelModel final : public Model {
+ public:
+  struct Rank {
+    std::unique_ptr<Backend> backend;  // null for rank 0 (the engine's backend, which the caller owns)
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Model> model;
+  };
+  // ranks[0] is rank 0. Every rank's model must have rank 0's config and KV cache spec.
+  static StatusOr<std::unique_ptr<TensorParallelModel>> Create(std::unique_ptr<LocalGroup> group,
+                                                               std::vector<Rank> ranks);
+  ~TensorParallelModel() override;
+
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+  const ModelConfig& config() const override { return ranks_[0].model->config(); }
+  KvCacheSpec kv_cache_spec() const override { return ranks_[0].model->kv_cache_spec(); }
+  // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).
+  Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override;
+  void set_run_options(const ModelRunOptions& options) override;
+  // The engine's block copies, made on the ranks other than 0 (the engine makes rank 0's on its cache).
+  Status CopyKvBlocks(std::span<const kv::BlockCopy> copies);
+
+ private:
+  TensorParallelModel(std::unique_ptr<LocalGroup> group, std::vector<Rank> ranks);
+  Status EnsureCaches(const KvCache& kv);
+
+  std::unique_ptr<LocalGroup> group_;
+  std::vector<Rank> ranks_;
+  std::vector<KvCache> caches_;                      // [size] ranks' caches; caches_[0] unused (the engine's)
+  std::vector<std::unique_ptr<JobThread>> threads_;  // [size] ranks' threads; threads_[0] null
+  Status broken_;
+};
+
+}  // namespace fathom

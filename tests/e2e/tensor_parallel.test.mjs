@@ -1,0 +1,54 @@
+// Tensor parallelism on the CPU: `fathom serve --tensor-parallel-size 2` (and vLLM's -tp) on the built-in demo
+// (DeepSeek-V3 architecture: MLA and MoE split over two ranks, threads of one process) serves through the openai
+// client, and its greedy outputs, alone, batched and streamed, are those of one rank; a split the model does not
+// allow ends the server at startup with the dimension named.
+import assert from 'node:assert/strict';
+import {spawnSync} from 'node:child_process';
+import {after, before, test} from 'node:test';
+import OpenAI from 'openai';
+
+import {fathomBin, startServer} from './lib/fathom.mjs';
+
+const prompts = ['Hello', 'def fib(n):', 'The capital of France is', '1, 2, 3,', 'Once upon a time', '{"a":'];
+let one, two;
+
+async function greedy(srv) {
+  const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x', maxRetries: 0});
+  const ask = (prompt) => client.completions.create({model: 'deepseek-v3-demo', prompt, max_tokens: 12,
+                                                     temperature: 0, ignore_eos: true});
+  const alone = [];
+  for (const p of prompts) alone.push((await ask(p)).choices[0].text);
+  const batched = (await Promise.all(prompts.map(ask))).map((r) => r.choices[0].text);
+  const stream = await client.chat.completions.create({model: 'deepseek-v3-demo', stream: true, max_tokens: 12,
+                                                       temperature: 0, messages: [{role: 'user', content: 'Hi'}]});
+  let chat = '';
+  for await (const chunk of stream) chat += chunk.choices[0]?.delta?.content ?? '';
+  return {alone, batched, chat};
+}
+
+before(async () => {
+  one = await startServer(['--max-model-len', '512']);
+  two = await startServer(['-tp', '2', '--max-model-len', '512']);
+});
+
+after(async () => {
+  assert.equal(await one.stop(), 0, one.stderr);
+  assert.equal(await two.stop(), 0, two.stderr);
+});
+
+test('two ranks give the greedy outputs of one, alone, batched and streamed', async () => {
+  assert.match(two.stderr, /tensor parallel: 2 ranks on the CPU/);
+  const want = await greedy(one);
+  const got = await greedy(two);
+  assert.ok(want.alone.every((t) => t.length > 0));
+  assert.deepEqual(got.alone, want.alone);
+  assert.deepEqual(got.batched, want.alone);
+  assert.equal(got.chat, want.chat);
+});
+
+test('a split the model does not allow ends the server at startup, naming the dimension', () => {
+  const r = spawnSync(fathomBin, ['serve', '--port', '0', '--tensor-parallel-size', '3'], {encoding: 'utf8',
+                                                                                       timeout: 120000});
+  assert.notEqual(r.status, 0, r.stderr);
+  assert.match(r.stderr, /does not split into 3 tensor-parallel/);
+});

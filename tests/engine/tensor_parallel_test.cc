@@ -1,0 +1,162 @@
+// The engine over TensorParallelModel on the CPU: ranks as threads, one scheduler, every rank's KV cache following
+// the one block table (copy-on-write copies included), and a rank's failure failing the step, never hanging it.
+#include "engine/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine_core.h"
+#include "io/model_config.h"
+#include "model/registry.h"
+#include "testing/golden.h"
+
+namespace fathom {
+namespace {
+
+// A CpuBackend whose Synchronize fails once armed (a device error at the end of a rank's forward pass).
+class FailingCpuBackend : public CpuBackend {
+ public:
+  bool fail = false;
+  Status Synchronize() override {
+    return fail ? InternalError("injected failure on this rank") : CpuBackend::Synchronize();
+  }
+};
+
+struct Outputs {
+  std::map<std::string, std::map<int32_t, std::vector<int32_t>>> tokens;  // request -> sample -> tokens
+};
+
+class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::ModelDir(GetParam());
+    StatusOr<ModelConfig> cfg = LoadModelConfig(dir_);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    cfg_ = *cfg;
+    StatusOr<testing::GoldenSet> g = testing::LoadGolden(dir_);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    golden_ = std::move(g).value();
+  }
+
+  // The model at `tp` ranks: rank 0 on rank0_, the others on backends of their own (rank r's is backends_[r]).
+  std::unique_ptr<Model> Load(int64_t tp) {
+    LoadOptions opts;
+    opts.show_progress = false;
+    if (tp == 1) {
+      auto m = LoadModel(dir_, cfg_, opts, rank0_);
+      FATHOM_CHECK(m.ok(), "{}", m.status().ToString());
+      return std::move(m).value();
+    }
+    auto group = std::make_unique<LocalGroup>(tp, std::chrono::seconds(20));
+    std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(tp));
+    backends_.assign(static_cast<size_t>(tp), nullptr);
+    for (int64_t r = 0; r < tp; ++r) {
+      auto& rank = ranks[static_cast<size_t>(r)];
+      rank.comm = group->Rank(r);
+      if (r > 0) {
+        auto be = std::make_unique<FailingCpuBackend>();
+        backends_[static_cast<size_t>(r)] = be.get();
+        rank.backend = std::move(be);
+      }
+      auto m = LoadModel(dir_, cfg_, opts, r == 0 ? rank0_ : *rank.backend, *rank.comm);
+      FATHOM_CHECK(m.ok(), "{}", m.status().ToString());
+      rank.model = std::move(m).value();
+    }
+    auto tpm = TensorParallelModel::Create(std::move(group), std::move(ranks));
+    FATHOM_CHECK(tpm.ok(), "{}", tpm.status().ToString());
+    return std::move(tpm).value();
+  }
+
+  static EngineConfig Config() {
+    EngineConfig c;
+    c.num_blocks = 128;
+    c.block_size = 16;
+    c.seed = 3;
+    return c;
+  }
+
+  // Four requests (the oracle prompts): greedy, greedy with n = 3 (its samples fork from a partly filled block, so
+  // the engine copies it on every rank), sampled, and one sharing the first's prompt (a prefix-cache hit).
+  Outputs Generate(Model& model) {
+    auto core = EngineCore::Create(model, rank0_, Config(), nullptr);
+    FATHOM_CHECK(core.ok(), "{}", core.status().ToString());
+    std::vector<std::pair<std::string, EngineRequest>> reqs;
+    for (int i = 0; i < 4; ++i) {
+      SamplingParams p;
+      p.max_tokens = 12;
+      p.ignore_eos = true;
+      p.temperature = i == 2 ? 0.8f : 0.0f;
+      p.seed = 11;
+      p.n = i == 1 ? 3 : 1;
+      const auto& prompt = golden_.cases[static_cast<size_t>(i == 3 ? 0 : i)].input_ids;
+      reqs.emplace_back("r" + std::to_string(i),
+                        EngineRequest{.id = "r" + std::to_string(i), .prompt = prompt, .sampling = p});
+    }
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (auto& [id, req] : reqs) {
+      streams.push_back(std::make_shared<RequestStream>(id, req.sampling.n));
+      FATHOM_CHECK((*core)->AddRequest(req, streams.back()).ok());
+    }
+    while ((*core)->HasUnfinished()) FATHOM_CHECK((*core)->Step().ok());
+    Outputs run;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      while (std::optional<RequestOutput> o = streams[i]->TryNext()) {
+        auto& t = run.tokens[reqs[i].first][o->index];
+        t.insert(t.end(), o->token_ids.begin(), o->token_ids.end());
+      }
+    }
+    EXPECT_EQ((*core)->Stats().num_free_blocks, 128);
+    return run;
+  }
+
+  std::string dir_;
+  ModelConfig cfg_;
+  testing::GoldenSet golden_;
+  CpuBackend rank0_;
+  std::vector<FailingCpuBackend*> backends_;
+};
+
+TEST_P(TensorParallelEngineTest, RanksGiveTheTokensOfOneRank) {
+  std::unique_ptr<Model> whole = Load(1);
+  const Outputs want = Generate(*whole);
+  ASSERT_EQ(want.tokens.at("r1").size(), 3u);
+  for (const int64_t tp : {2, 4}) {
+    std::unique_ptr<Model> split = Load(tp);
+    const Outputs got = Generate(*split);
+    EXPECT_EQ(got.tokens, want.tokens) << "tp " << tp;
+  }
+}
+
+TEST_P(TensorParallelEngineTest, ARankThatFailsFailsTheStepAndEveryLaterOne) {
+  std::unique_ptr<Model> split = Load(2);
+  auto core = EngineCore::Create(*split, rank0_, Config(), nullptr);
+  ASSERT_TRUE(core.ok());
+  auto s = std::make_shared<RequestStream>("a", 1);
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  ASSERT_TRUE((*core)->AddRequest({.id = "a", .prompt = golden_.cases[0].input_ids, .sampling = p}, s).ok());
+  ASSERT_TRUE((*core)->Step().ok());
+  backends_[1]->fail = true;
+  const Status failed = (*core)->Step();
+  EXPECT_EQ(failed.code(), StatusCode::kInternal);
+  EXPECT_NE(failed.message().find("tensor-parallel rank 1"), std::string::npos) << failed.ToString();
+  EXPECT_NE(failed.message().find("injected failure on this rank"), std::string::npos) << failed.ToString();
+  EXPECT_TRUE(s->finished());
+  // The model stays failed (as a lost GPU would leave it): the next request fails at once, with the same reason.
+  backends_[1]->fail = false;
+  auto s2 = std::make_shared<RequestStream>("b", 1);
+  ASSERT_TRUE((*core)->AddRequest({.id = "b", .prompt = golden_.cases[1].input_ids, .sampling = p}, s2).ok());
+  const Status again = (*core)->Step();
+  EXPECT_NE(again.message().find("injected failure on this rank"), std::string::npos) << again.ToString();
+  EXPECT_TRUE(s2->finished());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelEngineTest,
+                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v3-tiny"),
+                         testing::FixtureName);
+
+}  // namespace
+}  // namespace fathom
