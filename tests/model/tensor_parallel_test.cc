@@ -1,6 +1,6 @@
 // Tensor parallelism on the CPU backend: each fixture split over tp = 2 and 4 ranks (threads of this process, a
-// LocalGroup between them, a CpuBackend each) gives the logits of the whole model (tp = 1) to 2e-4, whole prompts
-// batched and chunked; a split the model's shapes do not allow is refused by name.
+// LocalGroup between them, a CpuBackend each) gives the logits of the whole model (tp = 1) to 2e-4, whole prompts,
+// chunks and token by token, the four cases batched; a split the model's shapes do not allow is refused by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -127,7 +127,7 @@ class TensorParallelTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TensorParallelTest, EveryRankGivesTheWholeModelsLogits) {
   const int64_t vocab = cfg_.vocab_size;
-  for (const std::vector<int>& pattern : {std::vector<int>{0}, std::vector<int>{5, 1, 0}}) {
+  for (const std::vector<int>& pattern : {std::vector<int>{0}, std::vector<int>{5, 1, 0}, std::vector<int>{1}}) {
     const std::vector<std::vector<float>> whole = Whole(pattern);
     for (const int64_t tp : {2, 4}) {
       StatusOr<std::vector<std::vector<std::vector<float>>>> split = Split(tp, pattern);
