@@ -59,46 +59,10 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   // Runs all cases together; each step takes the next chunk of every unfinished case, with sizes cycling through
   // `pattern` (0 = the whole rest). Returns every position's logits per case.
   std::vector<std::vector<float>> RunChunked(const std::vector<int>& pattern) {
-    const size_t n = golden_.cases.size();
-    KvCache kv = NewCache(64);
-    ScatteredBlocks blocks(64, 17);
-    std::vector<std::vector<int32_t>> tables(n);
-    std::vector<int32_t> done(n, 0);
-    std::vector<std::vector<float>> out(n);
-    for (size_t c = 0; c < n; ++c) {
-      const int32_t len = static_cast<int32_t>(golden_.cases[c].input_ids.size());
-      tables[c] = blocks.Take((len + kBlockSize - 1) / kBlockSize);
-    }
-    size_t step = 0;
-    for (;;) {
-      ForwardBatch batch(kBlockSize);
-      std::vector<std::pair<size_t, int32_t>> rows;  // case, count
-      for (size_t c = 0; c < n; ++c) {
-        const auto& ids = golden_.cases[c].input_ids;
-        const int32_t left = static_cast<int32_t>(ids.size()) - done[c];
-        if (left == 0) continue;
-        const int want = pattern[(step + c) % pattern.size()];
-        const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
-        batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c], tables[c],
-                          LogitsMode::kAll);
-        rows.emplace_back(c, take);
-        done[c] += take;
-      }
-      if (rows.empty()) break;
-      Tensor logits;
-      Status s = model_->Forward(batch, kv, &logits);
-      EXPECT_TRUE(s.ok()) << s.ToString();
-      if (!s.ok()) return {};
-      std::vector<float> h = ToHost(logits);
-      size_t r = 0;
-      for (auto [c, count] : rows) {
-        out[c].insert(out[c].end(), h.begin() + static_cast<int64_t>(r) * vocab_,
-                      h.begin() + static_cast<int64_t>(r + static_cast<size_t>(count)) * vocab_);
-        r += static_cast<size_t>(count);
-      }
-      ++step;
-    }
-    return out;
+    StatusOr<std::vector<std::vector<float>>> out =
+        testing::ForwardCasesChunked(*model_, cpu_, golden_, pattern, /*block_seed=*/17, kBlockSize);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? *std::move(out) : std::vector<std::vector<float>>{};
   }
 
   void ExpectMatchesOracle(const std::vector<std::vector<float>>& got, const std::string& how) {

@@ -21,49 +21,6 @@ using testing::MaxAbsDiff;
 using testing::ModelDir;
 
 constexpr float kTolerance = 2e-4f;
-constexpr int32_t kBlockSize = 16;
-
-// Every case's logits at every position, the four cases batched; each step takes the next chunk of every case, the
-// chunk sizes cycling through `pattern` (0: the whole rest).
-StatusOr<std::vector<std::vector<float>>> RunCases(Model& model, Backend& be, const GoldenSet& golden,
-                                                   const std::vector<int>& pattern) {
-  const size_t n = golden.cases.size();
-  const int64_t vocab = model.config().vocab_size;
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(be, model.kv_cache_spec(), DType::kF32, 64, kBlockSize));
-  testing::ScatteredBlocks blocks(64, 5);
-  std::vector<std::vector<int32_t>> tables(n);
-  std::vector<int32_t> done(n, 0);
-  std::vector<std::vector<float>> out(n);
-  for (size_t c = 0; c < n; ++c) {
-    tables[c] = blocks.Take(static_cast<int32_t>((golden.cases[c].input_ids.size() + kBlockSize - 1) / kBlockSize));
-  }
-  for (size_t step = 0;; ++step) {
-    ForwardBatch batch(kBlockSize);
-    std::vector<std::pair<size_t, int32_t>> rows;  // case, tokens
-    for (size_t c = 0; c < n; ++c) {
-      const auto& ids = golden.cases[c].input_ids;
-      const int32_t left = static_cast<int32_t>(ids.size()) - done[c];
-      if (left == 0) continue;
-      const int want = pattern[(step + c) % pattern.size()];
-      const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
-      batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c], tables[c],
-                        LogitsMode::kAll);
-      rows.emplace_back(c, take);
-      done[c] += take;
-    }
-    if (rows.empty()) return out;
-    Tensor logits;  // [tokens, vocab]
-    FATHOM_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
-    std::vector<float> h(static_cast<size_t>(logits.numel()));
-    FATHOM_RETURN_IF_ERROR(be.CopyToHost(logits, h.data()));
-    size_t r = 0;
-    for (auto [c, count] : rows) {
-      out[c].insert(out[c].end(), h.begin() + static_cast<int64_t>(r) * vocab,
-                    h.begin() + static_cast<int64_t>(r + static_cast<size_t>(count)) * vocab);
-      r += static_cast<size_t>(count);
-    }
-  }
-}
 
 class TensorParallelTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -84,7 +41,8 @@ class TensorParallelTest : public ::testing::TestWithParam<std::string> {
     opts.show_progress = false;
     StatusOr<std::unique_ptr<Model>> m = LoadModel(dir_, cfg_, opts, be);
     FATHOM_CHECK(m.ok(), "{}", m.status().ToString());
-    StatusOr<std::vector<std::vector<float>>> out = RunCases(**m, be, golden_, pattern);
+    StatusOr<std::vector<std::vector<float>>> out =
+        testing::ForwardCasesChunked(**m, be, golden_, pattern, /*block_seed=*/5);
     FATHOM_CHECK(out.ok(), "{}", out.status().ToString());
     return *out;
   }
@@ -107,7 +65,7 @@ class TensorParallelTest : public ::testing::TestWithParam<std::string> {
           per_rank[static_cast<size_t>(r)] = m.status();
           return;
         }
-        per_rank[static_cast<size_t>(r)] = RunCases(**m, be, golden_, pattern);
+        per_rank[static_cast<size_t>(r)] = testing::ForwardCasesChunked(**m, be, golden_, pattern, /*block_seed=*/5);
         if (!per_rank[static_cast<size_t>(r)].ok()) group.Abort(per_rank[static_cast<size_t>(r)].status());
       });
     }

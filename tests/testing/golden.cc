@@ -83,6 +83,48 @@ float MaxAbsDiff(const float* a, const float* b, int64_t n) {
   return m;
 }
 
+StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Backend& backend, const GoldenSet& golden,
+                                                              const std::vector<int>& pattern, uint32_t block_seed,
+                                                              int32_t block_size) {
+  const size_t n = golden.cases.size();
+  const int64_t vocab = model.config().vocab_size;
+  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, model.kv_cache_spec(), DType::kF32, 64, block_size));
+  ScatteredBlocks blocks(64, block_seed);
+  std::vector<std::vector<int32_t>> tables(n);
+  std::vector<int32_t> done(n, 0);
+  std::vector<std::vector<float>> out(n);
+  for (size_t c = 0; c < n; ++c) {
+    const auto len = static_cast<int32_t>(golden.cases[c].input_ids.size());
+    tables[c] = blocks.Take((len + block_size - 1) / block_size);
+  }
+  for (size_t step = 0;; ++step) {
+    ForwardBatch batch(block_size);
+    std::vector<std::pair<size_t, int32_t>> rows;  // case, tokens
+    for (size_t c = 0; c < n; ++c) {
+      const auto& ids = golden.cases[c].input_ids;
+      const int32_t left = static_cast<int32_t>(ids.size()) - done[c];
+      if (left == 0) continue;
+      const int want = pattern[(step + c) % pattern.size()];
+      const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
+      batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c], tables[c],
+                        LogitsMode::kAll);
+      rows.emplace_back(c, take);
+      done[c] += take;
+    }
+    if (rows.empty()) return out;
+    Tensor logits;  // [tokens, vocab]
+    FATHOM_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+    std::vector<float> h(static_cast<size_t>(logits.numel()));
+    FATHOM_RETURN_IF_ERROR(backend.CopyToHost(logits, h.data()));
+    size_t r = 0;
+    for (const auto& [c, count] : rows) {
+      out[c].insert(out[c].end(), h.begin() + static_cast<int64_t>(r) * vocab,
+                    h.begin() + static_cast<int64_t>(r + static_cast<size_t>(count)) * vocab);
+      r += static_cast<size_t>(count);
+    }
+  }
+}
+
 std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   std::replace(s.begin(), s.end(), '-', '_');

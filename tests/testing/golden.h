@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/model.h"
 
 namespace fathom::testing {
 
@@ -57,5 +58,12 @@ class ScatteredBlocks {
 };
 
 float MaxAbsDiff(const float* a, const float* b, int64_t n);
+
+// Runs every case of `golden` through `model` on a fresh f32 cache of 64 blocks (block tables from ScatteredBlocks
+// with `block_seed`), the cases batched: each step takes the next chunk of every unfinished case, the chunk sizes
+// cycling through `pattern` (0: the whole rest). Returns every position's logits, per case ([T, vocab] each).
+StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Backend& backend, const GoldenSet& golden,
+                                                              const std::vector<int>& pattern, uint32_t block_seed,
+                                                              int32_t block_size = 16);
 
 }  // namespace fathom::testing
