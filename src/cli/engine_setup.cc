@@ -14,10 +14,28 @@
 #include "core/thread_pool.h"
 #include "engine/memory_plan.h"
 #include "engine/tensor_parallel.h"
+#ifdef FATHOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl.h"
+#endif
 #include "model/registry.h"
 #include "model/weights.h"
 
 namespace fathom {
+
+void AddParallelOptions(CLI::App* cmd, ParallelOptions& o) {
+  cmd->add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                  "Tensor-parallel ranks over one model (also -tp): heads, MLP and experts split between them, KV "
+                  "heads split or shared. On --device cpu the ranks are threads of this process; GPUs need NCCL "
+                  "ranks, not built yet")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64))
+      ->group("Parallel");
+  cmd->add_flag("--enable-expert-parallel", o.enable_expert_parallel,
+                "MoE models: divide the routed experts among the tensor-parallel ranks, each expert whole on one "
+                "rank, instead of splitting every expert's FFN (attention and shared experts stay tensor-parallel)")
+      ->group("Parallel");
+}
 
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
   const std::string model_group = "Model";
@@ -33,13 +51,7 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
   cmd->add_option("--threads", o.threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)")->group(model_group);
   cmd->add_option("--weights-seed", o.weights_seed, "Seed of dummy weights")->capture_default_str()->group(model_group);
 
-  cmd->add_option("--tensor-parallel-size", o.tensor_parallel_size,
-                  "Tensor-parallel ranks over one model (also -tp): heads, MLP and experts split between them, KV "
-                  "heads split or shared. On --device cpu the ranks are threads of this process; GPUs need NCCL "
-                  "ranks, not built yet")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64))
-      ->group("Parallel");
+  AddParallelOptions(cmd, o.parallel);
 
   const std::string engine_group = "Engine";
   cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block")
@@ -133,46 +145,102 @@ StatusOr<MlaPrefill> MlaPrefillFromEnvironment() {
   return InvalidArgumentError(fmt::format("FATHOM_MLA_PREFILL='{}': use up, absorbed or auto", s));
 }
 
-// Before loading onto a GPU: the utilization budget must have been free at startup and hold the weights.
-Status CheckWeightsFit(const ModelConfig& cfg, Backend& backend, double utilization, int64_t start_free_bytes) {
+// $FATHOM_FORCE_TENSOR_PARALLEL=1: tp = 1 also runs through TensorParallelModel and a real communicator (NCCL on a
+// GPU), to measure that path's cost against the plain one and to exercise NCCL on one GPU.
+bool ForceParallelPath() {
+  const char* v = std::getenv("FATHOM_FORCE_TENSOR_PARALLEL");
+  return v != nullptr && std::string(v) == "1";
+}
+
+#ifdef FATHOM_HAVE_CUDA
+void* CudaStream(Backend& b) {
+  auto* gpu = dynamic_cast<CudaBackend*>(&b);
+  FATHOM_CHECK(gpu != nullptr, "a CUDA device without a CudaBackend");
+  return gpu->stream();
+}
+#endif
+
+// Before loading onto a GPU: the utilization budget must have been free at startup and hold the weights (rank 0's
+// share under tensor parallelism).
+Status CheckWeightsFit(const ModelConfig& cfg, const ParallelOptions& po, Backend& backend, double utilization,
+                       int64_t start_free_bytes) {
   const DeviceMemoryInfo mem = backend.MemoryInfo();
   if (mem.total_bytes <= 0) return OkStatus();
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
-  FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(cfg));
+  const ParallelConfig par{.tp_size = po.tensor_parallel_size, .expert_parallel = po.enable_expert_parallel};
+  FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(cfg, par));
   const int64_t weights = ComputeWeightStats(specs, nullptr).total_bytes;
   return CheckBudgetFits(mem.total_bytes, mem.free_bytes, start_free_bytes, utilization, weights);
 }
 
-// --tensor-parallel-size N on the CPU: N ranks (rank 0 on `m`'s backend, the others on backends of their own), each
-// loading its shard, behind one TensorParallelModel.
-StatusOr<std::unique_ptr<Model>> LoadTensorParallel(const EngineOptions& o, const LoadedModel& m, LoadOptions lo) {
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, const std::string& device,
+                                                   const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
+                                                   Backend& backend) {
   const int64_t tp = o.tensor_parallel_size;
-  if (m.backend->device() != Device::kCpu) {
-    return UnimplementedError(fmt::format(
-        "--tensor-parallel-size {} on {}: GPU ranks need NCCL communicators, which are not built yet (on --device "
-        "cpu the ranks are threads of this process)",
-        tp, o.device));
+  if (tp <= 1 && !ForceParallelPath()) return LoadModel(folder, cfg, lo, backend);
+  const bool gpu = backend.device() == Device::kCuda;
+  // Rank r's backend: rank 0 is `backend`; on GPUs rank r takes the r-th device from --device's (cuda:K: K + r).
+  std::vector<std::unique_ptr<Backend>> backends(static_cast<size_t>(tp));
+  std::vector<int> devices;
+  int first = 0;
+  if (gpu && device.size() > 5) first = std::atoi(device.c_str() + 5);
+  for (int64_t r = 1; r < tp; ++r) {
+    const std::string name = gpu ? fmt::format("cuda:{}", first + r) : device;
+    auto b = MakeBackend(name);
+    if (!b.ok()) {
+      return b.status().WithContext(
+          fmt::format("--tensor-parallel-size {}: rank {} needs {}{}", tp, r, name,
+                      gpu ? fmt::format(" (ranks take cuda:{} to cuda:{})", first, first + tp - 1) : ""));
+    }
+    backends[static_cast<size_t>(r)] = std::move(b).value();
   }
-  auto group = std::make_unique<LocalGroup>(tp);
+  std::unique_ptr<CommGroup> group;
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(tp));
+  if (gpu) {
+#ifdef FATHOM_HAVE_CUDA
+    std::vector<void*> streams;
+    for (int64_t r = 0; r < tp; ++r) {
+      Backend& b = r == 0 ? backend : *backends[static_cast<size_t>(r)];
+      devices.push_back(static_cast<int>(first + r));
+      streams.push_back(CudaStream(b));
+    }
+    auto nccl = NcclGroup::CreateLocal(devices, streams, o.enable_expert_parallel);
+    if (!nccl.ok()) return nccl.status().WithContext(fmt::format("--tensor-parallel-size {} on {}", tp, device));
+    for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = (*nccl)->Rank(r);
+    group = std::move(nccl).value();
+#else
+    return UnimplementedError("this fathom was built without CUDA, so without NCCL");
+#endif
+  } else {
+    auto local = std::make_unique<LocalGroup>(tp);
+    for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = local->Rank(r, o.enable_expert_parallel);
+    group = std::move(local);
+  }
   std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(tp));
   for (int64_t r = 0; r < tp; ++r) {
     TensorParallelModel::Rank& rank = ranks[static_cast<size_t>(r)];
-    rank.comm = group->Rank(r);
-    if (r > 0) {
-      FATHOM_ASSIGN_OR_RETURN(rank.backend, MakeBackend(o.device));
-    }
-    lo.show_progress = r == 0;
-    auto model = LoadModel(m.folder, m.config, lo, r == 0 ? *m.backend : *rank.backend, *rank.comm);
+    rank.comm = std::move(comms[static_cast<size_t>(r)]);
+    rank.backend = std::move(backends[static_cast<size_t>(r)]);
+    Backend& b = r == 0 ? backend : *rank.backend;
+    FATHOM_RETURN_IF_ERROR(b.MakeCurrent());
+    lo.show_progress = lo.show_progress && r == 0;
+    auto model = LoadModel(folder, cfg, lo, b, *rank.comm);
     if (!model.ok()) return model.status().WithContext(fmt::format("tensor-parallel rank {} of {}", r, tp));
     rank.model = std::move(model).value();
   }
-  FATHOM_LOG_INFO("tensor parallel: {} ranks on the CPU (threads), each loaded its shard", tp);
+  FATHOM_RETURN_IF_ERROR(backend.MakeCurrent());  // the engine's thread runs rank 0
+  FATHOM_LOG_INFO("tensor parallel: {} ranks {}, each loaded its shard{}", tp,
+                  gpu ? fmt::format("on cuda:{}..cuda:{} (NCCL, a thread each)", first, first + tp - 1)
+                      : std::string("on the CPU (threads)"),
+                  o.enable_expert_parallel && cfg.moe.n_routed_experts > 0
+                      ? fmt::format("; expert parallel: {} routed experts a rank", cfg.moe.n_routed_experts / tp)
+                      : std::string());
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelModel> model,
                           TensorParallelModel::Create(std::move(group), std::move(ranks)));
   return std::unique_ptr<Model>(std::move(model));
 }
-
-}  // namespace
 
 StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoad tokenizer) {
   if (o.threads > 0) SetDefaultThreadCount(o.threads);
@@ -193,14 +261,15 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   FATHOM_ASSIGN_OR_RETURN(m.backend, MakeBackend(o.device));
   const DeviceMemoryInfo start = m.backend->MemoryInfo();
   if (start.total_bytes > 0) m.start_free_bytes = start.free_bytes;
-  FATHOM_RETURN_IF_ERROR(CheckWeightsFit(m.config, *m.backend, o.gpu_memory_utilization, m.start_free_bytes));
+  FATHOM_RETURN_IF_ERROR(
+      CheckWeightsFit(m.config, o.parallel, *m.backend, o.gpu_memory_utilization, m.start_free_bytes));
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
-  if (o.tensor_parallel_size > 1) {
-    FATHOM_ASSIGN_OR_RETURN(m.model, LoadTensorParallel(o, m, lo));
+  if (o.parallel.tensor_parallel_size > 1 || ForceParallelPath()) {
+    FATHOM_ASSIGN_OR_RETURN(m.model, LoadParallelModel(o.parallel, o.device, m.folder, m.config, lo, *m.backend));
     return m;
   }
   auto model = LoadModel(m.folder, m.config, lo, *m.backend);

@@ -20,9 +20,17 @@
 #include "io/model_config.h"
 #include "model/backend.h"
 #include "model/model.h"
+#include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
+
+// The parallel layout's flags (vLLM's names), shared by serve, run, bench --offline and logits.
+struct ParallelOptions {
+  int tensor_parallel_size = 1;         // --tensor-parallel-size / -tp: ranks over one model (threads on the CPU)
+  bool enable_expert_parallel = false;  // --enable-expert-parallel: routed experts divided among the ranks, whole
+};
+void AddParallelOptions(CLI::App* cmd, ParallelOptions& o);
 
 struct EngineOptions {
   // Model.
@@ -47,9 +55,14 @@ struct EngineOptions {
   bool enforce_eager = false;
   bool host_sampling = false;
   std::string kv_cache_dtype = "auto";
-  // Parallel.
-  int tensor_parallel_size = 1;  // --tensor-parallel-size / -tp: ranks over one model (threads on the CPU)
+  ParallelOptions parallel;
 };
+
+// The model of `folder` over `o`'s ranks: tp = 1 loads it on `backend` as is; tp > 1 loads each rank's shard (rank 0
+// on `backend`, the others on backends of their own made for `device`) behind one TensorParallelModel.
+StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, const std::string& device,
+                                                   const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
+                                                   Backend& backend);
 
 // Registers the model and engine flags on `cmd` in two option groups ("Model" and "Engine"). `model_required`:
 // whether --model must be given.

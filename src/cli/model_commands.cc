@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/cli_util.h"
+#include "cli/engine_setup.h"
 #include "core/json.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
@@ -30,6 +31,7 @@ struct ModelOptions {
   int threads = 0;
   uint64_t seed = 0;
   std::string kv_cache_dtype = "auto";
+  ParallelOptions parallel;
 };
 
 void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
@@ -60,7 +62,7 @@ StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.seed;
-  FATHOM_ASSIGN_OR_RETURN(l.model, LoadModel(o.model, cfg, lo, *l.backend));
+  FATHOM_ASSIGN_OR_RETURN(l.model, LoadParallelModel(o.parallel, o.device, ModelFolder(o.model), cfg, lo, *l.backend));
   return l;
 }
 
@@ -129,6 +131,12 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.load_format));
   FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(cfg));
+  if (o.parallel.tensor_parallel_size > 1) {
+    // The layout must split (the same errors a load gives).
+    const ParallelConfig par{.tp_size = o.parallel.tensor_parallel_size,
+                             .expert_parallel = o.parallel.enable_expert_parallel};
+    FATHOM_RETURN_IF_ERROR(arch->weight_specs(cfg, par).status());
+  }
   std::unique_ptr<WeightStore> store;
   CpuBackend cpu;
   if (format != LoadFormat::kDummy) {
@@ -170,6 +178,27 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
                            DTypeName(kv_dtype), kv.values_per_token());
   std::cout << fmt::format("decode reads:      {} of weights per decoded token at batch 1 ({:.0f} bytes)\n",
                            HumanBytes(st.bytes_read_per_token), st.bytes_read_per_token);
+  const int64_t tp = o.parallel.tensor_parallel_size;
+  if (tp > 1) {
+    // Each rank's share, the largest over the ranks (rank 0 alone holds row-parallel biases).
+    int64_t rank_bytes = 0;
+    double rank_reads = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      const ParallelConfig par{.tp_size = tp, .tp_rank = r, .expert_parallel = o.parallel.enable_expert_parallel};
+      FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> rank_specs, arch->weight_specs(cfg, par));
+      const WeightStats rs = ComputeWeightStats(rank_specs, nullptr);
+      rank_bytes = std::max(rank_bytes, rs.total_bytes);
+      rank_reads = std::max(rank_reads, rs.bytes_read_per_token);
+    }
+    const ParallelConfig par0{.tp_size = tp, .expert_parallel = o.parallel.enable_expert_parallel};
+    const int64_t rank_kv =
+        arch->kv_cache_spec(cfg, par0).values_per_token() * static_cast<int64_t>(DTypeSize(kv_dtype));
+    std::cout << fmt::format(
+        "tensor parallel:   {} ranks{}; per rank: weights {} ({}), kv cache {} bytes per token, "
+        "decode reads {} per token\n",
+        tp, o.parallel.enable_expert_parallel ? ", expert parallel" : "", HumanBytes(static_cast<double>(rank_bytes)),
+        rank_bytes, rank_kv, HumanBytes(rank_reads));
+  }
   return OkStatus();
 }
 
@@ -182,6 +211,7 @@ void AddModelCommands(CLI::App& app) {
     auto output = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand("logits", "Print the logits at every position of a token sequence as JSON");
     AddModelOptions(cmd, *opts);
+    AddParallelOptions(cmd, opts->parallel);
     cmd->add_option("--tokens", *tokens, "Comma-separated token ids, e.g. 1,2,3")->required();
     cmd->add_option("--output", *output, "Write the JSON here instead of stdout");
     cmd->callback([=] { ExitOnError(RunLogits(*opts, *tokens, *output)); });
@@ -190,6 +220,7 @@ void AddModelCommands(CLI::App& app) {
     auto opts = std::make_shared<ModelOptions>();
     CLI::App* cmd = app.add_subcommand("inspect", "Print a model's architecture, sizes and per-token costs");
     AddModelOptions(cmd, *opts);
+    AddParallelOptions(cmd, opts->parallel);
     // For inspect, --kv-cache-dtype auto means the model's dtype (what a GPU deployment stores).
     cmd->callback([=] { ExitOnError(RunInspect(*opts, opts->kv_cache_dtype)); });
   }

@@ -34,6 +34,15 @@ class Communicator {
   virtual Status AllGather(const TensorView& buf) = 0;
 };
 
+// The state a group of ranks shares: Abort breaks every rank's collectives, those in progress and later ones, with
+// `why` (a rank that failed must not leave its peers waiting at a collective).
+class CommGroup {
+ public:
+  virtual ~CommGroup() = default;
+  virtual int64_t size() const = 0;
+  virtual void Abort(const Status& why) = 0;
+};
+
 // One rank: every collective is the identity.
 class SingleRankCommunicator final : public Communicator {
  public:

@@ -12,7 +12,8 @@ namespace fathom {
 
 class LocalRankCommunicator final : public Communicator {
  public:
-  LocalRankCommunicator(LocalGroup& group, int64_t rank) : group_(group), parallel_{group.size(), rank} {}
+  LocalRankCommunicator(LocalGroup& group, int64_t rank, bool expert_parallel)
+      : group_(group), parallel_{.tp_size = group.size(), .tp_rank = rank, .expert_parallel = expert_parallel} {}
   std::string_view name() const override { return "local"; }
   const ParallelConfig& parallel() const override { return parallel_; }
   Status AllReduceSum(const TensorView& buf) override {
@@ -40,9 +41,9 @@ LocalGroup::LocalGroup(int64_t size, std::chrono::milliseconds timeout)
   FATHOM_CHECK(size >= 1, "a group of {} ranks", size);
 }
 
-std::unique_ptr<Communicator> LocalGroup::Rank(int64_t rank) {
+std::unique_ptr<Communicator> LocalGroup::Rank(int64_t rank, bool expert_parallel) {
   FATHOM_CHECK(rank >= 0 && rank < size_, "rank {} of a group of {}", rank, size_);
-  return std::make_unique<LocalRankCommunicator>(*this, rank);
+  return std::make_unique<LocalRankCommunicator>(*this, rank, expert_parallel);
 }
 
 void LocalGroup::Abort(const Status& why) {

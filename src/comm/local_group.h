@@ -27,17 +27,18 @@
 
 namespace fathom {
 
-class LocalGroup {
+class LocalGroup final : public CommGroup {
  public:
   explicit LocalGroup(int64_t size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
 
-  int64_t size() const { return size_; }
-  // Rank `rank`'s communicator (0 <= rank < size); it refers to the group, which must outlive it.
-  std::unique_ptr<Communicator> Rank(int64_t rank);
+  int64_t size() const override { return size_; }
+  // Rank `rank`'s communicator (0 <= rank < size), its layout with or without expert parallelism; it refers to the
+  // group, which must outlive it.
+  std::unique_ptr<Communicator> Rank(int64_t rank, bool expert_parallel = false);
   // Breaks the group: collectives in progress and later ones return `why` on every rank.
-  void Abort(const Status& why);
+  void Abort(const Status& why) override;
 
  private:
   friend class LocalRankCommunicator;

@@ -15,7 +15,6 @@
 #include "core/job_thread.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
-#include "engine/tensor_parallel.h"
 #include "obs/trace.h"
 
 namespace fathom {
@@ -87,22 +86,6 @@ void FillRowMask(grammar::GrammarMatcher& matcher, std::span<uint32_t> out, int6
 }
 
 }  // namespace
-
-Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const kv::BlockCopy> copies) {
-  if (copies.empty()) return OkStatus();
-  for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
-    KvLayerView layer = kv.layer(l);
-    std::vector<TensorView> parts = {layer.k};
-    if (!kv.spec().v_in_k) parts.push_back(layer.v);
-    for (const TensorView& t : parts) {
-      FATHOM_CHECK(t.is_contiguous());
-      for (const kv::BlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each
-        FATHOM_RETURN_IF_ERROR(backend.CopyOnDevice(t.Slice(0, c.src, c.src + 1), t.Slice(0, c.dst, c.dst + 1)));
-      }
-    }
-  }
-  return OkStatus();
-}
 
 StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, const ModelConfig& cfg) {
   namespace fs = std::filesystem;
@@ -687,10 +670,10 @@ Status EngineCore::Step() {
     stats_.last_step_tokens = tokens;
     stats_.last_step_seqs = static_cast<int32_t>(plan.seqs.size());
   }
-  Status status = CopyKvBlocks(backend_, kv_, plan.copies);
-  if (auto* tp = dynamic_cast<TensorParallelModel*>(&model_); tp != nullptr && status.ok()) {
-    status = tp->CopyKvBlocks(plan.copies);  // the other ranks' caches
-  }
+  std::vector<KvBlockCopy> copies;
+  copies.reserve(plan.copies.size());
+  for (const kv::BlockCopy& c : plan.copies) copies.push_back({c.src, c.dst});
+  Status status = model_.CopyKvBlocks(backend_, kv_, copies);
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
   if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
   const std::vector<StepRow> rows = StepRows(plan);

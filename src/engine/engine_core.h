@@ -83,9 +83,6 @@ struct EngineStats {
   int32_t last_step_seqs = 0;
 };
 
-// Every layer's KV of block src copied into block dst (copy-on-write for n > 1), on the backend, in stream order.
-Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const kv::BlockCopy> copies);
-
 // EOS ids: generation_config.json's eos_token_id next to the config when present, else config.json's.
 StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, const ModelConfig& cfg);
 

@@ -2,12 +2,11 @@
 
 #include <fmt/format.h>
 
-#include "engine/engine_core.h"
 #include "obs/trace.h"
 
 namespace fathom {
 
-StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::unique_ptr<LocalGroup> group,
+StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::unique_ptr<CommGroup> group,
                                                                            std::vector<Rank> ranks) {
   FATHOM_CHECK(group != nullptr && static_cast<int64_t>(ranks.size()) == group->size(), "{} ranks for a group of {}",
                ranks.size(), group == nullptr ? 0 : group->size());
@@ -26,11 +25,16 @@ StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::
   return std::unique_ptr<TensorParallelModel>(new TensorParallelModel(std::move(group), std::move(ranks)));
 }
 
-TensorParallelModel::TensorParallelModel(std::unique_ptr<LocalGroup> group, std::vector<Rank> ranks)
+TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks)
     : group_(std::move(group)), ranks_(std::move(ranks)), caches_(ranks_.size()) {
   threads_.resize(ranks_.size());
   for (size_t r = 1; r < ranks_.size(); ++r) {
-    threads_[r] = std::make_unique<JobThread>([r] { obs::SetTraceThreadName(fmt::format("tp rank {}", r)); });
+    Backend* be = ranks_[r].backend.get();
+    threads_[r] = std::make_unique<JobThread>([r, be] {
+      obs::SetTraceThreadName(fmt::format("tp rank {}", r));
+      const Status s = be->MakeCurrent();
+      FATHOM_CHECK(s.ok(), "tensor-parallel rank {}: {}", r, s.ToString());
+    });
   }
 }
 
@@ -79,12 +83,19 @@ Status TensorParallelModel::Forward(const ForwardBatch& batch, KvCache& kv, Tens
   return OkStatus();
 }
 
+Status TensorParallelModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) {
+  FATHOM_CHECK(size() == 1, "device-only forward of {} tensor-parallel ranks", size());
+  if (!broken_.ok()) return broken_;
+  return ranks_[0].model->ForwardOnDevice(dev, kv, logits);
+}
+
 void TensorParallelModel::set_run_options(const ModelRunOptions& options) {
   for (Rank& r : ranks_) r.model->set_run_options(options);
 }
 
-Status TensorParallelModel::CopyKvBlocks(std::span<const kv::BlockCopy> copies) {
+Status TensorParallelModel::CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {
   if (copies.empty()) return OkStatus();
+  FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(backend, kv, copies));
   for (size_t r = 1; r < ranks_.size(); ++r) {
     if (caches_[r].num_blocks() == 0) continue;  // nothing written there yet
     FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(*ranks_[r].backend, caches_[r], copies));

@@ -9,17 +9,18 @@
 //   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*tp, engine_backend, config, text));
 //
 // A rank's failure fails the step on every rank (the group is aborted, so no rank waits at a collective) and every
-// later step with the same error: the model is then unusable, as a failed GPU would leave it. Built for the CPU
-// backend with a LocalGroup (its ranks are threads); the GPU layout takes NCCL communicators in the same place.
+// later step with the same error: the model is then unusable, as a failed GPU would leave it. The group is a
+// LocalGroup on the CPU (the test double) or an NcclGroup on GPUs (one device per rank; each rank's thread makes its
+// backend's device current). A group of one rank may run on device only (a captured graph), through rank 0's model;
+// larger groups run eagerly until graphs are captured per rank.
 #pragma once
 
 #include <memory>
 #include <span>
 #include <vector>
 
-#include "comm/local_group.h"
+#include "comm/communicator.h"
 #include "core/job_thread.h"
-#include "kv/kv_cache_manager.h"
 #include "model/model.h"
 
 namespace fathom {
@@ -32,7 +33,7 @@ class TensorParallelModel final : public Model {
     std::unique_ptr<Model> model;
   };
   // ranks[0] is rank 0. Every rank's model must have rank 0's config and KV cache spec.
-  static StatusOr<std::unique_ptr<TensorParallelModel>> Create(std::unique_ptr<LocalGroup> group,
+  static StatusOr<std::unique_ptr<TensorParallelModel>> Create(std::unique_ptr<CommGroup> group,
                                                                std::vector<Rank> ranks);
   ~TensorParallelModel() override;
 
@@ -42,14 +43,16 @@ class TensorParallelModel final : public Model {
   // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override;
   void set_run_options(const ModelRunOptions& options) override;
-  // The engine's block copies, made on the ranks other than 0 (the engine makes rank 0's on its cache).
-  Status CopyKvBlocks(std::span<const kv::BlockCopy> copies);
+  bool SupportsForwardOnDevice() const override { return size() == 1 && ranks_[0].model->SupportsForwardOnDevice(); }
+  Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override;
+  // The engine's block copies, on `kv` (rank 0's) and on every other rank's cache.
+  Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) override;
 
  private:
-  TensorParallelModel(std::unique_ptr<LocalGroup> group, std::vector<Rank> ranks);
+  TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks);
   Status EnsureCaches(const KvCache& kv);
 
-  std::unique_ptr<LocalGroup> group_;
+  std::unique_ptr<CommGroup> group_;
   std::vector<Rank> ranks_;
   std::vector<KvCache> caches_;                      // [size] ranks' caches; caches_[0] unused (the engine's)
   std::vector<std::unique_ptr<JobThread>> threads_;  // [size] ranks' threads; threads_[0] null

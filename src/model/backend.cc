@@ -20,26 +20,30 @@ void Backend::MoeRoute(const TensorView& logits, const TensorView& bias, const m
 
 Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                            const TensorView& weights, const TensorView& out) {
-  const int64_t n = x.dim(0), h = x.dim(1), k = ids.dim(1), e = static_cast<int64_t>(experts.gate.size());
+  const int64_t n = x.dim(0), h = x.dim(1), k = ids.dim(1), e = experts.num_local(), first = experts.first;
   std::vector<int32_t> id(static_cast<size_t>(n * k));
   std::vector<float> w(static_cast<size_t>(n * k));
   FATHOM_RETURN_IF_ERROR(Synchronize());
   FATHOM_RETURN_IF_ERROR(CopyToHost(ids, id.data()));
   FATHOM_RETURN_IF_ERROR(CopyToHost(weights, w.data()));
-  // Counting sort of the (token, expert) pairs by expert.
+  // Counting sort of this rank's (token, expert) pairs by expert; the other ranks' experts are skipped.
   std::vector<int32_t> offsets(static_cast<size_t>(e + 1), 0);
+  const auto local = [&](int32_t i) { return i >= first && i < first + e; };
   for (int32_t i : id) {
-    if (i < 0 || i >= e) return InternalError("MoeExperts: an expert id is out of range");
-    ++offsets[static_cast<size_t>(i) + 1];
+    if (i < 0 || i >= experts.num_total()) return InternalError("MoeExperts: an expert id is out of range");
+    if (local(i)) ++offsets[static_cast<size_t>(i - first) + 1];
   }
   for (int64_t i = 0; i < e; ++i) offsets[i + 1] += offsets[i];
+  const int64_t total = offsets[static_cast<size_t>(e)];
+  if (total == 0) return OkStatus();  // no token chose this rank's experts
   std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
-  const int64_t total = n * k;
   Tensor tokens_host = Tensor::Empty(DType::kI32, {total});
   Tensor weights_host = Tensor::Empty(DType::kF32, {total});
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t slot = fill[id[t * k + j]]++;
+      const int32_t i = id[t * k + j];
+      if (!local(i)) continue;
+      const int32_t slot = fill[i - first]++;
       tokens_host.data<int32_t>()[slot] = static_cast<int32_t>(t);
       weights_host.data<float>()[slot] = w[t * k + j];
     }
@@ -47,8 +51,8 @@ Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const 
   FATHOM_ASSIGN_OR_RETURN(Tensor tokens_dev, Upload(tokens_host));
   FATHOM_ASSIGN_OR_RETURN(Tensor weights_dev, Upload(weights_host));
   const DType act = activation_dtype();
-  Tensor gathered = Alloc(act, {total, h});    // [n_tokens * top_k, hidden], by expert
-  Tensor expert_out = Alloc(act, {total, h});  // [n_tokens * top_k, hidden]
+  Tensor gathered = Alloc(act, {total, h});    // [local pairs, hidden], by expert
+  Tensor expert_out = Alloc(act, {total, h});  // [local pairs, hidden]
   GatherRows(x, tokens_dev, gathered);
   for (int64_t i = 0; i < e; ++i) {
     const int64_t b = offsets[i], end = offsets[i + 1];

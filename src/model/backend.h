@@ -27,10 +27,17 @@
 namespace fathom {
 
 // The routed experts of one MoE layer: expert e computes down[e](silu(gate[e](x)) * up[e](x)). `device_state` is the
-// backend's (PrepareExperts), e.g. the GPU's tables of the experts' weight pointers.
+// backend's (PrepareExperts), e.g. the GPU's tables of the experts' weight pointers. Under expert parallelism a rank
+// holds experts [first, first + gate.size()) of `total`; routed ids outside that range belong to other ranks.
 struct ExpertSet {
-  std::vector<LinearWeight> gate, up, down;  // [n_experts] each
+  std::vector<LinearWeight> gate, up, down;  // [local experts] each
   std::shared_ptr<void> device_state;
+  int64_t first = 0;  // the expert id of gate[0]
+  int64_t total = 0;  // the layer's routed experts; 0: gate.size() (every expert is here)
+
+  int64_t num_local() const { return static_cast<int64_t>(gate.size()); }
+  int64_t num_total() const { return total > 0 ? total : num_local(); }
+  bool all_local() const { return first == 0 && num_total() == num_local(); }
 };
 
 // Paged KV-cache layout of one layer: K [num_blocks, block_size, num_kv_heads, k_dim] and V likewise with
@@ -184,8 +191,9 @@ class Backend {
   virtual Status PrepareExperts(ExpertSet& /*experts*/) { return OkStatus(); }
 
   // out[t] += sum_j weights[t, j] * expert_{ids[t, j]}(x[t]).   x, out [n, hidden]; ids i32 [n, top_k]; weights f32
-  // [n, top_k]. The default reads ids on the host, sorts the (token, expert) pairs by expert, then runs GatherRows,
-  // Linear, SiluMul and Linear per expert and one ScatterAddRows (the pairs in expert order).
+  // [n, top_k]. Under expert parallelism only the pairs whose expert this rank holds (ExpertSet::first) count. The
+  // default reads ids on the host, sorts the (token, expert) pairs by expert, then runs GatherRows, Linear, SiluMul
+  // and Linear per expert and one ScatterAddRows (the pairs in expert order).
   virtual Status MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
                             const TensorView& weights, const TensorView& out);
 
@@ -220,6 +228,9 @@ class Backend {
 
   // Returns (and clears) the first error recorded by an op since the last call; waits for queued work.
   virtual Status Synchronize() = 0;
+  // Makes this backend's device the calling thread's (CUDA: cudaSetDevice); a thread that runs a tensor-parallel
+  // rank calls it once before its first op.
+  virtual Status MakeCurrent() { return OkStatus(); }
 
   // Copies `src` (dst.nbytes() bytes of host memory) into `dst` (contiguous, on device()) in stream order: the host
   // memory must stay unchanged until the next Synchronize(). The CPU backend copies at once.

@@ -16,10 +16,12 @@ StatusOr<Tensor> ToHost(Backend& be, const TensorView& t) {
 // ---- GatedMlp
 
 void GatedMlp::AddSpecs(WeightSpecBuilder& b, const std::string& prefix, int64_t hidden, int64_t inter, bool bias,
-                        double active) {
-  b.Linear(prefix + "gate_proj", inter, hidden, {.bias = bias, .split = LinearSplit::kColumns, .active = active});
-  b.Linear(prefix + "up_proj", inter, hidden, {.bias = bias, .split = LinearSplit::kColumns, .active = active});
-  b.Linear(prefix + "down_proj", hidden, inter, {.bias = bias, .split = LinearSplit::kRows, .active = active});
+                        double active, bool split) {
+  const LinearSplit cols = split ? LinearSplit::kColumns : LinearSplit::kReplicated;
+  const LinearSplit rows = split ? LinearSplit::kRows : LinearSplit::kReplicated;
+  b.Linear(prefix + "gate_proj", inter, hidden, {.bias = bias, .split = cols, .active = active});
+  b.Linear(prefix + "up_proj", inter, hidden, {.bias = bias, .split = cols, .active = active});
+  b.Linear(prefix + "down_proj", hidden, inter, {.bias = bias, .split = rows, .active = active});
 }
 
 StatusOr<GatedMlp> GatedMlp::Bind(const WeightStore& w, Backend& be, const std::string& prefix) {
@@ -108,8 +110,14 @@ void MoeBlock::AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const M
     b.Tensor(prefix + "gate.e_score_correction_bias", {e.n_routed_experts}, WeightInit::kZeros, DType::kF32);
   }
   const double active = static_cast<double>(e.num_experts_per_tok) / static_cast<double>(e.n_routed_experts);
-  for (int64_t x = 0; x < e.n_routed_experts; ++x) {
-    GatedMlp::AddSpecs(b, prefix + fmt::format("experts.{}.", x), h, e.moe_intermediate_size, false, active);
+  const ParallelConfig& par = b.parallel();
+  const bool ep = par.expert_parallel && !par.single();
+  if (ep) b.RequireSplit("n_routed_experts", e.n_routed_experts);
+  const int64_t first = ep ? par.ExpertBegin(e.n_routed_experts) : 0;
+  const int64_t count = ep ? par.Part(e.n_routed_experts) : e.n_routed_experts;
+  for (int64_t x = first; x < first + count; ++x) {
+    GatedMlp::AddSpecs(b, prefix + fmt::format("experts.{}.", x), h, e.moe_intermediate_size, false, active,
+                       /*split=*/!ep);
   }
   if (e.n_shared_experts > 0) {
     GatedMlp::AddSpecs(b, prefix + "shared_experts.", h, e.moe_intermediate_size * e.n_shared_experts);
@@ -117,7 +125,7 @@ void MoeBlock::AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const M
 }
 
 StatusOr<MoeBlock> MoeBlock::Bind(const WeightStore& w, Backend& be, const std::string& prefix, const ModelConfig& c,
-                                  std::vector<Tensor>* constants) {
+                                  const ParallelConfig& par, std::vector<Tensor>* constants) {
   MoeBlock m;
   m.route = RouteParams(RouterConfigFrom(c.moe));
   // The router runs on float32 activations, as DeepSeek's reference gate does (F.linear on float32 copies): rounding
@@ -130,7 +138,11 @@ StatusOr<MoeBlock> MoeBlock::Bind(const WeightStore& w, Backend& be, const std::
     ConvertToF32(host.view().raw(), b->dtype(), 0, b->numel(), bias.data());
     FATHOM_ASSIGN_OR_RETURN(m.router_bias, UploadConstant(be, bias, DType::kF32, {b->numel()}, constants));
   }
-  for (int64_t x = 0; x < c.moe.n_routed_experts; ++x) {
+  const int64_t n = c.moe.n_routed_experts;
+  const bool ep = par.expert_parallel && !par.single();
+  m.experts.first = ep ? par.ExpertBegin(n) : 0;
+  m.experts.total = n;
+  for (int64_t x = m.experts.first; x < m.experts.first + (ep ? par.Part(n) : n); ++x) {
     FATHOM_ASSIGN_OR_RETURN(GatedMlp e, GatedMlp::Bind(w, be, prefix + fmt::format("experts.{}.", x)));
     m.experts.gate.push_back(e.gate_up[0]);
     m.experts.up.push_back(e.gate_up[1]);

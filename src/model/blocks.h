@@ -26,8 +26,10 @@ struct GatedMlp {
   LinearWeight down;
 
   // prefix + "gate_proj", "up_proj", "down_proj" (prefix ends in '.').
+  // `split`: tensor-parallel (gate/up by columns, down by rows), or whole on this rank (an expert under expert
+  // parallelism).
   static void AddSpecs(WeightSpecBuilder& b, const std::string& prefix, int64_t hidden, int64_t inter,
-                       bool bias = false, double active = 1.0);
+                       bool bias = false, double active = 1.0, bool split = true);
   static StatusOr<GatedMlp> Bind(const WeightStore& w, Backend& be, const std::string& prefix);
 
   // out = down(silu(gate x) * up x), gate and up in one fan-out.   x [m, hidden]; g, u [m, local inter] (scratch);
@@ -69,11 +71,12 @@ struct MoeBlock {
   std::optional<GatedMlp> shared;
   moe_route::Params route;
 
-  // prefix + "gate", "gate.e_score_correction_bias", "experts.{e}.", "shared_experts." (prefix ends in '.').
+  // prefix + "gate", "gate.e_score_correction_bias", "experts.{e}.", "shared_experts." (prefix ends in '.'). Under
+  // expert parallelism only this rank's experts, whole (ParallelConfig::ExpertBegin); otherwise every expert, split.
   static void AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const ModelConfig& cfg);
   // Binds the layer and prepares its experts for the backend; `constants` owns the router bias's device copy.
   static StatusOr<MoeBlock> Bind(const WeightStore& w, Backend& be, const std::string& prefix, const ModelConfig& cfg,
-                                 std::vector<Tensor>* constants);
+                                 const ParallelConfig& par, std::vector<Tensor>* constants);
 
   // out = shared(x) + sum_j weight_j expert_j(x).   x, out [n, hidden]
   Status Forward(Backend& be, const TensorView& x, const TensorView& out) const;

@@ -43,7 +43,8 @@ class DeepseekModel final : public DecoderModel {
       FATHOM_ASSIGN_OR_RETURN(
           l.attn, MlaAttention::Bind(weights(), backend(), LayerName(i, "self_attn."), cfg_, parallel(), &owned_));
       if (cfg_.IsMoeLayer(i)) {
-        FATHOM_ASSIGN_OR_RETURN(l.moe, MoeBlock::Bind(weights(), backend(), LayerName(i, "mlp."), cfg_, &owned_));
+        FATHOM_ASSIGN_OR_RETURN(l.moe,
+                                MoeBlock::Bind(weights(), backend(), LayerName(i, "mlp."), cfg_, parallel(), &owned_));
         // Without the backend's device state the experts take the host-sorted path, which reads the routing back.
         experts_on_device_ = experts_on_device_ && l.moe->on_device(backend());
       } else {

@@ -129,4 +129,20 @@ StatusOr<BatchOnDevice> BatchOnDevice::Upload(const ForwardBatch& b, Backend& ba
   return out;
 }
 
+Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {
+  if (copies.empty()) return OkStatus();
+  for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
+    KvLayerView layer = kv.layer(l);
+    std::vector<TensorView> parts = {layer.k};
+    if (!kv.spec().v_in_k) parts.push_back(layer.v);
+    for (const TensorView& t : parts) {
+      FATHOM_CHECK(t.is_contiguous());
+      for (const KvBlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each
+        FATHOM_RETURN_IF_ERROR(backend.CopyOnDevice(t.Slice(0, c.src, c.src + 1), t.Slice(0, c.dst, c.dst + 1)));
+      }
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace fathom

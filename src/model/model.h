@@ -58,6 +58,15 @@ class KvCache {
 
 class BatchOnDevice;
 
+// A copy-on-write before a step: every layer's KV of block `src` copied into block `dst` (the scheduler's
+// kv::BlockCopy; the model layer sits below kv).
+struct KvBlockCopy {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+// Makes `copies` in every layer of `kv`, on `backend`'s device, in stream order.
+Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -76,6 +85,12 @@ class Model {
 
   // Run-time choices (ModelRunOptions), which may change between steps.
   virtual void set_run_options(const ModelRunOptions& /*options*/) {}
+
+  // The engine's block copies before a step: on `kv` (the engine's cache, on `backend`) and on any cache the model
+  // keeps itself (a tensor-parallel model's other ranks).
+  virtual Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {
+    return fathom::CopyKvBlocks(backend, kv, copies);
+  }
 };
 
 // The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block

@@ -1,8 +1,10 @@
 // End-to-end tests of the `fathom` executable: output formats, oracle agreement, and clean failures.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -47,23 +49,51 @@ std::string Join(const std::vector<int32_t>& v) {
   return s;
 }
 
+// The largest |logit - oracle| over case `c`'s positions, from `fathom logits <args> --tokens <c's ids>` (infinity,
+// with a test failure, when the command fails or its JSON has the wrong shape).
+float OracleDiff(const std::string& args, const testing::GoldenCase& c) {
+  RunResult r = RunFathom("logits " + args + " --tokens " + Join(c.input_ids));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (r.exit_code != 0) return INFINITY;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), c.input_ids);
+  if (j["logits"].size() != c.input_ids.size()) {
+    ADD_FAILURE() << j["logits"].size() << " rows of logits for " << c.input_ids.size() << " tokens";
+    return INFINITY;
+  }
+  float worst = 0;
+  for (size_t t = 0; t < c.input_ids.size(); ++t) {
+    auto row = j["logits"][t].get<std::vector<float>>();
+    if (static_cast<int64_t>(row.size()) != c.vocab) {
+      ADD_FAILURE() << "a row of " << row.size() << " logits, vocab " << c.vocab;
+      return INFINITY;
+    }
+    worst = std::max(worst, testing::MaxAbsDiff(row.data(), c.row(static_cast<int64_t>(t)), c.vocab));
+  }
+  return worst;
+}
+
 TEST(CliTest, LogitsMatchTheOracle) {
   const std::string dir = testing::ModelDir("qwen2-distill-tiny");
   auto golden = testing::LoadGolden(dir);
   ASSERT_TRUE(golden.ok());
-  const auto& c = golden->cases[2];
-  RunResult r = RunFathom("logits --model " + dir + " --tokens " + Join(c.input_ids));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto j = nlohmann::json::parse(r.out);
-  ASSERT_EQ(j["tokens"].get<std::vector<int32_t>>(), c.input_ids);
-  ASSERT_EQ(j["logits"].size(), c.input_ids.size());
-  float worst = 0;
-  for (size_t t = 0; t < c.input_ids.size(); ++t) {
-    auto row = j["logits"][t].get<std::vector<float>>();
-    ASSERT_EQ(static_cast<int64_t>(row.size()), c.vocab);
-    worst = std::max(worst, testing::MaxAbsDiff(row.data(), c.row(static_cast<int64_t>(t)), c.vocab));
+  EXPECT_LE(OracleDiff("--model " + dir, golden->cases[2]), 2e-3f);
+}
+
+// `fathom logits -tp 2` (and with --enable-expert-parallel on a MoE model) gives the oracle's logits too; a layout
+// that does not split is an error naming the dimension.
+TEST(CliTest, TensorParallelLogitsMatchTheOracle) {
+  for (const char* name : {"qwen2-distill-tiny", "deepseek-v2-lite-tiny"}) {
+    const std::string dir = testing::ModelDir(name);
+    auto golden = testing::LoadGolden(dir);
+    ASSERT_TRUE(golden.ok());
+    const std::string ep = std::string(name).starts_with("deepseek") ? " --enable-expert-parallel" : "";
+    EXPECT_LE(OracleDiff("-tp 2" + ep + " --model " + dir, golden->cases[1]), 2e-3f) << name;
   }
-  EXPECT_LE(worst, 2e-3f);
+  RunResult bad =
+      RunFathom("logits --tensor-parallel-size 3 --model " + testing::ModelDir("qwen2-distill-tiny") + " --tokens 1,2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("does not split into 3 tensor-parallel"), std::string::npos) << bad.err;
 }
 
 // A GPTQ checkpoint (act-order, v1 zeros) through the CLI's loader gives its float32 twin's logits.
@@ -193,16 +223,7 @@ TEST(CliTest, DeepseekLogitsMatchTheOracle) {
     const std::string dir = testing::ModelDir(name);
     auto golden = testing::LoadGolden(dir);
     ASSERT_TRUE(golden.ok());
-    const auto& c = golden->cases[2];
-    RunResult r = RunFathom("logits --model " + dir + " --tokens " + Join(c.input_ids));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    auto j = nlohmann::json::parse(r.out);
-    float worst = 0;
-    for (size_t t = 0; t < c.input_ids.size(); ++t) {
-      auto row = j["logits"][t].get<std::vector<float>>();
-      worst = std::max(worst, testing::MaxAbsDiff(row.data(), c.row(static_cast<int64_t>(t)), c.vocab));
-    }
-    EXPECT_LE(worst, 2e-3f) << name;
+    EXPECT_LE(OracleDiff("--model " + dir, golden->cases[2]), 2e-3f) << name;
   }
 }
 

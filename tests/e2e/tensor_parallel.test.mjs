@@ -1,7 +1,8 @@
 // Tensor parallelism on the CPU: `fathom serve --tensor-parallel-size 2` (and vLLM's -tp) on the built-in demo
 // (DeepSeek-V3 architecture: MLA and MoE split over two ranks, threads of one process) serves through the openai
-// client, and its greedy outputs, alone, batched and streamed, are those of one rank; a split the model does not
-// allow ends the server at startup with the dimension named.
+// client, and its greedy outputs, alone, batched and streamed, are those of one rank; so are those of two ranks with
+// expert parallelism (--enable-expert-parallel: each rank runs half of the routed experts, whole); a split the model
+// does not allow ends the server at startup with the dimension named.
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
 import {after, before, test} from 'node:test';
@@ -10,7 +11,7 @@ import OpenAI from 'openai';
 import {fathomBin, startServer} from './lib/fathom.mjs';
 
 const prompts = ['Hello', 'def fib(n):', 'The capital of France is', '1, 2, 3,', 'Once upon a time', '{"a":'];
-let one, two;
+let one, two, ep;
 
 async function greedy(srv) {
   const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x', maxRetries: 0});
@@ -29,11 +30,13 @@ async function greedy(srv) {
 before(async () => {
   one = await startServer(['--max-model-len', '512']);
   two = await startServer(['-tp', '2', '--max-model-len', '512']);
+  ep = await startServer(['-tp', '2', '--enable-expert-parallel', '--max-model-len', '512']);
 });
 
 after(async () => {
   assert.equal(await one.stop(), 0, one.stderr);
   assert.equal(await two.stop(), 0, two.stderr);
+  assert.equal(await ep.stop(), 0, ep.stderr);
 });
 
 test('two ranks give the greedy outputs of one, alone, batched and streamed', async () => {
@@ -44,6 +47,11 @@ test('two ranks give the greedy outputs of one, alone, batched and streamed', as
   assert.deepEqual(got.alone, want.alone);
   assert.deepEqual(got.batched, want.alone);
   assert.equal(got.chat, want.chat);
+  assert.match(ep.stderr, /expert parallel: \d+ routed experts a rank/);
+  const gotEp = await greedy(ep);
+  assert.deepEqual(gotEp.alone, want.alone);
+  assert.deepEqual(gotEp.batched, want.alone);
+  assert.equal(gotEp.chat, want.chat);
 });
 
 test('a split the model does not allow ends the server at startup, naming the dimension', () => {

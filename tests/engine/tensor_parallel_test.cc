@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backend/cpu/cpu_backend.h"
+#include "comm/local_group.h"
 #include "engine/engine_core.h"
 #include "io/model_config.h"
 #include "model/registry.h"

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "io/model_config.h"
+#include "testing/golden.h"
+
 namespace fathom {
 namespace {
 
@@ -33,6 +38,51 @@ TEST(RegistryTest, TiedLmHeadFallsBackToEmbedding) {
   EXPECT_TRUE(specs.back().shares_storage);
   KvCacheSpec kv = (*arch)->kv_cache_spec(c);
   EXPECT_EQ(kv.values_per_token(), 1 * 1 * (2 + 2));
+}
+
+// Expert parallelism: rank r's specs hold only its share of the routed experts, each whole (the checkpoint's shape,
+// no shard), while attention and the shared experts stay split; tensor-parallel experts instead split every expert.
+TEST(RegistryTest, ExpertParallelRanksHoldTheirExpertsWhole) {
+  StatusOr<ModelConfig> cfg = LoadModelConfig(testing::ModelDir("deepseek-v2-lite-tiny"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_EQ(cfg->moe.n_routed_experts, 8);
+  auto arch = FindArchitecture(cfg->architecture);
+  ASSERT_TRUE(arch.ok());
+  const auto specs_of = [&](int64_t rank, bool ep) {
+    auto s = (*arch)->weight_specs(*cfg, ParallelConfig{.tp_size = 2, .tp_rank = rank, .expert_parallel = ep});
+    FATHOM_CHECK(s.ok(), "{}", s.status().ToString());
+    std::map<std::string, WeightSpec> by_name;
+    for (const WeightSpec& w : *s) by_name[w.name] = w;
+    return by_name;
+  };
+  const std::string layer = "model.layers.1.mlp.";
+  const auto ep1 = specs_of(1, true);
+  EXPECT_EQ(ep1.count(layer + "experts.3.gate_proj.weight"), 0u);
+  ASSERT_EQ(ep1.count(layer + "experts.4.gate_proj.weight"), 1u);
+  ASSERT_EQ(ep1.count(layer + "experts.7.down_proj.weight"), 1u);
+  const WeightSpec& gate = ep1.at(layer + "experts.4.gate_proj.weight");
+  EXPECT_FALSE(gate.shard.sharded());
+  EXPECT_EQ(gate.shape, (std::vector<int64_t>{cfg->moe.moe_intermediate_size, cfg->hidden_size}));
+  EXPECT_TRUE(ep1.at(layer + "shared_experts.gate_proj.weight").shard.sharded());
+  EXPECT_TRUE(ep1.at("model.layers.1.self_attn.o_proj.weight").shard.sharded());
+  const auto ep0 = specs_of(0, true);
+  EXPECT_EQ(ep0.count(layer + "experts.3.up_proj.weight"), 1u);
+  EXPECT_EQ(ep0.count(layer + "experts.4.up_proj.weight"), 0u);
+
+  const auto tp1 = specs_of(1, false);  // every expert, each split
+  ASSERT_EQ(tp1.count(layer + "experts.0.gate_proj.weight"), 1u);
+  EXPECT_EQ(tp1.at(layer + "experts.0.gate_proj.weight").shape[0], cfg->moe.moe_intermediate_size / 2);
+  EXPECT_EQ(tp1.at(layer + "experts.0.down_proj.weight").shape[1], cfg->moe.moe_intermediate_size / 2);
+
+  // Experts that do not divide among the ranks are refused by name.
+  ModelConfig odd = *cfg;
+  odd.moe.n_routed_experts = 6;
+  odd.num_heads = 4;
+  auto refused = (*arch)->weight_specs(odd, ParallelConfig{.tp_size = 4, .tp_rank = 0, .expert_parallel = true});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("n_routed_experts (6) does not split into 4"), std::string::npos)
+      << refused.status().ToString();
 }
 
 }  // namespace

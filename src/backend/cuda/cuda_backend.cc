@@ -450,6 +450,10 @@ void CudaBackend::RecordError(const Status& st) {
   if (first_error_.ok()) first_error_ = st;
 }
 
+Status CudaBackend::MakeCurrent() {
+  return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+}
+
 Status CudaBackend::Synchronize() {
   if (capturing_) {  // nothing has run yet: report what failed to be recorded
     std::lock_guard<std::mutex> lock(mu_);
@@ -726,10 +730,11 @@ void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, con
 // The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned matrices of one
 // shape and format: dense bf16, or kFp8Block f8 e4m3 with contiguous 128 x 128 block scales (DeepSeek-V3,
 // Fp8ExpertScalesFit). Their pointers (and the scales') go into one device table. Other experts take the host-sorted
-// path.
+// path, and so do a rank's share of the experts under expert parallelism (the device kernels index every expert of
+// the layer; teaching them an id range is the multi-GPU issue's).
 Status CudaBackend::PrepareExperts(ExpertSet& experts) {
   const size_t e = experts.gate.size();
-  if (e == 0 || experts.up.size() != e || experts.down.size() != e ||
+  if (e == 0 || !experts.all_local() || experts.up.size() != e || experts.down.size() != e ||
       static_cast<int64_t>(e) > moe_route::kMaxExperts) {
     return OkStatus();
   }

@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
   static constexpr size_t kMaskStagingBytes = 64u << 10;
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
+  Status MakeCurrent() override;
   Status CopyFromHost(const void* src, const TensorView& dst) override;
   Status CopyOnDevice(const TensorView& src, const TensorView& dst) override;
   // f32, bf16 and f8 e4m3 (f16 and others: Unimplemented, filled on the host).

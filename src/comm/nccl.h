@@ -1,0 +1,61 @@
+// NCCL collectives between GPU ranks: the product path of tensor parallelism on GPUs (LocalGroup is the CPU's test
+// double). One process drives all of a node's GPUs, a thread per rank (TensorParallelModel), as TurboMind does: the
+// ranks share the engine's one scheduler and KV block table without a process boundary, and a failed rank is seen at
+// once. libnccl.so.2 is opened at run time (dlopen, as vLLM's pynccl does), so the same binary runs on machines
+// without NCCL or GPUs; $FATHOM_NCCL_LIBRARY names another copy (a path or a file name).
+//
+//   FATHOM_ASSIGN_OR_RETURN(auto group, NcclGroup::CreateLocal({0, 1}, {stream0, stream1}, /*expert_parallel=*/false));
+//   std::unique_ptr<Communicator> c0 = group->Rank(0);     // device 0; collectives issued on stream0
+//   FATHOM_RETURN_IF_ERROR(c0->AllReduceSum(partial));      // f32/bf16/f16, contiguous, on device 0  [n, hidden]
+//
+// Collectives are enqueued on the rank's stream (graph capture records them); they return once enqueued. A group
+// that was aborted (a rank failed) returns that error from every later collective; Abort also aborts the NCCL
+// communicators, so kernels waiting for a rank that will never come end instead of hanging the GPU.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+namespace fathom {
+
+class NcclGroup final : public CommGroup {
+ public:
+  // One rank per listed CUDA device, all in this process (ncclCommInitAll); rank r issues its collectives on
+  // streams[r] (a cudaStream_t on devices[r]).
+  static StatusOr<std::unique_ptr<NcclGroup>> CreateLocal(const std::vector<int>& devices,
+                                                          const std::vector<void*>& streams, bool expert_parallel);
+  // "2.27.7": the NCCL library this process would use, or why it cannot be opened.
+  static StatusOr<std::string> Version();
+
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() override;
+
+  int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
+  // Rank `rank`'s communicator; it refers to the group, which must outlive it.
+  std::unique_ptr<Communicator> Rank(int64_t rank);
+  void Abort(const Status& why) override;
+
+ private:
+  friend class NcclRankCommunicator;
+  struct RankState {
+    void* comm = nullptr;    // ncclComm_t
+    void* stream = nullptr;  // cudaStream_t
+    int device = 0;
+  };
+  NcclGroup(std::vector<RankState> ranks, bool expert_parallel)
+      : ranks_(std::move(ranks)), expert_parallel_(expert_parallel) {}
+  Status broken() const;
+
+  std::vector<RankState> ranks_;
+  const bool expert_parallel_;
+  mutable std::mutex mu_;
+  Status broken_;
+};
+
+}  // namespace fathom
