@@ -1,10 +1,13 @@
 // The engine over TensorParallelModel on the CPU: ranks as threads, one scheduler, every rank's KV cache following
-// the one block table (copy-on-write copies included), and a rank's failure failing the step, never hanging it.
+// the one block table (copy-on-write copies included), and a rank's failure failing the step, never hanging it. At
+// tp = 2 also: a randomized run (arrivals, aborts, preemption, prefix hits) gives one rank's outputs and frees every
+// block, and greedy tokens alone equal those in a batch (batch invariance).
 #include "engine/tensor_parallel.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "comm/local_group.h"
@@ -153,6 +156,128 @@ TEST_P(TensorParallelEngineTest, ARankThatFailsFailsTheStepAndEveryLaterOne) {
   const Status again = (*core)->Step();
   EXPECT_NE(again.message().find("injected failure on this rank"), std::string::npos) << again.ToString();
   EXPECT_TRUE(s2->finished());
+}
+
+// The scheduler's randomized workload through the engine: arrivals with shared prefixes, aborts and steps under
+// block pressure (preemption and recomputation), the same script at tp = 1 and tp = 2. Every request's tokens must be
+// equal, and every block free at the end.
+TEST_P(TensorParallelEngineTest, RandomizedOperationsAtTwoRanksGiveOneRanksOutputs) {
+  const auto run = [&](Model& model, int64_t* preemptions) {
+    EngineConfig c;
+    c.num_blocks = 24;
+    c.block_size = 4;
+    c.seed = 5;
+    c.scheduler.max_num_seqs = 5;
+    c.scheduler.max_num_batched_tokens = 24;
+    auto core = EngineCore::Create(model, rank0_, c, nullptr);
+    FATHOM_CHECK(core.ok(), "{}", core.status().ToString());
+    std::mt19937 rng(7);
+    std::map<std::string, std::shared_ptr<RequestStream>> streams;
+    std::vector<std::string> live;
+    for (int op = 0; op < 160; ++op) {
+      const int kind = static_cast<int>(rng() % 10);
+      if (kind < 3) {
+        const std::string id = "q" + std::to_string(op);
+        std::vector<int32_t> prompt = golden_.cases[rng() % golden_.cases.size()].input_ids;  // shared prefixes
+        prompt.resize(1 + rng() % prompt.size());
+        prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size)));
+        SamplingParams p;
+        p.max_tokens = 1 + static_cast<int32_t>(rng() % 10);
+        p.ignore_eos = true;
+        p.temperature = 0.0f;
+        auto st = std::make_shared<RequestStream>(id, 1);
+        if ((*core)->AddRequest({.id = id, .prompt = prompt, .sampling = p}, st).ok()) {
+          streams[id] = st;
+          live.push_back(id);
+        }
+      } else if (kind == 3 && !live.empty()) {
+        const size_t i = rng() % live.size();
+        (*core)->Abort(live[i], CancelledError("aborted by the test"));
+        live.erase(live.begin() + static_cast<int64_t>(i));
+      } else if ((*core)->HasUnfinished()) {
+        FATHOM_CHECK((*core)->Step().ok());
+      }
+    }
+    while ((*core)->HasUnfinished()) FATHOM_CHECK((*core)->Step().ok());
+    EXPECT_EQ((*core)->Stats().num_free_blocks, 24);
+    *preemptions = (*core)->Stats().num_preemptions;
+    std::map<std::string, std::vector<int32_t>> out;
+    for (auto& [id, st] : streams) {
+      while (std::optional<RequestOutput> o = st->TryNext()) {
+        out[id].insert(out[id].end(), o->token_ids.begin(), o->token_ids.end());
+      }
+    }
+    return out;
+  };
+  int64_t preempted_one = 0, preempted_two = 0;
+  std::unique_ptr<Model> whole = Load(1);
+  const auto want = run(*whole, &preempted_one);
+  std::unique_ptr<Model> split = Load(2);
+  const auto got = run(*split, &preempted_two);
+  EXPECT_EQ(got, want);
+  EXPECT_GT(want.size(), 20u);
+  EXPECT_GT(preempted_two, 0) << "the script should put the cache under pressure";
+  EXPECT_EQ(preempted_two, preempted_one);
+}
+
+// Batch invariance at tp = 2: each oracle prompt's greedy tokens decoded alone equal its tokens when all the
+// fixture's prompts run together, up to the first step whose top-1 margin is under 0.1 in either run.
+TEST_P(TensorParallelEngineTest, GreedyAloneEqualsGreedyInABatchAtTwoRanks) {
+  std::unique_ptr<Model> split = Load(2);
+  constexpr int32_t kBs = 16;
+  constexpr size_t kSteps = 8;
+  const int64_t vocab = cfg_.vocab_size;
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> margins;
+  };
+  const auto greedy = [&](const std::vector<std::vector<int32_t>>& prompts) {
+    Run r;
+    r.tokens.resize(prompts.size());
+    r.margins.resize(prompts.size());
+    auto kv = KvCache::Allocate(rank0_, split->kv_cache_spec(), DType::kF32, 64, kBs);
+    FATHOM_CHECK(kv.ok());
+    testing::ScatteredBlocks blocks(64, 9);
+    std::vector<std::vector<int32_t>> tables;
+    std::vector<int32_t> cached(prompts.size(), 0);
+    for (const auto& p : prompts) tables.push_back(blocks.Take(static_cast<int32_t>((p.size() + kSteps) / kBs + 1)));
+    for (size_t step = 0; step < kSteps; ++step) {
+      ForwardBatch b(kBs);
+      std::vector<std::vector<int32_t>> inputs(prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
+        b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
+      }
+      Tensor logits;
+      FATHOM_CHECK(split->Forward(b, *kv, &logits).ok());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
+        const int64_t best = std::max_element(row, row + vocab) - row;
+        float second = -INFINITY;
+        for (int64_t v = 0; v < vocab; ++v) {
+          if (v != best) second = std::max(second, row[v]);
+        }
+        r.tokens[i].push_back(static_cast<int32_t>(best));
+        r.margins[i].push_back(row[best] - second);
+        cached[i] += static_cast<int32_t>(inputs[i].size());
+      }
+    }
+    return r;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& gc : golden_.cases) prompts.push_back(gc.input_ids);
+  const Run together = greedy(prompts);
+  size_t compared = 0;
+  for (size_t c = 0; c < prompts.size(); ++c) {
+    const Run alone = greedy({prompts[c]});
+    for (size_t s = 0; s < kSteps; ++s) {
+      if (alone.margins[0][s] < 0.1f || together.margins[c][s] < 0.1f) break;
+      EXPECT_EQ(alone.tokens[0][s], together.tokens[c][s]) << "case " << c << " step " << s;
+      ++compared;
+    }
+  }
+  RecordProperty("compared_steps", std::to_string(compared));
+  EXPECT_GT(compared, 8u) << "too few steps had a margin to compare";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelEngineTest,
