@@ -224,58 +224,9 @@ TEST_P(TensorParallelEngineTest, RandomizedOperationsAtTwoRanksGiveOneRanksOutpu
 // fixture's prompts run together, up to the first step whose top-1 margin is under 0.1 in either run.
 TEST_P(TensorParallelEngineTest, GreedyAloneEqualsGreedyInABatchAtTwoRanks) {
   std::unique_ptr<Model> split = Load(2);
-  constexpr int32_t kBs = 16;
-  constexpr size_t kSteps = 8;
-  const int64_t vocab = cfg_.vocab_size;
-  struct Run {
-    std::vector<std::vector<int32_t>> tokens;
-    std::vector<std::vector<float>> margins;
-  };
-  const auto greedy = [&](const std::vector<std::vector<int32_t>>& prompts) {
-    Run r;
-    r.tokens.resize(prompts.size());
-    r.margins.resize(prompts.size());
-    auto kv = KvCache::Allocate(rank0_, split->kv_cache_spec(), DType::kF32, 64, kBs);
-    FATHOM_CHECK(kv.ok());
-    testing::ScatteredBlocks blocks(64, 9);
-    std::vector<std::vector<int32_t>> tables;
-    std::vector<int32_t> cached(prompts.size(), 0);
-    for (const auto& p : prompts) tables.push_back(blocks.Take(static_cast<int32_t>((p.size() + kSteps) / kBs + 1)));
-    for (size_t step = 0; step < kSteps; ++step) {
-      ForwardBatch b(kBs);
-      std::vector<std::vector<int32_t>> inputs(prompts.size());
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
-        b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
-      }
-      Tensor logits;
-      FATHOM_CHECK(split->Forward(b, *kv, &logits).ok());
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
-        const int64_t best = std::max_element(row, row + vocab) - row;
-        float second = -INFINITY;
-        for (int64_t v = 0; v < vocab; ++v) {
-          if (v != best) second = std::max(second, row[v]);
-        }
-        r.tokens[i].push_back(static_cast<int32_t>(best));
-        r.margins[i].push_back(row[best] - second);
-        cached[i] += static_cast<int32_t>(inputs[i].size());
-      }
-    }
-    return r;
-  };
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& gc : golden_.cases) prompts.push_back(gc.input_ids);
-  const Run together = greedy(prompts);
-  size_t compared = 0;
-  for (size_t c = 0; c < prompts.size(); ++c) {
-    const Run alone = greedy({prompts[c]});
-    for (size_t s = 0; s < kSteps; ++s) {
-      if (alone.margins[0][s] < 0.1f || together.margins[c][s] < 0.1f) break;
-      EXPECT_EQ(alone.tokens[0][s], together.tokens[c][s]) << "case " << c << " step " << s;
-      ++compared;
-    }
-  }
+  const size_t compared = testing::ExpectGreedyAloneEqualsTogether(*split, rank0_, prompts, 8, cfg_.vocab_size);
   RecordProperty("compared_steps", std::to_string(compared));
   EXPECT_GT(compared, 8u) << "too few steps had a margin to compare";
 }

@@ -131,4 +131,70 @@ std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
   return s;
 }
 
+float Margin(const float* row, int64_t n, int32_t* best) {
+  int32_t b = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (row[i] > row[b]) b = static_cast<int32_t>(i);
+  }
+  float second = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i != b) second = std::max(second, row[i]);
+  }
+  *best = b;
+  return row[b] - second;
+}
+
+GreedyRun GreedyTogether(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& prompts, size_t steps,
+                         int64_t vocab) {
+  constexpr int32_t kBs = 16;
+  GreedyRun r;
+  r.tokens.resize(prompts.size());
+  r.margins.resize(prompts.size());
+  auto kv = KvCache::Allocate(backend, model.kv_cache_spec(), DType::kF32, 128, kBs);
+  EXPECT_TRUE(kv.ok());
+  if (!kv.ok()) return r;
+  ScatteredBlocks blocks(128, 9);
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> cached(prompts.size(), 0);
+  for (const auto& p : prompts) {
+    tables.push_back(blocks.Take(static_cast<int32_t>((p.size() + steps + kBs - 1) / kBs)));
+  }
+  for (size_t step = 0; step < steps; ++step) {
+    ForwardBatch b(kBs);
+    std::vector<std::vector<int32_t>> inputs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
+      b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
+    }
+    Tensor logits;
+    const Status s = model.Forward(b, *kv, &logits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return r;
+    std::vector<float> h(static_cast<size_t>(logits.numel()));
+    EXPECT_TRUE(backend.CopyToHost(logits, h.data()).ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      int32_t next = 0;
+      r.margins[i].push_back(Margin(h.data() + static_cast<int64_t>(i) * vocab, vocab, &next));
+      r.tokens[i].push_back(next);
+      cached[i] += static_cast<int32_t>(inputs[i].size());
+    }
+  }
+  return r;
+}
+
+size_t ExpectGreedyAloneEqualsTogether(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& prompts,
+                                       size_t steps, int64_t vocab, float min_margin) {
+  const GreedyRun together = GreedyTogether(model, backend, prompts, steps, vocab);
+  size_t compared = 0;
+  for (size_t c = 0; c < prompts.size(); ++c) {
+    const GreedyRun alone = GreedyTogether(model, backend, {prompts[c]}, steps, vocab);
+    for (size_t s = 0; s < steps && s < alone.tokens[0].size() && s < together.tokens[c].size(); ++s) {
+      if (alone.margins[0][s] < min_margin || together.margins[c][s] < min_margin) break;
+      EXPECT_EQ(alone.tokens[0][s], together.tokens[c][s]) << "case " << c << " step " << s;
+      ++compared;
+    }
+  }
+  return compared;
+}
+
 }  // namespace fathom::testing

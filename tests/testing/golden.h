@@ -66,4 +66,22 @@ StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Back
                                                               const std::vector<int>& pattern, uint32_t block_seed,
                                                               int32_t block_size = 16);
 
+// The top-1 margin of `row` [n]: its largest value minus the next; `best` gets the first largest's index.
+float Margin(const float* row, int64_t n, int32_t* best);
+
+// Greedy decoding of `prompts` together (one prefill batch, then one decode batch per step) on a fresh f32 cache of
+// 128 scattered blocks of 16. Each prompt's tokens, and the top-1 margin of each step.
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> margins;
+};
+GreedyRun GreedyTogether(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& prompts, size_t steps,
+                         int64_t vocab);
+
+// Batch invariance: each prompt's greedy tokens alone must equal its tokens when all run together, up to the first
+// step whose top-1 margin is under `min_margin` in either run (a failed expectation otherwise). Returns the number of
+// steps compared.
+size_t ExpectGreedyAloneEqualsTogether(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& prompts,
+                                       size_t steps, int64_t vocab, float min_margin = 0.1f);
+
 }  // namespace fathom::testing

@@ -898,18 +898,7 @@ StatusOr<GpuFixture> LoadFixture(const std::string& name, CudaBackend& gpu) {
   return f;
 }
 
-float Margin(const float* row, int64_t n, int32_t* best) {
-  int32_t b = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[b]) b = static_cast<int32_t>(i);
-  }
-  float second = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i != b) second = std::max(second, row[i]);
-  }
-  *best = b;
-  return row[b] - second;
-}
+using testing::Margin;
 
 // The bf16 rule for MoE fixtures. The dense rule asks for top-1 agreement only where the oracle's margin is above 0.1,
 // and for equal greedy tokens up to the first low-margin step. A router has margins too: an expert choice that a
@@ -1053,46 +1042,6 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
   }
 }
 
-// Greedy decoding of `prompts` together (one prefill batch, then one decode batch per step) on the GPU. Returns
-// each prompt's tokens and the top-1 margin of each step.
-struct GreedyRun {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> margins;
-};
-GreedyRun GreedyTogether(Model& model, CudaBackend& gpu, const std::vector<std::vector<int32_t>>& prompts, size_t steps,
-                         int64_t vocab) {
-  constexpr int32_t kBs = 16;
-  GreedyRun r;
-  r.tokens.resize(prompts.size());
-  r.margins.resize(prompts.size());
-  auto kv = KvCache::Allocate(gpu, model.kv_cache_spec(), DType::kF32, 128, kBs);
-  EXPECT_TRUE(kv.ok());
-  testing::ScatteredBlocks blocks(128, 9);
-  std::vector<std::vector<int32_t>> tables;
-  std::vector<int32_t> cached(prompts.size(), 0);
-  for (const auto& p : prompts) {
-    tables.push_back(blocks.Take(static_cast<int32_t>((p.size() + steps + kBs - 1) / kBs)));
-  }
-  for (size_t step = 0; step < steps; ++step) {
-    ForwardBatch b(kBs);
-    std::vector<std::vector<int32_t>> inputs(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
-      b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
-    }
-    Tensor logits;
-    EXPECT_TRUE(model.Forward(b, *kv, &logits).ok());
-    auto h = Host(gpu, logits);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      int32_t next = 0;
-      r.margins[i].push_back(Margin(h.data() + static_cast<int64_t>(i) * vocab, vocab, &next));
-      r.tokens[i].push_back(next);
-      cached[i] += static_cast<int32_t>(inputs[i].size());
-    }
-  }
-  return r;
-}
-
 // Batch invariance on the GPU (default bf16 prefill GEMMs): each case's greedy tokens alone equal its tokens when
 // all the fixture's cases run together (a different GEMM shape in prefill, a batched GEMV in decode), up to the
 // first step whose top-1 margin is below 0.1 in either run.
@@ -1110,16 +1059,7 @@ TEST_P(CudaBatchInvarianceTest, GreedyAloneEqualsGreedyInABatch) {
   for (const auto& gc : golden->cases) prompts.push_back(gc.input_ids);
   ASSERT_GE(prompts.size(), 2u);
   constexpr size_t kSteps = 12;
-  const GreedyRun together = GreedyTogether(**model, *gpu, prompts, kSteps, cfg->vocab_size);
-  size_t compared = 0;
-  for (size_t c = 0; c < prompts.size(); ++c) {
-    const GreedyRun alone = GreedyTogether(**model, *gpu, {prompts[c]}, kSteps, cfg->vocab_size);
-    for (size_t s = 0; s < kSteps; ++s) {
-      if (alone.margins[0][s] < 0.1f || together.margins[c][s] < 0.1f) break;
-      EXPECT_EQ(alone.tokens[0][s], together.tokens[c][s]) << "case " << c << " step " << s;
-      ++compared;
-    }
-  }
+  const size_t compared = testing::ExpectGreedyAloneEqualsTogether(**model, *gpu, prompts, kSteps, cfg->vocab_size);
   RecordProperty("compared_steps", std::to_string(compared));
   EXPECT_GT(compared, 0u) << "every first step had a low margin: nothing was compared";
 }
