@@ -1,9 +1,11 @@
 #include "cli/engine_setup.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 
@@ -17,6 +19,9 @@
 #ifdef FATHOM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "comm/nccl.h"
+#endif
+#ifdef FATHOM_HAVE_MPI
+#include "comm/mpi.h"
 #endif
 #include "model/registry.h"
 #include "model/weights.h"
@@ -152,6 +157,27 @@ bool ForceParallelPath() {
   return v != nullptr && std::string(v) == "1";
 }
 
+#ifdef FATHOM_HAVE_MPI
+// Step messages from process 0 to the others over MPI broadcasts. Receiving waits as long as it takes (an idle
+// server sends nothing); once a message has begun, the collective timeout applies.
+class MpiStepChannel final : public StepChannel {
+ public:
+  explicit MpiStepChannel(MpiWorld& world) : world_(world) {}
+  Status Send(const StepMessage& m) override {
+    std::vector<uint8_t> bytes = EncodeStep(m);
+    return world_.Broadcast(&bytes, 0, MpiWorld::DefaultTimeout(), "a step message");
+  }
+  StatusOr<StepMessage> Receive() override {
+    std::vector<uint8_t> bytes;
+    FATHOM_RETURN_IF_ERROR(world_.Broadcast(&bytes, 0, std::chrono::milliseconds(0), "the next step"));
+    return DecodeStep(bytes);
+  }
+
+ private:
+  MpiWorld& world_;
+};
+#endif
+
 #ifdef FATHOM_HAVE_CUDA
 void* CudaStream(Backend& b) {
   auto* gpu = dynamic_cast<CudaBackend*>(&b);
@@ -179,67 +205,147 @@ StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, con
                                                    const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
                                                    Backend& backend) {
   const int64_t tp = o.tensor_parallel_size;
-  if (tp <= 1 && !ForceParallelPath()) return LoadModel(folder, cfg, lo, backend);
+  const bool launched = LaunchedByMpi();
+  if (tp <= 1 && !ForceParallelPath() && !launched) return LoadModel(folder, cfg, lo, backend);
   const bool gpu = backend.device() == Device::kCuda;
-  // Rank r's backend: rank 0 is `backend`; on GPUs rank r takes the r-th device from --device's (cuda:K: K + r).
-  std::vector<std::unique_ptr<Backend>> backends(static_cast<size_t>(tp));
+  // This process's ranks: all of them, or under mpirun a consecutive run of tp / processes ranks.
+  int64_t processes = 1, process = 0;
+#ifdef FATHOM_HAVE_MPI
+  MpiWorld* world = nullptr;
+  if (launched) {
+    FATHOM_ASSIGN_OR_RETURN(world, MpiWorld::Get());
+    processes = world->size();
+    process = world->rank();
+  }
+#else
+  if (launched) {
+    return UnimplementedError("started by mpirun, but this fathom was built without MPI (install libopenmpi-dev)");
+  }
+#endif
+  if (tp % processes != 0) {
+    return InvalidArgumentError(
+        fmt::format("--tensor-parallel-size {} does not divide among {} processes", tp, processes));
+  }
+  const int64_t local = tp / processes, first_rank = process * local;
+  if (processes > 1 && !gpu && local != 1) {
+    return InvalidArgumentError(fmt::format(
+        "on --device cpu each process of an mpirun launch is one rank: start {} processes (mpirun -np {})", tp, tp));
+  }
+  // Local rank l's backend: l = 0 is `backend`; on GPUs it takes the l-th device from --device's (cuda:K: K + l).
+  std::vector<std::unique_ptr<Backend>> backends(static_cast<size_t>(local));
   std::vector<int> devices;
-  int first = 0;
-  if (gpu && device.size() > 5) first = std::atoi(device.c_str() + 5);
-  for (int64_t r = 1; r < tp; ++r) {
-    const std::string name = gpu ? fmt::format("cuda:{}", first + r) : device;
+  int first_device = 0;
+  if (gpu && device.size() > 5) first_device = std::atoi(device.c_str() + 5);
+  for (int64_t l = 1; l < local; ++l) {
+    const std::string name = gpu ? fmt::format("cuda:{}", first_device + l) : device;
     auto b = MakeBackend(name);
     if (!b.ok()) {
-      return b.status().WithContext(
-          fmt::format("--tensor-parallel-size {}: rank {} needs {}{}", tp, r, name,
-                      gpu ? fmt::format(" (ranks take cuda:{} to cuda:{})", first, first + tp - 1) : ""));
+      return b.status().WithContext(fmt::format(
+          "--tensor-parallel-size {}: rank {} needs {}{}", tp, first_rank + l, name,
+          gpu ? fmt::format(" (this process's ranks take cuda:{} to cuda:{})", first_device, first_device + local - 1)
+              : ""));
     }
-    backends[static_cast<size_t>(r)] = std::move(b).value();
+    backends[static_cast<size_t>(l)] = std::move(b).value();
   }
   std::unique_ptr<CommGroup> group;
-  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(tp));
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(local));
   if (gpu) {
 #ifdef FATHOM_HAVE_CUDA
     std::vector<void*> streams;
-    for (int64_t r = 0; r < tp; ++r) {
-      Backend& b = r == 0 ? backend : *backends[static_cast<size_t>(r)];
-      devices.push_back(static_cast<int>(first + r));
-      streams.push_back(CudaStream(b));
+    for (int64_t l = 0; l < local; ++l) {
+      devices.push_back(static_cast<int>(first_device + l));
+      streams.push_back(CudaStream(l == 0 ? backend : *backends[static_cast<size_t>(l)]));
     }
-    auto nccl = NcclGroup::CreateLocal(devices, streams, o.enable_expert_parallel);
+    StatusOr<std::unique_ptr<NcclGroup>> nccl = InternalError("no NCCL group");
+    if (processes == 1) {
+      nccl = NcclGroup::CreateLocal(devices, streams, o.enable_expert_parallel);
+    } else {
+#ifdef FATHOM_HAVE_MPI
+      // Process 0 makes the group's unique id; MPI carries it to the others.
+      std::vector<uint8_t> id;
+      if (process == 0) {
+        auto made = NcclGroup::NewUniqueId();
+        if (!made.ok()) world->Abort(made.status());
+        id = std::move(made).value();
+      }
+      FATHOM_RETURN_IF_ERROR(world->Broadcast(&id, 0, MpiWorld::DefaultTimeout(), "the NCCL unique id"));
+      nccl = NcclGroup::CreateRanks(id, tp, first_rank, devices, streams, o.enable_expert_parallel);
+#endif
+    }
     if (!nccl.ok()) return nccl.status().WithContext(fmt::format("--tensor-parallel-size {} on {}", tp, device));
-    for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = (*nccl)->Rank(r);
+    for (int64_t l = 0; l < local; ++l) comms[static_cast<size_t>(l)] = (*nccl)->Rank(first_rank + l);
     group = std::move(nccl).value();
 #else
     return UnimplementedError("this fathom was built without CUDA, so without NCCL");
 #endif
+  } else if (processes > 1) {
+#ifdef FATHOM_HAVE_MPI
+    auto mpi = std::make_unique<MpiGroup>(*world, o.enable_expert_parallel);
+    comms[0] = mpi->Rank();
+    group = std::move(mpi);
+#endif
   } else {
-    auto local = std::make_unique<LocalGroup>(tp);
-    for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = local->Rank(r, o.enable_expert_parallel);
-    group = std::move(local);
+    auto in_process = std::make_unique<LocalGroup>(tp);
+    for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = in_process->Rank(r, o.enable_expert_parallel);
+    group = std::move(in_process);
   }
-  std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(tp));
-  for (int64_t r = 0; r < tp; ++r) {
-    TensorParallelModel::Rank& rank = ranks[static_cast<size_t>(r)];
-    rank.comm = std::move(comms[static_cast<size_t>(r)]);
-    rank.backend = std::move(backends[static_cast<size_t>(r)]);
-    Backend& b = r == 0 ? backend : *rank.backend;
+  std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(local));
+  for (int64_t l = 0; l < local; ++l) {
+    TensorParallelModel::Rank& rank = ranks[static_cast<size_t>(l)];
+    rank.comm = std::move(comms[static_cast<size_t>(l)]);
+    rank.backend = std::move(backends[static_cast<size_t>(l)]);
+    Backend& b = l == 0 ? backend : *rank.backend;
     FATHOM_RETURN_IF_ERROR(b.MakeCurrent());
-    lo.show_progress = lo.show_progress && r == 0;
+    lo.show_progress = lo.show_progress && l == 0 && process == 0;
     auto model = LoadModel(folder, cfg, lo, b, *rank.comm);
-    if (!model.ok()) return model.status().WithContext(fmt::format("tensor-parallel rank {} of {}", r, tp));
+    if (!model.ok()) {
+      const Status s = model.status().WithContext(fmt::format("tensor-parallel rank {} of {}", first_rank + l, tp));
+      if (processes > 1) group->Abort(s);  // the other processes must not wait for this one
+      return s;
+    }
     rank.model = std::move(model).value();
   }
-  FATHOM_RETURN_IF_ERROR(backend.MakeCurrent());  // the engine's thread runs rank 0
-  FATHOM_LOG_INFO("tensor parallel: {} ranks {}, each loaded its shard{}", tp,
-                  gpu ? fmt::format("on cuda:{}..cuda:{} (NCCL, a thread each)", first, first + tp - 1)
-                      : std::string("on the CPU (threads)"),
-                  o.enable_expert_parallel && cfg.moe.n_routed_experts > 0
-                      ? fmt::format("; expert parallel: {} routed experts a rank", cfg.moe.n_routed_experts / tp)
-                      : std::string());
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelModel> model,
-                          TensorParallelModel::Create(std::move(group), std::move(ranks)));
-  return std::unique_ptr<Model>(std::move(model));
+  FATHOM_RETURN_IF_ERROR(backend.MakeCurrent());  // the engine's thread runs this process's first rank
+  const std::string where =
+      gpu ? fmt::format("on cuda:{}..cuda:{} (NCCL, a thread each)", first_device, first_device + local - 1)
+          : std::string(processes > 1 ? "on the CPU (one a process)" : "on the CPU (threads)");
+  const std::string experts =
+      o.enable_expert_parallel && cfg.moe.n_routed_experts > 0
+          ? fmt::format("; expert parallel: {} routed experts a rank", cfg.moe.n_routed_experts / tp)
+          : std::string();
+  if (processes == 1) {
+    FATHOM_LOG_INFO("tensor parallel: {} ranks {}, each loaded its shard{}", tp, where, experts);
+    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelModel> model,
+                            TensorParallelModel::Create(std::move(group), std::move(ranks)));
+    return std::unique_ptr<Model>(std::move(model));
+  }
+#ifdef FATHOM_HAVE_MPI
+  FATHOM_LOG_INFO("tensor parallel: {} ranks over {} processes; process {} (pid {}) holds ranks {}..{} {}{}", tp,
+                  processes, process, static_cast<int64_t>(getpid()), first_rank, first_rank + local - 1, where,
+                  experts);
+  if (process == 0) {
+    FATHOM_ASSIGN_OR_RETURN(
+        std::unique_ptr<TensorParallelModel> model,
+        TensorParallelModel::Create(std::move(group), std::move(ranks), std::make_unique<MpiStepChannel>(*world)));
+    return std::unique_ptr<Model>(std::move(model));
+  }
+  // A worker process: it runs process 0's steps until process 0's model is destroyed, then exits here (it never
+  // serves, prints or benchmarks anything itself). SIGTERM and SIGINT (which mpirun passes on) are process 0's to
+  // act on: it drains, then sends the stop; a worker that died first would fail process 0's last steps.
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  CommGroup* g = group.get();
+  auto model = TensorParallelModel::Create(std::move(group), std::move(ranks));
+  if (!model.ok()) world->Abort(model.status());
+  MpiStepChannel channel(*world);
+  const Status s = RunTensorParallelWorker(channel, **model, backend);
+  if (!s.ok()) g->Abort(s.WithContext(fmt::format("tensor-parallel process {}", process)));
+  FATHOM_LOG_INFO("tensor-parallel process {}: process 0 stopped; exiting", process);
+  model->reset();
+  std::exit(0);
+#else
+  return InternalError("unreachable: a multi-process layout without MPI");
+#endif
 }
 
 StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoad tokenizer) {

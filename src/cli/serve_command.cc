@@ -14,6 +14,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/engine_setup.h"
+#include "comm/communicator.h"
 #include "core/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_group.h"
@@ -182,6 +183,16 @@ Status Serve(ServeOptions o) {
   so.stream_logs.max_bytes = static_cast<size_t>(retention_bytes);
   so.access_log = o.access_log == "off" ? "" : o.access_log;
 
+  if (LaunchedByMpi()) {
+    if (o.data_parallel_size > 1) {
+      return InvalidArgumentError("--data-parallel-size with an mpirun launch: start one server per replica instead");
+    }
+    if (LaunchedRank() > 0) {
+      // A tensor-parallel worker process: no HTTP, no engine. It loads its ranks and runs process 0's steps until
+      // process 0 stops (LoadParallelModel does not return then).
+      return LoadModelAndTokenizer(o.engine, TokenizerLoad::kNone).status();
+    }
+  }
   if (!o.trace_file.empty()) {
     FATHOM_RETURN_IF_ERROR(obs::StartTracing());
     FATHOM_LOG_INFO("tracing to {} (written at shutdown)", o.trace_file);

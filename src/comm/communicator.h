@@ -58,4 +58,10 @@ class SingleRankCommunicator final : public Communicator {
 // A process-wide single-rank communicator, for callers that run one rank.
 Communicator& SingleRank();
 
+// True when mpirun (or another PMI launcher) started this process among two or more (comm/mpi.h), whether or not
+// this build has MPI.
+bool LaunchedByMpi();
+// This process's rank in that launch (0 otherwise), from the launcher's environment, before MPI is initialized.
+int64_t LaunchedRank();
+
 }  // namespace fathom

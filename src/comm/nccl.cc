@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -23,6 +24,10 @@ struct NcclApi {
   decltype(&ncclCommAbort) CommAbort = nullptr;
   decltype(&ncclAllReduce) AllReduce = nullptr;
   decltype(&ncclAllGather) AllGather = nullptr;
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&ncclGroupStart) GroupStart = nullptr;
+  decltype(&ncclGroupEnd) GroupEnd = nullptr;
 };
 
 NcclApi LoadApi() {
@@ -54,6 +59,10 @@ NcclApi LoadApi() {
   sym(api.CommAbort, "ncclCommAbort");
   sym(api.AllReduce, "ncclAllReduce");
   sym(api.AllGather, "ncclAllGather");
+  sym(api.GetUniqueId, "ncclGetUniqueId");
+  sym(api.CommInitRank, "ncclCommInitRank");
+  sym(api.GroupStart, "ncclGroupStart");
+  sym(api.GroupEnd, "ncclGroupEnd");
   if (missing) api.status = UnavailableError(fmt::format("the NCCL library '{}' has no {}", name, which));
   return api;
 }
@@ -90,7 +99,7 @@ class NcclRankCommunicator final : public Communicator {
   NcclRankCommunicator(NcclGroup& group, int64_t rank)
       : group_(group),
         parallel_{.tp_size = group.size(), .tp_rank = rank, .expert_parallel = group.expert_parallel_},
-        state_(group.ranks_[static_cast<size_t>(rank)]) {}
+        state_(group.ranks_[static_cast<size_t>(rank - group.first_)]) {}
   std::string_view name() const override { return "nccl"; }
   const ParallelConfig& parallel() const override { return parallel_; }
 
@@ -146,7 +155,51 @@ StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::CreateLocal(const std::vector<in
                                     fmt::format("communicator init over {} device(s)", devices.size()).c_str()));
   std::vector<RankState> ranks(devices.size());
   for (size_t r = 0; r < devices.size(); ++r) ranks[r] = {comms[r], streams[r], devices[r]};
-  return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(ranks), expert_parallel));
+  const int64_t n = static_cast<int64_t>(devices.size());
+  return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(ranks), n, 0, expert_parallel));
+}
+
+StatusOr<std::vector<uint8_t>> NcclGroup::NewUniqueId() {
+  FATHOM_RETURN_IF_ERROR(Api().status);
+  ncclUniqueId id;
+  FATHOM_RETURN_IF_ERROR(NcclStatus(Api().GetUniqueId(&id), "unique id"));
+  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(id.internal),
+                              reinterpret_cast<const uint8_t*>(id.internal) + sizeof(id.internal));
+}
+
+StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::CreateRanks(const std::vector<uint8_t>& unique_id, int64_t total,
+                                                            int64_t first, const std::vector<int>& devices,
+                                                            const std::vector<void*>& streams, bool expert_parallel) {
+  FATHOM_CHECK(
+      !devices.empty() && devices.size() == streams.size() && first + static_cast<int64_t>(devices.size()) <= total,
+      "ranks {}+{} of {}", first, devices.size(), total);
+  FATHOM_RETURN_IF_ERROR(Api().status);
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal)) {
+    return InvalidArgumentError(fmt::format("an NCCL unique id of {} bytes", unique_id.size()));
+  }
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  int previous = 0;
+  cudaGetDevice(&previous);
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  // Several ranks of one process join in one group call (NCCL requires it when one thread initializes them).
+  Status status = NcclStatus(Api().GroupStart(), "group start");
+  for (size_t l = 0; l < devices.size() && status.ok(); ++l) {
+    if (cudaSetDevice(devices[l]) != cudaSuccess) {
+      status =
+          InvalidArgumentError(fmt::format("no CUDA device {} for tensor-parallel rank {}", devices[l], first + l));
+      break;
+    }
+    status = NcclStatus(Api().CommInitRank(&comms[l], static_cast<int>(total), id, static_cast<int>(first + l)),
+                        fmt::format("rank {} of {} joining", first + l, total).c_str());
+  }
+  const Status end = NcclStatus(Api().GroupEnd(), "group end");
+  cudaSetDevice(previous);
+  FATHOM_RETURN_IF_ERROR(status);
+  FATHOM_RETURN_IF_ERROR(end);
+  std::vector<RankState> ranks(devices.size());
+  for (size_t l = 0; l < devices.size(); ++l) ranks[l] = {comms[l], streams[l], devices[l]};
+  return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(ranks), total, first, expert_parallel));
 }
 
 NcclGroup::~NcclGroup() {
@@ -159,7 +212,8 @@ NcclGroup::~NcclGroup() {
 }
 
 std::unique_ptr<Communicator> NcclGroup::Rank(int64_t rank) {
-  FATHOM_CHECK(rank >= 0 && rank < size(), "rank {} of a group of {}", rank, size());
+  FATHOM_CHECK(rank >= first_ && rank < first_ + static_cast<int64_t>(ranks_.size()), "rank {} is not in this process",
+               rank);
   return std::make_unique<NcclRankCommunicator>(*this, rank);
 }
 

@@ -13,6 +13,7 @@
 // communicators, so kernels waiting for a rank that will never come end instead of hanging the GPU.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +30,12 @@ class NcclGroup final : public CommGroup {
   // streams[r] (a cudaStream_t on devices[r]).
   static StatusOr<std::unique_ptr<NcclGroup>> CreateLocal(const std::vector<int>& devices,
                                                           const std::vector<void*>& streams, bool expert_parallel);
+  // Ranks [first, first + devices.size()) of a group of `total` that spans processes (mpirun: one process a node),
+  // all joining by `unique_id` (NewUniqueId's bytes in one process, sent to the others by the launcher's channel).
+  static StatusOr<std::unique_ptr<NcclGroup>> CreateRanks(const std::vector<uint8_t>& unique_id, int64_t total,
+                                                          int64_t first, const std::vector<int>& devices,
+                                                          const std::vector<void*>& streams, bool expert_parallel);
+  static StatusOr<std::vector<uint8_t>> NewUniqueId();
   // "2.27.7": the NCCL library this process would use, or why it cannot be opened.
   static StatusOr<std::string> Version();
 
@@ -36,8 +43,9 @@ class NcclGroup final : public CommGroup {
   NcclGroup& operator=(const NcclGroup&) = delete;
   ~NcclGroup() override;
 
-  int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
-  // Rank `rank`'s communicator; it refers to the group, which must outlive it.
+  int64_t size() const override { return total_; }
+  // Rank `rank`'s communicator (one of this process's: first <= rank < first + local ranks); it refers to the group,
+  // which must outlive it.
   std::unique_ptr<Communicator> Rank(int64_t rank);
   void Abort(const Status& why) override;
 
@@ -48,11 +56,13 @@ class NcclGroup final : public CommGroup {
     void* stream = nullptr;  // cudaStream_t
     int device = 0;
   };
-  NcclGroup(std::vector<RankState> ranks, bool expert_parallel)
-      : ranks_(std::move(ranks)), expert_parallel_(expert_parallel) {}
+  NcclGroup(std::vector<RankState> ranks, int64_t total, int64_t first, bool expert_parallel)
+      : ranks_(std::move(ranks)), total_(total), first_(first), expert_parallel_(expert_parallel) {}
   Status broken() const;
 
-  std::vector<RankState> ranks_;
+  std::vector<RankState> ranks_;  // this process's ranks: first_, first_ + 1, ...
+  const int64_t total_;
+  const int64_t first_;
   const bool expert_parallel_;
   mutable std::mutex mu_;
   Status broken_;

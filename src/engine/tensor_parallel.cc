@@ -2,19 +2,23 @@
 
 #include <fmt/format.h>
 
+#include "core/logging.h"
 #include "obs/trace.h"
 
 namespace fathom {
 
 StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::unique_ptr<CommGroup> group,
-                                                                           std::vector<Rank> ranks) {
-  FATHOM_CHECK(group != nullptr && static_cast<int64_t>(ranks.size()) == group->size(), "{} ranks for a group of {}",
-               ranks.size(), group == nullptr ? 0 : group->size());
+                                                                           std::vector<Rank> ranks,
+                                                                           std::unique_ptr<StepChannel> remote) {
+  FATHOM_CHECK(group != nullptr && !ranks.empty() && static_cast<int64_t>(ranks.size()) <= group->size(),
+               "{} ranks for a group of {}", ranks.size(), group == nullptr ? 0 : group->size());
+  FATHOM_CHECK(ranks[0].comm != nullptr, "rank 0 has no communicator");
+  const int64_t first = ranks[0].comm->rank();
   const KvCacheSpec want = ranks[0].model->kv_cache_spec();
   for (size_t r = 0; r < ranks.size(); ++r) {
-    FATHOM_CHECK(
-        ranks[r].model != nullptr && ranks[r].comm != nullptr && ranks[r].comm->rank() == static_cast<int64_t>(r),
-        "rank {} is incomplete or out of place", r);
+    FATHOM_CHECK(ranks[r].model != nullptr && ranks[r].comm != nullptr &&
+                     ranks[r].comm->rank() == first + static_cast<int64_t>(r),
+                 "rank {} is incomplete or out of place", r);
     FATHOM_CHECK(r == 0 || ranks[r].backend != nullptr, "rank {} needs a backend of its own", r);
     const KvCacheSpec got = ranks[r].model->kv_cache_spec();
     if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
@@ -22,11 +26,13 @@ StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::
       return InternalError(fmt::format("tensor-parallel rank {} has another KV cache layout than rank 0", r));
     }
   }
-  return std::unique_ptr<TensorParallelModel>(new TensorParallelModel(std::move(group), std::move(ranks)));
+  return std::unique_ptr<TensorParallelModel>(
+      new TensorParallelModel(std::move(group), std::move(ranks), std::move(remote)));
 }
 
-TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks)
-    : group_(std::move(group)), ranks_(std::move(ranks)), caches_(ranks_.size()) {
+TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks,
+                                         std::unique_ptr<StepChannel> remote)
+    : group_(std::move(group)), ranks_(std::move(ranks)), caches_(ranks_.size()), remote_(std::move(remote)) {
   threads_.resize(ranks_.size());
   for (size_t r = 1; r < ranks_.size(); ++r) {
     Backend* be = ranks_[r].backend.get();
@@ -39,6 +45,10 @@ TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::
 }
 
 TensorParallelModel::~TensorParallelModel() {
+  if (remote_ != nullptr && broken_.ok()) {
+    const Status s = remote_->Send(StepMessage::Stop());
+    if (!s.ok()) FATHOM_LOG_WARN("telling the other tensor-parallel processes to stop: {}", s.ToString());
+  }
   for (auto& t : threads_) {
     if (t != nullptr) t->Wait();
   }
@@ -57,9 +67,23 @@ Status TensorParallelModel::EnsureCaches(const KvCache& kv) {
   return OkStatus();
 }
 
+Status TensorParallelModel::SendRemote(const StepMessage& m) {
+  if (remote_ == nullptr) return OkStatus();
+  if (!broken_.ok()) return broken_;
+  Status s = remote_->Send(m);
+  if (!s.ok()) {
+    broken_ = s.WithContext("sending a step to the other tensor-parallel processes");
+    group_->Abort(broken_);
+  }
+  return broken_;
+}
+
 Status TensorParallelModel::Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
   if (!broken_.ok()) return broken_;
   FATHOM_RETURN_IF_ERROR(EnsureCaches(kv));
+  if (remote_ != nullptr) {
+    FATHOM_RETURN_IF_ERROR(SendRemote(StepMessage::Forward(batch, kv.num_blocks(), kv.block_size(), kv.dtype())));
+  }
   const size_t n = ranks_.size();
   std::vector<Status> status(n);
   std::vector<Tensor> unused(n);  // the other ranks' logits (the same as rank 0's)
@@ -90,17 +114,47 @@ Status TensorParallelModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& k
 }
 
 void TensorParallelModel::set_run_options(const ModelRunOptions& options) {
+  // A failure to send breaks the model; the next Forward returns it.
+  (void)SendRemote(StepMessage::RunOptions(options));
   for (Rank& r : ranks_) r.model->set_run_options(options);
 }
 
 Status TensorParallelModel::CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {
   if (copies.empty()) return OkStatus();
+  FATHOM_RETURN_IF_ERROR(SendRemote(StepMessage::CopyBlocks(copies)));
   FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(backend, kv, copies));
   for (size_t r = 1; r < ranks_.size(); ++r) {
     if (caches_[r].num_blocks() == 0) continue;  // nothing written there yet
     FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(*ranks_[r].backend, caches_[r], copies));
   }
   return OkStatus();
+}
+
+Status RunTensorParallelWorker(StepChannel& channel, TensorParallelModel& local, Backend& backend) {
+  KvCache kv;
+  for (;;) {
+    FATHOM_ASSIGN_OR_RETURN(StepMessage m, channel.Receive());
+    switch (m.kind) {
+      case StepMessage::Kind::kForward: {
+        if (kv.num_blocks() != m.num_blocks || kv.block_size() != m.block_size || kv.dtype() != m.kv_dtype) {
+          FATHOM_ASSIGN_OR_RETURN(
+              kv, KvCache::Allocate(backend, local.kv_cache_spec(), m.kv_dtype, m.num_blocks, m.block_size));
+        }
+        Tensor logits;  // the same as process 0's, which returns them
+        FATHOM_RETURN_IF_ERROR(local.Forward(m.batch, kv, &logits));
+        FATHOM_RETURN_IF_ERROR(backend.Synchronize());
+        break;
+      }
+      case StepMessage::Kind::kCopyBlocks:
+        if (kv.num_blocks() > 0) FATHOM_RETURN_IF_ERROR(local.CopyKvBlocks(backend, kv, m.copies));
+        break;
+      case StepMessage::Kind::kRunOptions:
+        local.set_run_options(m.run);
+        break;
+      case StepMessage::Kind::kStop:
+        return OkStatus();
+    }
+  }
 }
 
 }  // namespace fathom

@@ -13,6 +13,10 @@
 // LocalGroup on the CPU (the test double) or an NcclGroup on GPUs (one device per rank; each rank's thread makes its
 // backend's device current). A group of one rank may run on device only (a captured graph), through rank 0's model;
 // larger groups run eagerly until graphs are captured per rank.
+//
+// Across processes (mpirun, comm/mpi.h) each process holds a consecutive run of the ranks. Process 0's model has a
+// StepChannel and sends every forward step, block copy and option change to the others before running its own
+// ranks; each other process runs RunTensorParallelWorker over its ranks until process 0's model is destroyed.
 #pragma once
 
 #include <memory>
@@ -21,6 +25,7 @@
 
 #include "comm/communicator.h"
 #include "core/job_thread.h"
+#include "engine/step_message.h"
 #include "model/model.h"
 
 namespace fathom {
@@ -32,9 +37,11 @@ class TensorParallelModel final : public Model {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Model> model;
   };
-  // ranks[0] is rank 0. Every rank's model must have rank 0's config and KV cache spec.
+  // This process's ranks, consecutive (ranks[0] is rank 0 in process 0). Every rank's model must have ranks[0]'s
+  // config and KV cache spec. `remote`: process 0's channel to the other processes of a multi-process layout.
   static StatusOr<std::unique_ptr<TensorParallelModel>> Create(std::unique_ptr<CommGroup> group,
-                                                               std::vector<Rank> ranks);
+                                                               std::vector<Rank> ranks,
+                                                               std::unique_ptr<StepChannel> remote = nullptr);
   ~TensorParallelModel() override;
 
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
@@ -43,20 +50,30 @@ class TensorParallelModel final : public Model {
   // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override;
   void set_run_options(const ModelRunOptions& options) override;
-  bool SupportsForwardOnDevice() const override { return size() == 1 && ranks_[0].model->SupportsForwardOnDevice(); }
+  bool SupportsForwardOnDevice() const override {
+    return size() == 1 && remote_ == nullptr && ranks_[0].model->SupportsForwardOnDevice();
+  }
   Status ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) override;
   // The engine's block copies, on `kv` (rank 0's) and on every other rank's cache.
   Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) override;
 
  private:
-  TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks);
+  TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks, std::unique_ptr<StepChannel> remote);
   Status EnsureCaches(const KvCache& kv);
+  // Sends `m` to the other processes (if any); a failure breaks the model.
+  Status SendRemote(const StepMessage& m);
 
   std::unique_ptr<CommGroup> group_;
   std::vector<Rank> ranks_;
   std::vector<KvCache> caches_;                      // [size] ranks' caches; caches_[0] unused (the engine's)
   std::vector<std::unique_ptr<JobThread>> threads_;  // [size] ranks' threads; threads_[0] null
+  std::unique_ptr<StepChannel> remote_;
   Status broken_;
 };
+
+// The loop of a process other than 0 in a multi-process layout: runs what process 0 sends on this process's ranks
+// (`local`, whose first rank runs on the calling thread over a cache on `backend` allocated like process 0's) until
+// the stop message. Returns the first error, after which the caller must end the job (CommGroup::Abort).
+Status RunTensorParallelWorker(StepChannel& channel, TensorParallelModel& local, Backend& backend);
 
 }  // namespace fathom

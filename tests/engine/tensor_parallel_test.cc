@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -26,6 +29,53 @@ class FailingCpuBackend : public CpuBackend {
   Status Synchronize() override {
     return fail ? InternalError("injected failure on this rank") : CpuBackend::Synchronize();
   }
+};
+
+// Process 0's step messages to a worker, through memory (in place of MPI broadcasts), encoded and decoded as they
+// would travel.
+class QueueChannel final : public StepChannel {
+ public:
+  Status Send(const StepMessage& m) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(EncodeStep(m));
+    cv_.notify_all();
+    return OkStatus();
+  }
+  StatusOr<StepMessage> Receive() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty(); });
+    std::vector<uint8_t> bytes = std::move(queue_.front());
+    queue_.pop_front();
+    return DecodeStep(bytes);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> queue_;
+};
+
+// Process 0's handle on a channel the test owns (process 0's model destroys its own when it goes, while the worker
+// may still be reading the last message).
+class ChannelHandle final : public StepChannel {
+ public:
+  explicit ChannelHandle(StepChannel& c) : c_(c) {}
+  Status Send(const StepMessage& m) override { return c_.Send(m); }
+  StatusOr<StepMessage> Receive() override { return c_.Receive(); }
+
+ private:
+  StepChannel& c_;
+};
+
+// A second handle on a group another model owns (the worker "process" of a test shares process 0's LocalGroup).
+class SharedGroup final : public CommGroup {
+ public:
+  explicit SharedGroup(CommGroup& g) : g_(g) {}
+  int64_t size() const override { return g_.size(); }
+  void Abort(const Status& why) override { g_.Abort(why); }
+
+ private:
+  CommGroup& g_;
 };
 
 struct Outputs {
@@ -156,6 +206,44 @@ TEST_P(TensorParallelEngineTest, ARankThatFailsFailsTheStepAndEveryLaterOne) {
   const Status again = (*core)->Step();
   EXPECT_NE(again.message().find("injected failure on this rank"), std::string::npos) << again.ToString();
   EXPECT_TRUE(s2->finished());
+}
+
+// Two "processes" (threads here, with a queue for MPI): process 0's model holds rank 0 and sends each step, block
+// copy and option change; the worker runs rank 1 through RunTensorParallelWorker, allocating its cache like process
+// 0's. The engine's tokens equal one rank's, and the worker stops cleanly when process 0's model goes.
+TEST_P(TensorParallelEngineTest, AWorkerProcessRunsProcessZerosSteps) {
+  std::unique_ptr<Model> whole = Load(1);
+  const Outputs want = Generate(*whole);
+  LoadOptions opts;
+  opts.show_progress = false;
+  auto group = std::make_unique<LocalGroup>(2, std::chrono::seconds(20));
+  LocalGroup* shared = group.get();
+  CpuBackend worker_backend;
+  std::vector<TensorParallelModel::Rank> worker_ranks(1);
+  worker_ranks[0].comm = group->Rank(1);
+  auto wm = LoadModel(dir_, cfg_, opts, worker_backend, *worker_ranks[0].comm);
+  ASSERT_TRUE(wm.ok()) << wm.status().ToString();
+  worker_ranks[0].model = std::move(wm).value();
+  std::vector<TensorParallelModel::Rank> ranks(1);
+  ranks[0].comm = group->Rank(0);
+  auto m0 = LoadModel(dir_, cfg_, opts, rank0_, *ranks[0].comm);
+  ASSERT_TRUE(m0.ok()) << m0.status().ToString();
+  ranks[0].model = std::move(m0).value();
+
+  QueueChannel channel;
+  auto worker = TensorParallelModel::Create(std::make_unique<SharedGroup>(*shared), std::move(worker_ranks));
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  Status worker_status = InternalError("the worker did not run");
+  std::thread worker_thread([&] { worker_status = RunTensorParallelWorker(channel, **worker, worker_backend); });
+  {
+    auto process0 =
+        TensorParallelModel::Create(std::move(group), std::move(ranks), std::make_unique<ChannelHandle>(channel));
+    ASSERT_TRUE(process0.ok()) << process0.status().ToString();
+    const Outputs got = Generate(**process0);
+    EXPECT_EQ(got.tokens, want.tokens);
+  }  // process 0's model sends the stop
+  worker_thread.join();
+  EXPECT_TRUE(worker_status.ok()) << worker_status.ToString();
 }
 
 // The scheduler's randomized workload through the engine: arrivals with shared prefixes, aborts and steps under

@@ -127,10 +127,13 @@ export function buildScriptedModel(dir, scripts, {maxPositions = 4096} = {}) {
 // Starts `fathom serve --port 0 ...` and waits for /health 200. `log` collects stderr; `access` stdout lines.
 // port: a fixed port (a process sharing it with --reuse-port is ready when its own log says so, since /health on a
 // shared port may be answered by another process); 0: any free port.
-export async function startServer(args, {env = {}, timeoutMs = 120000, port: fixedPort = 0} = {}) {
+// launcher: a command that starts fathom, e.g. ['mpirun', '-np', '2'] (the child is then the launcher).
+export async function startServer(args, {env = {}, timeoutMs = 120000, port: fixedPort = 0, launcher = []} = {}) {
   // FATHOM_E2E_SERVE_ARGS adds flags to every server, e.g. "--device cuda" to run the suite on a GPU.
   const extra = (process.env.FATHOM_E2E_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
-  const child = spawn(fathomBin, ['serve', '--port', String(fixedPort), ...args, ...extra], {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
+  const argv = [fathomBin, 'serve', '--port', String(fixedPort), ...args, ...extra];
+  const cmd = launcher.length ? [...launcher, ...argv] : argv;
+  const child = spawn(cmd[0], cmd.slice(1), {env: {...process.env, ...env}, stdio: ['ignore', 'pipe', 'pipe']});
   const srv = {child, stderr: '', access: [], url: null, exitCode: null, threads: () => countThreads(child.pid)};
   let stdoutBuf = '';
   child.stdout.on('data', (d) => {
