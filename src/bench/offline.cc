@@ -158,6 +158,8 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
     r.forward_s_per_step =
         (pass.after.total_forward_s - pass.before_decode.total_forward_s) / static_cast<double>(steps);
     r.cpu_s_per_step = (pass.after.total_step_cpu_s - pass.before_decode.total_step_cpu_s) / static_cast<double>(steps);
+    r.collective_s_per_step =
+        (pass.after.total_collective_s - pass.before_decode.total_collective_s) / static_cast<double>(steps);
   }
   r.preemptions = pass.after.num_preemptions - pass.start.num_preemptions;
   if (pass.prefill_s > 0 && peaks.flops > 0) {

@@ -50,8 +50,9 @@ struct OfflineLevel {
   double decode_s = 0;
   double decode_tokens_per_s = 0;
   double total_s = 0;
-  double forward_s_per_step = 0;  // model execution share of a decode step
-  double cpu_s_per_step = 0;      // scheduling, batch building, sampling
+  double forward_s_per_step = 0;     // model execution share of a decode step
+  double cpu_s_per_step = 0;         // scheduling, batch building, sampling
+  double collective_s_per_step = 0;  // tensor parallelism: rank 0's collectives, inside forward_s_per_step
   int64_t preemptions = 0;
   double prefill_mfu = 0;
   Roofline roofline;  // of the mean decode step

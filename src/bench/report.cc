@@ -370,9 +370,11 @@ std::string FormatOfflineTable(const OfflineRunInfo& info, const std::vector<Off
         r.theoretical_tokens_per_s, r.bandwidth_bound_tokens_per_s, r.compute_bound_tokens_per_s,
         r.measured_tokens_per_s,
         Pct(r.theoretical_tokens_per_s > 0 ? r.measured_tokens_per_s / r.theoretical_tokens_per_s : 0));
-    out += fmt::format("  per decode step: {:.2f} ms model forward + {:.2f} ms engine CPU{}\n",
-                       l.forward_s_per_step * 1e3, l.cpu_s_per_step * 1e3,
-                       l.preemptions ? fmt::format("; {} preemptions", l.preemptions) : std::string());
+    out += fmt::format(
+        "  per decode step: {:.2f} ms model forward{} + {:.2f} ms engine CPU{}\n", l.forward_s_per_step * 1e3,
+        l.collective_s_per_step > 0 ? fmt::format(" (collectives {:.2f} ms)", l.collective_s_per_step * 1e3)
+                                    : std::string(),
+        l.cpu_s_per_step * 1e3, l.preemptions ? fmt::format("; {} preemptions", l.preemptions) : std::string());
   }
   out += std::string(width, '=') + "\n";
   return out;
@@ -413,6 +415,7 @@ json OfflineJson(const OfflineRunInfo& info, const std::vector<OfflineLevel>& le
                    {"decode_tokens_per_s", l.decode_tokens_per_s},
                    {"decode_forward_ms_per_step", l.forward_s_per_step * 1e3},
                    {"decode_engine_cpu_ms_per_step", l.cpu_s_per_step * 1e3},
+                   {"decode_collective_ms_per_step", l.collective_s_per_step * 1e3},
                    {"preemptions", l.preemptions},
                    {"total_s", l.total_s},
                    {"roofline",

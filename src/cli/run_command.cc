@@ -176,9 +176,11 @@ Status RunEngine(RunOptions o) {
           f.timings.detokenize * 1e3);
     }
     std::cerr << fmt::format(
-        "engine: {} steps | forward {:.1f} ms | cpu-side {:.2f} ms ({:.3f} ms/step) | kv {} blocks of {} | "
+        "engine: {} steps | forward {:.1f} ms{} | cpu-side {:.2f} ms ({:.3f} ms/step) | kv {} blocks of {} | "
         "prefix-cache hit ratio {:.2f} | preemptions {}\n",
-        st.num_steps, st.total_forward_s * 1e3, st.total_step_cpu_s * 1e3,
+        st.num_steps, st.total_forward_s * 1e3,
+        st.total_collective_s > 0 ? fmt::format(" (collectives {:.1f} ms)", st.total_collective_s * 1e3) : "",
+        st.total_step_cpu_s * 1e3,
         st.num_steps > 0 ? st.total_step_cpu_s * 1e3 / static_cast<double>(st.num_steps) : 0.0, st.num_blocks,
         o.engine.block_size, st.prefix_cache_hit_ratio, st.num_preemptions);
   }

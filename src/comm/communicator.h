@@ -7,9 +7,12 @@
 //   FATHOM_RETURN_IF_ERROR(comm.AllReduceSum(proj));        // every rank holds the total
 //
 // Collectives run in stream order on the rank's backend device: their inputs are the outputs of ops already issued,
-// and they may be recorded in a graph.
+// and they may be recorded in a graph. Every multi-rank collective is timed (stats(): the host time of the call, which
+// on the CPU includes waiting for the other ranks and on a GPU only enqueueing the NCCL kernel) and traced as an
+// "all-reduce" or "all-gather" span on the calling rank's thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 
@@ -28,10 +31,28 @@ class Communicator {
   int64_t size() const { return parallel().tp_size; }
 
   // In place: `buf` (contiguous f32, the same shape on every rank) becomes the element-wise sum over the ranks.
-  virtual Status AllReduceSum(const TensorView& buf) = 0;
+  Status AllReduceSum(const TensorView& buf);
   // In place: `buf` [size() * m, ...] (contiguous) holds this rank's m rows at [rank() * m, (rank() + 1) * m); after
   // the call it holds every rank's rows.
-  virtual Status AllGather(const TensorView& buf) = 0;
+  Status AllGather(const TensorView& buf);
+
+  // What this rank's collectives have cost so far (read from any thread).
+  struct Stats {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+    double seconds = 0.0;
+  };
+  Stats stats() const;
+
+ protected:
+  virtual Status DoAllReduceSum(const TensorView& buf) = 0;
+  virtual Status DoAllGather(const TensorView& buf) = 0;
+
+ private:
+  Status Timed(const char* what, const TensorView& buf, Status (Communicator::*op)(const TensorView&));
+  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> bytes_{0};
+  std::atomic<int64_t> nanos_{0};
 };
 
 // The state a group of ranks shares: Abort breaks every rank's collectives, those in progress and later ones, with
@@ -48,8 +69,10 @@ class SingleRankCommunicator final : public Communicator {
  public:
   std::string_view name() const override { return "single"; }
   const ParallelConfig& parallel() const override { return parallel_; }
-  Status AllReduceSum(const TensorView& /*buf*/) override { return OkStatus(); }
-  Status AllGather(const TensorView& /*buf*/) override { return OkStatus(); }
+
+ protected:
+  Status DoAllReduceSum(const TensorView& /*buf*/) override { return OkStatus(); }
+  Status DoAllGather(const TensorView& /*buf*/) override { return OkStatus(); }
 
  private:
   ParallelConfig parallel_;

@@ -16,12 +16,12 @@ class LocalRankCommunicator final : public Communicator {
       : group_(group), parallel_{.tp_size = group.size(), .tp_rank = rank, .expert_parallel = expert_parallel} {}
   std::string_view name() const override { return "local"; }
   const ParallelConfig& parallel() const override { return parallel_; }
-  Status AllReduceSum(const TensorView& buf) override {
+  Status DoAllReduceSum(const TensorView& buf) override {
     FATHOM_CHECK(buf.dtype() == DType::kF32 && buf.is_contiguous() && buf.device() == Device::kCpu,
                  "LocalGroup all-reduces contiguous f32 host tensors");
     return group_.Collective(parallel_.tp_rank, LocalGroup::Op::kAllReduceSum, buf);
   }
-  Status AllGather(const TensorView& buf) override {
+  Status DoAllGather(const TensorView& buf) override {
     FATHOM_CHECK(buf.is_contiguous() && buf.device() == Device::kCpu, "LocalGroup gathers contiguous host tensors");
     return group_.Collective(parallel_.tp_rank, LocalGroup::Op::kAllGather, buf);
   }

@@ -32,7 +32,7 @@ class MpiCommunicator final : public Communicator {
   std::string_view name() const override { return "mpi"; }
   const ParallelConfig& parallel() const override { return parallel_; }
 
-  Status AllReduceSum(const TensorView& buf) override {
+  Status DoAllReduceSum(const TensorView& buf) override {
     FATHOM_CHECK(buf.dtype() == DType::kF32 && buf.is_contiguous() && buf.device() == Device::kCpu,
                  "MpiCommunicator all-reduces contiguous f32 host tensors");
     const size_t n = static_cast<size_t>(buf.numel());
@@ -47,7 +47,7 @@ class MpiCommunicator final : public Communicator {
     return OkStatus();
   }
 
-  Status AllGather(const TensorView& buf) override {
+  Status DoAllGather(const TensorView& buf) override {
     FATHOM_CHECK(buf.is_contiguous() && buf.device() == Device::kCpu,
                  "MpiCommunicator gathers contiguous host tensors");
     const size_t bytes = buf.numel() * DTypeSize(buf.dtype()) / static_cast<size_t>(world_.size());

@@ -103,14 +103,14 @@ class NcclRankCommunicator final : public Communicator {
   std::string_view name() const override { return "nccl"; }
   const ParallelConfig& parallel() const override { return parallel_; }
 
-  Status AllReduceSum(const TensorView& buf) override {
+  Status DoAllReduceSum(const TensorView& buf) override {
     FATHOM_RETURN_IF_ERROR(Check(buf));
     FATHOM_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(buf.dtype()));
     return NcclStatus(Api().AllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), type, ncclSum,
                                       static_cast<ncclComm_t>(state_.comm), static_cast<cudaStream_t>(state_.stream)),
                       "all-reduce");
   }
-  Status AllGather(const TensorView& buf) override {
+  Status DoAllGather(const TensorView& buf) override {
     FATHOM_RETURN_IF_ERROR(Check(buf));
     if (buf.ndim() == 0 || buf.dim(0) % parallel_.tp_size != 0) {
       return InvalidArgumentError(

@@ -707,6 +707,11 @@ Status EngineCore::Step() {
   if (status.ok()) status = SampleOnBackend(path, logits, rows, &results);
   const auto t2 = sched::SteadyClock::now();
   stats_.total_forward_s += Seconds(t1, t2);
+  {
+    const double collectives = model_.collective_seconds();  // inside the forward time: tensor-parallel ranks meeting
+    stats_.last_step_collective_s = collectives - stats_.total_collective_s;
+    stats_.total_collective_s = collectives;
+  }
   if (!status.ok()) {
     std::vector<std::string> ids;
     for (const sched::ScheduledSeq& s : plan.seqs) ids.push_back(samples_.at(s.id)->req->id);
@@ -722,7 +727,8 @@ Status EngineCore::Step() {
       return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
     };
     obs::TraceComplete("schedule", "engine", ns(t0), ns(t1) - ns(t0), {{"seqs", plan.seqs.size()}});
-    obs::TraceComplete("forward", "engine", ns(t1), ns(t2) - ns(t1), {{"tokens", stats_.last_step_tokens}});
+    obs::TraceComplete("forward", "engine", ns(t1), ns(t2) - ns(t1),
+                       {{"tokens", stats_.last_step_tokens}, {"collective_ms", stats_.last_step_collective_s * 1e3}});
     obs::TraceComplete("sample+detokenize", "engine", ns(t2), ns(t3) - ns(t2));
   }
   stats_.last_step_cpu_s = Seconds(t0, t1) + Seconds(t2, t3);

@@ -76,6 +76,10 @@ struct EngineStats {
   // forward pass was issued (inside total_forward_s: what the overlap did not hide).
   double total_grammar_mask_s = 0.0;
   double total_grammar_wait_s = 0.0;
+  // Tensor parallelism: rank 0's host time in collectives (Model::collective_seconds; inside total_forward_s). On
+  // the CPU it includes waiting for the other ranks; on GPUs it is the time to enqueue NCCL's kernels.
+  double total_collective_s = 0.0;
+  double last_step_collective_s = 0.0;
   // The latest step: "prefill" (only prompt tokens), "decode" (one token per sequence) or "mixed".
   const char* last_step_kind = "";
   double last_step_s = 0.0;  // wall time of the whole step

@@ -190,6 +190,7 @@ EngineStats EngineGroup::Stats() const {
     sum.total_step_cpu_s += s.total_step_cpu_s;
     sum.total_forward_s += s.total_forward_s;
     sum.total_grammar_mask_s += s.total_grammar_mask_s;
+    sum.total_collective_s += s.total_collective_s;
     sum.total_grammar_wait_s += s.total_grammar_wait_s;
   }
   sum.kv_usage = sum.num_blocks > 0 ? static_cast<double>(used_blocks) / static_cast<double>(sum.num_blocks) : 0.0;

@@ -50,6 +50,7 @@ class TensorParallelModel final : public Model {
   // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override;
   void set_run_options(const ModelRunOptions& options) override;
+  double collective_seconds() const override { return ranks_[0].comm->stats().seconds; }
   bool SupportsForwardOnDevice() const override {
     return size() == 1 && remote_ == nullptr && ranks_[0].model->SupportsForwardOnDevice();
   }

@@ -86,6 +86,10 @@ class Model {
   // Run-time choices (ModelRunOptions), which may change between steps.
   virtual void set_run_options(const ModelRunOptions& /*options*/) {}
 
+  // The host time this model's collectives have taken so far (a tensor-parallel model's rank 0: Communicator::stats);
+  // 0 for one rank.
+  virtual double collective_seconds() const { return 0.0; }
+
   // The engine's block copies before a step: on `kv` (the engine's cache, on `backend`) and on any cache the model
   // keeps itself (a tensor-parallel model's other ranks).
   virtual Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {

@@ -67,6 +67,11 @@ ServerMetrics::ServerMetrics() {
   grammar_wait_ = &registry_.AddCounter(
       "fathom_grammar_mask_wait_seconds_total",
       "Engine thread waiting for token masks after the forward pass (what the overlap did not hide)", {"replica"});
+  collective_ = &registry_.AddCounter(
+      "fathom_collective_seconds_total",
+      "Tensor parallelism: rank 0's host time in collectives (all-reduce, all-gather), inside the forward pass; on "
+      "the CPU it includes waiting for the other ranks, on GPUs only enqueueing NCCL's kernels",
+      {"replica"});
   rejected_ = &registry_.AddCounter("fathom_requests_rejected_total", "Requests refused before generation", {"reason"});
   for (const char* reason : {"queue_full", "queue_timeout", "too_long", "invalid", "unauthorized"}) {
     rejected_->WithLabels({reason});
@@ -82,9 +87,9 @@ ServerMetrics::ServerMetrics() {
                                      "Token masks and grammar advances of a constrained request", kLatencyBuckets)
                        .Get();
   oom_ = &registry_.AddCounter("fathom_oom_events_total", "Steps that failed for lack of device memory").Get();
-  internal_errors_ = &registry_.AddCounter("fathom_internal_errors_total",
-                                           "Exceptions the request barrier caught (answered 500; each one is a bug)",
-                                           {"where"});
+  internal_errors_ =
+      &registry_.AddCounter("fathom_internal_errors_total",
+                            "Exceptions the request barrier caught (answered 500; each one is a bug)", {"where"});
   for (const char* where : {"handler", "stream", "trace"}) internal_errors_->WithLabels({where});
   if (Status s = obs::RegisterProcessMetrics(registry_); !s.ok()) FATHOM_LOG_WARN("process metrics: {}", s.message());
   if (auto gpus = obs::RegisterGpuMetrics(registry_); gpus.ok()) {
@@ -106,6 +111,7 @@ ServerMetrics::Replica& ServerMetrics::ReplicaState(int32_t replica) {
     r.prefix_queried_tokens = &prefix_queried_tokens_->WithLabels({label});
     r.grammar_mask = &grammar_mask_->WithLabels({label});
     r.grammar_wait = &grammar_wait_->WithLabels({label});
+    r.collective = &collective_->WithLabels({label});
   }
   return replicas_[static_cast<size_t>(replica)];
 }
@@ -160,6 +166,8 @@ void ServerMetrics::OnStep(const EngineStats& s, int32_t replica) {
     r.grammar_mask->Inc(s.total_grammar_mask_s - r.seen_grammar_mask_s);
   if (s.total_grammar_wait_s > r.seen_grammar_wait_s)
     r.grammar_wait->Inc(s.total_grammar_wait_s - r.seen_grammar_wait_s);
+  if (s.total_collective_s > r.seen_collective_s) r.collective->Inc(s.total_collective_s - r.seen_collective_s);
+  r.seen_collective_s = std::max(r.seen_collective_s, s.total_collective_s);
   r.seen_grammar_mask_s = std::max(r.seen_grammar_mask_s, s.total_grammar_mask_s);
   r.seen_grammar_wait_s = std::max(r.seen_grammar_wait_s, s.total_grammar_wait_s);
   r.seen_preemptions = s.num_preemptions;

@@ -46,12 +46,14 @@ class ServerMetrics {
     obs::Counter* prefix_queried_tokens = nullptr;
     obs::Counter* grammar_mask = nullptr;
     obs::Counter* grammar_wait = nullptr;
+    obs::Counter* collective = nullptr;
     // Engine counters already exported (the engine's are cumulative; the counters get the increments).
     int64_t seen_preemptions = 0;
     int64_t seen_hit_tokens = 0;
     int64_t seen_queried_tokens = 0;
     double seen_grammar_mask_s = 0.0;
     double seen_grammar_wait_s = 0.0;
+    double seen_collective_s = 0.0;
     // Prefix-cache lookups over the last kHitWindow: (time, queried, hit) samples.
     mutable std::mutex window_mu;
     std::deque<std::tuple<std::chrono::steady_clock::time_point, int64_t, int64_t>> window;
@@ -79,6 +81,7 @@ class ServerMetrics {
   obs::CounterFamily* preemptions_;
   obs::CounterFamily* grammar_mask_;
   obs::CounterFamily* grammar_wait_;
+  obs::CounterFamily* collective_;
   obs::GaugeFamily* queue_length_;
   obs::GaugeFamily* running_;
   obs::GaugeFamily* kv_usage_;

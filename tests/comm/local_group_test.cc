@@ -166,5 +166,32 @@ TEST(LocalGroupTest, SizesThatDisagreeAreAnErrorOnEveryRankAndTheNextCollectiveW
   for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// Every multi-rank collective is counted with its bytes and its time (which includes waiting for a late rank); a
+// single rank's identity collectives are not.
+TEST(LocalGroupTest, StatsCountCallsBytesAndWaiting) {
+  LocalGroup group(2);
+  std::vector<Communicator::Stats> stats(2);
+  const auto st = RunRanks(group, [&](int64_t r, Communicator& comm) -> Status {
+    std::vector<float> v(8, 1.0f);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 waits for it
+    FATHOM_RETURN_IF_ERROR(comm.AllReduceSum(TensorView(v.data(), DType::kF32, {8})));
+    FATHOM_RETURN_IF_ERROR(comm.AllGather(TensorView(v.data(), DType::kF32, {2, 4})));
+    stats[static_cast<size_t>(r)] = comm.stats();
+    return OkStatus();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const Communicator::Stats& s : stats) {
+    EXPECT_EQ(s.calls, 2);
+    EXPECT_EQ(s.bytes, 2 * 8 * 4);
+  }
+  EXPECT_GE(stats[0].seconds, 0.04);
+  EXPECT_LT(stats[1].seconds, stats[0].seconds);
+
+  SingleRankCommunicator one;
+  std::vector<float> v(4, 1.0f);
+  ASSERT_TRUE(one.AllReduceSum(TensorView(v.data(), DType::kF32, {4})).ok());
+  EXPECT_EQ(one.stats().calls, 0);
+}
+
 }  // namespace
 }  // namespace fathom

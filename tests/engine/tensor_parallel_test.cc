@@ -80,6 +80,7 @@ class SharedGroup final : public CommGroup {
 
 struct Outputs {
   std::map<std::string, std::map<int32_t, std::vector<int32_t>>> tokens;  // request -> sample -> tokens
+  double collective_s = 0.0;                                              // the engine's EngineStats
 };
 
 class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
@@ -162,6 +163,7 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
       }
     }
     EXPECT_EQ((*core)->Stats().num_free_blocks, 128);
+    run.collective_s = (*core)->Stats().total_collective_s;
     return run;
   }
 
@@ -176,10 +178,12 @@ TEST_P(TensorParallelEngineTest, RanksGiveTheTokensOfOneRank) {
   std::unique_ptr<Model> whole = Load(1);
   const Outputs want = Generate(*whole);
   ASSERT_EQ(want.tokens.at("r1").size(), 3u);
+  EXPECT_EQ(want.collective_s, 0.0);
   for (const int64_t tp : {2, 4}) {
     std::unique_ptr<Model> split = Load(tp);
     const Outputs got = Generate(*split);
     EXPECT_EQ(got.tokens, want.tokens) << "tp " << tp;
+    EXPECT_GT(got.collective_s, 0.0) << "tp " << tp;  // the ranks' all-reduces, timed
   }
 }
 

@@ -55,8 +55,10 @@ TEST(ServerMetricsTest, EngineStepsFeedStepHistogramAndCacheCounters) {
   s.prefix_cache_hit_tokens = 40;
   s.total_grammar_mask_s = 0.25;
   s.total_grammar_wait_s = 0.125;
+  s.total_collective_s = 0.5;
   m.OnStep(s);
   s.total_grammar_mask_s = 0.75;
+  s.total_collective_s = 1.25;
   s.last_step_kind = "prefill";
   s.prefix_cache_queried_tokens = 200;
   s.prefix_cache_hit_tokens = 120;
@@ -70,6 +72,8 @@ TEST(ServerMetricsTest, EngineStepsFeedStepHistogramAndCacheCounters) {
   // Structured output's mask time and the engine's wait for it: the engine's totals, differenced.
   EXPECT_TRUE(Has(text, "fathom_grammar_mask_seconds_total{replica=\"0\"} 0.75")) << text;
   EXPECT_TRUE(Has(text, "fathom_grammar_mask_wait_seconds_total{replica=\"0\"} 0.125")) << text;
+  // Tensor parallelism's collectives, likewise.
+  EXPECT_TRUE(Has(text, "fathom_collective_seconds_total{replica=\"0\"} 1.25")) << text;
 }
 
 // Two replicas' steps land in their own series, and each replica's cumulative counters are differenced on their
