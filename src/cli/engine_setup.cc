@@ -460,7 +460,19 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
           m.model->kv_cache_spec().values_per_token() * static_cast<int64_t>(DTypeSize(*ec.kv_cache_dtype));
       in.block_size = o.block_size;
       in.max_model_len = o.max_model_len > 0 ? o.max_model_len : m.config.max_position_embeddings;
-      FATHOM_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanDeviceMemory(in));
+      // Tensor parallelism: each rank's device is planned; the one with the least room sets every rank's cache.
+      std::vector<MemoryPlanInput> per_rank = {in};
+      if (const auto* tp = dynamic_cast<const TensorParallelModel*>(m.model.get())) {
+        for (int64_t r = 1; r < tp->size(); ++r) {
+          const DeviceMemoryInfo rm = tp->rank_backend(r).MemoryInfo();
+          MemoryPlanInput rank_in = in;
+          rank_in.total_bytes = rm.total_bytes;
+          rank_in.free_bytes = rm.free_bytes;
+          rank_in.start_free_bytes = -1;  // not measured before this rank's weights: all use counts as fathom's
+          per_rank.push_back(rank_in);
+        }
+      }
+      FATHOM_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanDeviceMemoryPerRank(per_rank));
       FATHOM_LOG_INFO("{}", plan.Describe());
       ec.kv_cache_memory_bytes = plan.kv_bytes;
     }

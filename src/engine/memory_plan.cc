@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/bytes.h"
 #include "format/linear_method.h"
@@ -12,8 +13,10 @@ namespace fathom {
 
 std::string MemoryPlan::Describe() const {
   return fmt::format(
-      "memory plan: {} x {} = {} for fathom; weights and runtime {}; activations for {} batched tokens {}; KV cache "
+      "memory plan{}: {} x {} = {} for fathom; weights and runtime {}; activations for {} batched tokens {}; KV cache "
       "{} = {} tokens at {} per token",
+      ranks > 1 ? fmt::format(" per rank ({} tensor-parallel ranks; rank {} has the least room)", ranks, binding_rank)
+                : std::string(),
       utilization, FormatBytes(total_bytes), FormatBytes(budget_bytes), FormatBytes(in_use_bytes), max_batched_tokens,
       FormatBytes(activation_bytes), FormatBytes(kv_bytes), kv_tokens, FormatBytes(kv_bytes_per_token));
 }
@@ -132,6 +135,21 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
   }
   const int64_t reserve = max_batched_tokens * per_token + logits + scratch;
   return reserve + reserve / 4 + (288ll << 20);
+}
+
+StatusOr<MemoryPlan> PlanDeviceMemoryPerRank(const std::vector<MemoryPlanInput>& per_rank) {
+  FATHOM_CHECK(!per_rank.empty());
+  std::optional<MemoryPlan> best;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    StatusOr<MemoryPlan> plan = PlanDeviceMemory(per_rank[r]);
+    if (!plan.ok()) {
+      return per_rank.size() > 1 ? plan.status().WithContext(fmt::format("tensor-parallel rank {}", r)) : plan.status();
+    }
+    plan->binding_rank = static_cast<int64_t>(r);
+    if (!best || plan->kv_bytes < best->kv_bytes) best = *plan;
+  }
+  best->ranks = static_cast<int64_t>(per_rank.size());
+  return *best;
 }
 
 }  // namespace fathom

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "io/model_config.h"
@@ -40,6 +41,10 @@ struct MemoryPlan {
   int64_t kv_bytes_per_token = 0;
   int64_t max_batched_tokens = 0;
   double utilization = 0.9;
+  // Tensor parallelism: the ranks planned (each on its own device, each holding the same blocks), and the one whose
+  // memory sets the cache's size.
+  int64_t ranks = 1;
+  int64_t binding_rank = 0;
 
   std::string Describe() const;
 };
@@ -48,6 +53,10 @@ struct MemoryPlan {
 // startup, when it is already spent by the weights and activations, or when the KV cache would hold fewer than
 // max_model_len tokens.
 StatusOr<MemoryPlan> PlanDeviceMemory(const MemoryPlanInput& in);
+
+// One plan per tensor-parallel rank's device (rank r: per_rank[r]); every rank's cache has the same blocks, so the
+// rank with the least room sets the KV bytes (a rank's error names it).
+StatusOr<MemoryPlan> PlanDeviceMemoryPerRank(const std::vector<MemoryPlanInput>& per_rank);
 
 // Before the weights load: kResourceExhausted when utilization x total was not free at startup (other processes
 // hold it) or cannot hold `weight_bytes`. start_free_bytes < 0: only total - free_bytes counts as in use.

@@ -45,6 +45,8 @@ class TensorParallelModel final : public Model {
   ~TensorParallelModel() override;
 
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+  // Local rank r's backend (r > 0; rank 0 runs on the engine's).
+  Backend& rank_backend(int64_t r) const { return *ranks_.at(static_cast<size_t>(r)).backend; }
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
   KvCacheSpec kv_cache_spec() const override { return ranks_[0].model->kv_cache_spec(); }
   // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).

@@ -156,5 +156,30 @@ TEST(MemoryPlanTest, ActivationReserveCoversMlaAndFp8Dequantization) {
   EXPECT_GT(plain, int64_t{2048} * 4 * (128 * (2 * 512 + 64) + 128 * 256 + 576) * 5 / 4);
 }
 
+// Tensor parallelism: every rank holds the same blocks, so the rank with the least room sets the cache; the plan
+// says so, and a rank that does not fit is named.
+TEST(MemoryPlanTest, TheRankWithTheLeastRoomSetsEveryRanksCache) {
+  MemoryPlanInput a = H200Like(), b = H200Like();
+  b.free_bytes = 120 * kGiB;  // rank 1 holds 4 GiB more
+  b.start_free_bytes = -1;
+  auto plan = PlanDeviceMemoryPerRank({a, b});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto one = PlanDeviceMemory(b);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(plan->kv_bytes, one->kv_bytes);
+  EXPECT_LT(plan->kv_bytes, PlanDeviceMemory(a)->kv_bytes);
+  EXPECT_EQ(plan->ranks, 2);
+  EXPECT_EQ(plan->binding_rank, 1);
+  EXPECT_NE(plan->Describe().find("per rank (2 tensor-parallel ranks; rank 1 has the least room)"), std::string::npos)
+      << plan->Describe();
+  b.free_bytes = 10 * kGiB;  // rank 1's weights leave no room
+  auto refused = PlanDeviceMemoryPerRank({a, b});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("tensor-parallel rank 1"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(PlanDeviceMemoryPerRank({a})->Describe().find("per rank"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace fathom
