@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "format/methods.h"
 
 namespace fathom {
@@ -70,16 +72,30 @@ class Int4Method final : public LinearMethod {
   // The group size of a layer with `in` inputs (GPTQ's -1: one group over all of them).
   int64_t Group(int64_t in) const { return group_size_ < 0 ? in : group_size_; }
 
+  // A rank's shard: column-parallel layers split their outputs in whole packed words (8 columns); row-parallel
+  // layers split their inputs, AWQ in whole scale groups (its group is the input's index over the group size) and
+  // GPTQ in whole packed words, every rank keeping all of GPTQ's scales and zeros, which g_idx (split with the inputs)
+  // indexes by group (act-order groups are spread over all inputs).
   Status CheckShape(const LinearSpec& l) const {
-    if (!l.parallel.single()) {
-      return UnimplementedError(
-          fmt::format("{}: {} weights are not split for tensor parallelism yet", l.prefix, name()));
-    }
     if (l.out % 8 != 0 || l.in % 8 != 0 || Group(l.in) <= 0) {
       return InvalidArgumentError(fmt::format("{}: a {} layer of [{}, {}] needs outputs and inputs in multiples of 8",
                                               l.prefix, name(), l.out, l.in));
     }
+    if (l.split == LinearSplit::kColumns) return l.CheckSplit(8, 1);
+    if (l.split == LinearSplit::kRows) {
+      return format_ == LinearFormat::kAwq ? l.CheckSplit(1, std::max<int64_t>(Group(l.in), 8)) : l.CheckSplit(1, 8);
+    }
     return OkStatus();
+  }
+
+  // This rank's scale and zero rows: AWQ's row-parallel shard holds its inputs' groups; otherwise all of them.
+  int64_t LocalGroups(const LinearSpec& l) const {
+    return format_ == LinearFormat::kAwq && l.split == LinearSplit::kRows ? Groups(l.in) / l.split_parts()
+                                                                          : Groups(l.in);
+  }
+  // Shards: AWQ's scales and zeros follow the weight both ways; GPTQ's only by columns.
+  WeightShard GroupShard(const LinearSpec& l) const {
+    return format_ == LinearFormat::kAwq ? l.ShardFor(1, 0) : l.ShardFor(1, -1);
   }
 
   // Scale groups over `in` inputs; a last group may be partial (V2-Lite's 10944 inputs in groups of 128: 86 groups,
@@ -88,25 +104,25 @@ class Int4Method final : public LinearMethod {
 
   Status AddSpecs(const LinearSpec& l, std::vector<WeightSpec>* specs) const override {
     FATHOM_RETURN_IF_ERROR(CheckShape(l));
-    const int64_t groups = Groups(l.in);
+    const int64_t groups = LocalGroups(l), out = l.local_out(), in = l.local_in();
     const bool awq = format_ == LinearFormat::kAwq;
     // Dummy weights: random nibbles, random zeros, one small constant scale (|W| <= 15 * 0.003), g_idx k / group.
-    WeightSpec q = LayerTensorSpec(l, ".qweight",
-                                   awq ? std::vector<int64_t>{l.in, l.out / 8} : std::vector<int64_t>{l.in / 8, l.out},
-                                   DType::kI32, {});
+    WeightSpec q =
+        LayerTensorSpec(l, ".qweight", awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out},
+                        DType::kI32, l.ShardFor(1, 0));
     q.params_per_element = 8;
     specs->push_back(std::move(q));
-    WeightSpec z = LayerTensorSpec(l, ".qzeros", {groups, l.out / 8}, DType::kI32, {});
+    WeightSpec z = LayerTensorSpec(l, ".qzeros", {groups, out / 8}, DType::kI32, GroupShard(l));
     z.params_per_element = 0;
     specs->push_back(std::move(z));
-    WeightSpec s = LayerTensorSpec(l, ".scales", {groups, l.out}, DType::kF16, {});
+    WeightSpec s = LayerTensorSpec(l, ".scales", {groups, out}, DType::kF16, GroupShard(l));
     s.init = WeightInit::kConstant;
     s.init_value = 0.003f;
     s.params_per_element = 0;
     specs->push_back(std::move(s));
     if (!awq) {
-      WeightSpec g = LayerTensorSpec(l, ".g_idx", {l.in}, DType::kI32, {});
-      g.init = WeightInit::kGroupIndex;  // desc_act false: input k in group k / group
+      WeightSpec g = LayerTensorSpec(l, ".g_idx", {in}, DType::kI32, l.ShardFor(-1, 0));
+      g.init = WeightInit::kGroupIndex;  // desc_act false: input k in group k / group (of the whole layer)
       g.init_value = static_cast<float>(Group(l.in));
       g.params_per_element = 0;
       specs->push_back(std::move(g));
@@ -118,20 +134,23 @@ class Int4Method final : public LinearMethod {
   StatusOr<LinearWeight> Bind(const LinearSpec& l, const TensorLookup& find) const override {
     FATHOM_RETURN_IF_ERROR(CheckShape(l));
     const bool awq = format_ == LinearFormat::kAwq;
-    const int64_t groups = Groups(l.in);
+    const int64_t groups = LocalGroups(l), out = l.local_out(), in = l.local_in();
     Status st;
     const TensorView* qw = Need(find, l.prefix + ".qweight", &st);
     const TensorView* qz = Need(find, l.prefix + ".qzeros", &st);
     const TensorView* sc = Need(find, l.prefix + ".scales", &st);
     const TensorView* gi = awq ? nullptr : Need(find, l.prefix + ".g_idx", &st);
     FATHOM_RETURN_IF_ERROR(st);
-    const std::string what = fmt::format("a {} layer of [{}, {}] in groups of {}", name(), l.out, l.in, Group(l.in));
+    const std::string what = fmt::format("a {} layer of [{}, {}] in groups of {}{}", name(), l.out, l.in, Group(l.in),
+                                         l.split_parts() > 1 && l.split != LinearSplit::kReplicated
+                                             ? fmt::format(" (a tensor-parallel rank's [{}, {}])", out, in)
+                                             : std::string());
+    FATHOM_RETURN_IF_ERROR(CheckTensor(*qw, l.prefix + ".qweight", {DType::kI32},
+                                       awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out},
+                                       what.c_str()));
+    FATHOM_RETURN_IF_ERROR(CheckTensor(*qz, l.prefix + ".qzeros", {DType::kI32}, {groups, out / 8}, what.c_str()));
     FATHOM_RETURN_IF_ERROR(
-        CheckTensor(*qw, l.prefix + ".qweight", {DType::kI32},
-                    awq ? std::vector<int64_t>{l.in, l.out / 8} : std::vector<int64_t>{l.in / 8, l.out}, what.c_str()));
-    FATHOM_RETURN_IF_ERROR(CheckTensor(*qz, l.prefix + ".qzeros", {DType::kI32}, {groups, l.out / 8}, what.c_str()));
-    FATHOM_RETURN_IF_ERROR(CheckTensor(*sc, l.prefix + ".scales", {DType::kF16, DType::kBF16, DType::kF32},
-                                       {groups, l.out}, what.c_str()));
+        CheckTensor(*sc, l.prefix + ".scales", {DType::kF16, DType::kBF16, DType::kF32}, {groups, out}, what.c_str()));
     LinearWeight w;
     w.format = format_;
     w.weight = *qw;
@@ -139,13 +158,13 @@ class Int4Method final : public LinearMethod {
     w.scales = *sc;
     w.group_size = Group(l.in);
     w.zero_offset = zero_offset_;
-    w.int4_out = l.out;
-    w.int4_in = l.in;
+    w.int4_out = out;
+    w.int4_in = in;
     if (gi != nullptr) {
-      FATHOM_RETURN_IF_ERROR(CheckTensor(*gi, l.prefix + ".g_idx", {DType::kI32}, {l.in}, what.c_str()));
+      FATHOM_RETURN_IF_ERROR(CheckTensor(*gi, l.prefix + ".g_idx", {DType::kI32}, {in}, what.c_str()));
       // Every group index is read as an offset into qzeros and scales: check them all once, on the host.
       if (gi->device() == Device::kCpu) {
-        for (int64_t k = 0; k < l.in; ++k) {
+        for (int64_t k = 0; k < in; ++k) {
           const int32_t g = gi->data<int32_t>()[k * gi->stride(0)];
           if (g < 0 || g >= groups) {
             return InvalidArgumentError(
