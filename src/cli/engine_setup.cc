@@ -31,8 +31,8 @@ namespace fathom {
 void AddParallelOptions(CLI::App* cmd, ParallelOptions& o) {
   cmd->add_option("--tensor-parallel-size", o.tensor_parallel_size,
                   "Tensor-parallel ranks over one model (also -tp): heads, MLP and experts split between them, KV "
-                  "heads split or shared. On --device cpu the ranks are threads of this process; GPUs need NCCL "
-                  "ranks, not built yet")
+                  "heads split or shared. On --device cpu the ranks are threads of this process; on GPUs a thread "
+                  "per GPU over NCCL; across nodes, processes started by mpirun")
       ->capture_default_str()
       ->check(CLI::Range(1, 64))
       ->group("Parallel");
@@ -158,6 +158,30 @@ bool ForceParallelPath() {
 }
 
 #ifdef FATHOM_HAVE_MPI
+// Every process's ranks' device memory (total, free), in rank order, on every process: the per-rank memory plan on
+// process 0 covers the other nodes' GPUs too. `local` ranks a process; its first is on `backend`.
+StatusOr<std::vector<DeviceMemoryInfo>> GatherRankMemory(MpiWorld& world, Backend& backend, TensorParallelModel& model,
+                                                         int64_t local) {
+  std::vector<DeviceMemoryInfo> mine = {backend.MemoryInfo()};
+  for (const DeviceMemoryInfo& m : model.RankMemory()) mine.push_back(m);
+  mine.resize(static_cast<size_t>(local));
+  std::vector<int64_t> packed, all(static_cast<size_t>(2 * local * world.size()));
+  for (const DeviceMemoryInfo& m : mine) {
+    packed.push_back(m.total_bytes);
+    packed.push_back(m.free_bytes);
+  }
+  FATHOM_RETURN_IF_ERROR(world.AllGather(packed.data(), all.data(), packed.size() * sizeof(int64_t),
+                                         MpiWorld::DefaultTimeout(), "the ranks' device memory"));
+  std::vector<DeviceMemoryInfo> out;
+  for (size_t i = 0; i < all.size(); i += 2) {
+    DeviceMemoryInfo m;
+    m.total_bytes = all[i];
+    m.free_bytes = all[i + 1];
+    out.push_back(m);
+  }
+  return out;
+}
+
 // Step messages from process 0 to the others over MPI broadcasts. Receiving waits as long as it takes (an idle
 // server sends nothing); once a message has begun, the collective timeout applies.
 class MpiStepChannel final : public StepChannel {
@@ -201,30 +225,46 @@ Status CheckWeightsFit(const ModelConfig& cfg, const ParallelOptions& po, Backen
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, const std::string& device,
-                                                   const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
-                                                   Backend& backend) {
+namespace {
+
+#ifdef FATHOM_HAVE_MPI
+// Under mpirun a failure anywhere ends the whole job: the local group is aborted first (NCCL kernels waiting for a
+// peer end), then MPI_Abort stops every process with the reason, so no process waits for one that failed.
+class JobAbortingGroup final : public CommGroup {
+ public:
+  JobAbortingGroup(std::unique_ptr<CommGroup> inner, MpiWorld& world) : inner_(std::move(inner)), world_(world) {}
+  int64_t size() const override { return inner_->size(); }
+  void Abort(const Status& why) override {
+    inner_->Abort(why);
+    world_.Abort(why);
+  }
+
+ private:
+  std::unique_ptr<CommGroup> inner_;
+  MpiWorld& world_;
+};
+#else
+class MpiWorld;
+#endif
+
+StatusOr<std::unique_ptr<Model>> LoadParallelModelIn(MpiWorld* world, const ParallelOptions& o,
+                                                     const std::string& device, const std::string& folder,
+                                                     const ModelConfig& cfg, LoadOptions lo, Backend& backend) {
   const int64_t tp = o.tensor_parallel_size;
-  const bool launched = LaunchedByMpi();
-  if (tp <= 1 && !ForceParallelPath() && !launched) return LoadModel(folder, cfg, lo, backend);
   const bool gpu = backend.device() == Device::kCuda;
   // This process's ranks: all of them, or under mpirun a consecutive run of tp / processes ranks.
   int64_t processes = 1, process = 0;
 #ifdef FATHOM_HAVE_MPI
-  MpiWorld* world = nullptr;
-  if (launched) {
-    FATHOM_ASSIGN_OR_RETURN(world, MpiWorld::Get());
+  if (world != nullptr) {
     processes = world->size();
     process = world->rank();
-  }
-#else
-  if (launched) {
-    return UnimplementedError("started by mpirun, but this fathom was built without MPI (install libopenmpi-dev)");
   }
 #endif
   if (tp % processes != 0) {
     return InvalidArgumentError(
-        fmt::format("--tensor-parallel-size {} does not divide among {} processes", tp, processes));
+        fmt::format("mpirun started {} processes, but --tensor-parallel-size {} does not divide among them: give a "
+                    "multiple of {}",
+                    processes, tp, processes));
   }
   const int64_t local = tp / processes, first_rank = process * local;
   if (processes > 1 && !gpu && local != 1) {
@@ -289,6 +329,9 @@ StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, con
     for (int64_t r = 0; r < tp; ++r) comms[static_cast<size_t>(r)] = in_process->Rank(r, o.enable_expert_parallel);
     group = std::move(in_process);
   }
+#ifdef FATHOM_HAVE_MPI
+  if (processes > 1) group = std::make_unique<JobAbortingGroup>(std::move(group), *world);
+#endif
   std::vector<TensorParallelModel::Rank> ranks(static_cast<size_t>(local));
   for (int64_t l = 0; l < local; ++l) {
     TensorParallelModel::Rank& rank = ranks[static_cast<size_t>(l)];
@@ -327,6 +370,9 @@ StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, con
     FATHOM_ASSIGN_OR_RETURN(
         std::unique_ptr<TensorParallelModel> model,
         TensorParallelModel::Create(std::move(group), std::move(ranks), std::make_unique<MpiStepChannel>(*world)));
+    FATHOM_ASSIGN_OR_RETURN(std::vector<DeviceMemoryInfo> all, GatherRankMemory(*world, backend, *model, local));
+    all.erase(all.begin(), all.begin() + local);  // this process's ranks: RankMemory reads them itself
+    model->set_remote_memory(std::move(all));
     return std::unique_ptr<Model>(std::move(model));
   }
   // A worker process: it runs process 0's steps until process 0's model is destroyed, then exits here (it never
@@ -337,6 +383,7 @@ StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, con
   CommGroup* g = group.get();
   auto model = TensorParallelModel::Create(std::move(group), std::move(ranks));
   if (!model.ok()) world->Abort(model.status());
+  if (auto m = GatherRankMemory(*world, backend, **model, local); !m.ok()) world->Abort(m.status());
   MpiStepChannel channel(*world);
   const Status s = RunTensorParallelWorker(channel, **model, backend);
   if (!s.ok()) g->Abort(s.WithContext(fmt::format("tensor-parallel process {}", process)));
@@ -345,6 +392,25 @@ StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, con
   std::exit(0);
 #else
   return InternalError("unreachable: a multi-process layout without MPI");
+#endif
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadParallelModel(const ParallelOptions& o, const std::string& device,
+                                                   const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
+                                                   Backend& backend) {
+  const bool launched = LaunchedByMpi();
+  if (o.tensor_parallel_size <= 1 && !ForceParallelPath() && !launched) return LoadModel(folder, cfg, lo, backend);
+  if (!launched) return LoadParallelModelIn(nullptr, o, device, folder, cfg, std::move(lo), backend);
+#ifdef FATHOM_HAVE_MPI
+  FATHOM_ASSIGN_OR_RETURN(MpiWorld * world, MpiWorld::Get());
+  auto model = LoadParallelModelIn(world, o, device, folder, cfg, std::move(lo), backend);
+  // A process that cannot take its part ends the job: the others would wait for it.
+  if (!model.ok()) world->Abort(model.status().WithContext(fmt::format("tensor-parallel process {}", world->rank())));
+  return model;
+#else
+  return UnimplementedError("started by mpirun, but this fathom was built without MPI (install libopenmpi-dev)");
 #endif
 }
 
@@ -374,7 +440,7 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
-  if (o.parallel.tensor_parallel_size > 1 || ForceParallelPath()) {
+  if (o.parallel.tensor_parallel_size > 1 || ForceParallelPath() || LaunchedByMpi()) {
     FATHOM_ASSIGN_OR_RETURN(m.model, LoadParallelModel(o.parallel, o.device, m.folder, m.config, lo, *m.backend));
     return m;
   }
@@ -462,9 +528,8 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
       in.max_model_len = o.max_model_len > 0 ? o.max_model_len : m.config.max_position_embeddings;
       // Tensor parallelism: each rank's device is planned; the one with the least room sets every rank's cache.
       std::vector<MemoryPlanInput> per_rank = {in};
-      if (const auto* tp = dynamic_cast<const TensorParallelModel*>(m.model.get())) {
-        for (int64_t r = 1; r < tp->size(); ++r) {
-          const DeviceMemoryInfo rm = tp->rank_backend(r).MemoryInfo();
+      if (auto* tp = dynamic_cast<TensorParallelModel*>(m.model.get())) {
+        for (const DeviceMemoryInfo& rm : tp->RankMemory()) {
           MemoryPlanInput rank_in = in;
           rank_in.total_bytes = rm.total_bytes;
           rank_in.free_bytes = rm.free_bytes;

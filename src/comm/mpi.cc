@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -118,23 +119,44 @@ Status MpiWorld::Wait(void* request, std::chrono::milliseconds timeout, const ch
   }
 }
 
+namespace {
+// An MPI call's error ends the job (the peers would otherwise wait for this process).
+void Check(MpiWorld& w, int rc, const char* call, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    w.Abort(InternalError(fmt::format("{} for {} on process {}: {}", call, what, w.rank(), MpiError(rc))));
+  }
+}
+}  // namespace
+
 Status MpiWorld::Broadcast(std::vector<uint8_t>* bytes, int root, std::chrono::milliseconds timeout, const char* what) {
   uint64_t n = bytes->size();
+  if (n > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+    Abort(InvalidArgumentError(fmt::format("{} of {} bytes is over MPI's 2 GiB count", what, n)));
+  }
   MPI_Request req;
-  MPI_Ibcast(&n, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &req);
+  Check(*this, MPI_Ibcast(&n, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &req), "MPI_Ibcast", what);
   FATHOM_RETURN_IF_ERROR(Wait(&req, timeout, what));
   bytes->resize(n);
   if (n == 0) return OkStatus();
   // Once the size arrived the sender is here: the payload has the collective timeout even for an idle worker.
   const auto payload_timeout = timeout.count() > 0 ? timeout : DefaultTimeout();
-  MPI_Ibcast(bytes->data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD, &req);
+  if (n > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+    Abort(InvalidArgumentError(fmt::format("{} of {} bytes is over MPI's 2 GiB count", what, n)));
+  }
+  Check(*this, MPI_Ibcast(bytes->data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD, &req), "MPI_Ibcast",
+        what);
   return Wait(&req, payload_timeout, what);
 }
 
 Status MpiWorld::AllGather(const void* mine, void* all, size_t n, std::chrono::milliseconds timeout, const char* what) {
+  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    Abort(InvalidArgumentError(fmt::format("{} of {} bytes a process is over MPI's 2 GiB count", what, n)));
+  }
   MPI_Request req;
-  MPI_Iallgather(mine != nullptr ? mine : MPI_IN_PLACE, static_cast<int>(n), MPI_BYTE, all, static_cast<int>(n),
-                 MPI_BYTE, MPI_COMM_WORLD, &req);
+  Check(*this,
+        MPI_Iallgather(mine != nullptr ? mine : MPI_IN_PLACE, static_cast<int>(n), MPI_BYTE, all, static_cast<int>(n),
+                       MPI_BYTE, MPI_COMM_WORLD, &req),
+        "MPI_Iallgather", what);
   return Wait(&req, timeout, what);
 }
 

@@ -104,6 +104,7 @@ class NcclRankCommunicator final : public Communicator {
   const ParallelConfig& parallel() const override { return parallel_; }
 
   Status DoAllReduceSum(const TensorView& buf) override {
+    std::shared_lock<std::shared_mutex> calls(group_.calls_mu_);
     FATHOM_RETURN_IF_ERROR(Check(buf));
     FATHOM_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(buf.dtype()));
     return NcclStatus(Api().AllReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()), type, ncclSum,
@@ -111,6 +112,7 @@ class NcclRankCommunicator final : public Communicator {
                       "all-reduce");
   }
   Status DoAllGather(const TensorView& buf) override {
+    std::shared_lock<std::shared_mutex> calls(group_.calls_mu_);
     FATHOM_RETURN_IF_ERROR(Check(buf));
     if (buf.ndim() == 0 || buf.dim(0) % parallel_.tp_size != 0) {
       return InvalidArgumentError(
@@ -195,20 +197,25 @@ StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::CreateRanks(const std::vector<ui
   }
   const Status end = NcclStatus(Api().GroupEnd(), "group end");
   cudaSetDevice(previous);
-  FATHOM_RETURN_IF_ERROR(status);
-  FATHOM_RETURN_IF_ERROR(end);
+  if (!status.ok() || !end.ok()) {
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) (void)Api().CommAbort(c);  // the ranks that did join
+    }
+    return !status.ok() ? status : end;
+  }
   std::vector<RankState> ranks(devices.size());
   for (size_t l = 0; l < devices.size(); ++l) ranks[l] = {comms[l], streams[l], devices[l]};
   return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(ranks), total, first, expert_parallel));
 }
 
 NcclGroup::~NcclGroup() {
-  const bool aborted = !broken().ok();
+  if (!broken().ok()) return;  // after an abort the communicators are gone already
+  // Destroying is collective among a node's ranks: this process's are destroyed in one group call.
+  (void)Api().GroupStart();
   for (RankState& r : ranks_) {
-    if (r.comm == nullptr) continue;
-    // After an abort the communicators are gone already.
-    if (!aborted) (void)Api().CommDestroy(static_cast<ncclComm_t>(r.comm));
+    if (r.comm != nullptr) (void)Api().CommDestroy(static_cast<ncclComm_t>(r.comm));
   }
+  (void)Api().GroupEnd();
 }
 
 std::unique_ptr<Communicator> NcclGroup::Rank(int64_t rank) {
@@ -229,6 +236,7 @@ void NcclGroup::Abort(const Status& why) {
     if (!broken_.ok()) return;
     broken_ = why;
   }
+  std::unique_lock<std::shared_mutex> calls(calls_mu_);  // enqueues in progress finish first; later ones see broken_
   // Ends the kernels of collectives already enqueued, which would otherwise wait for the failed rank forever.
   for (RankState& r : ranks_) (void)Api().CommAbort(static_cast<ncclComm_t>(r.comm));
 }

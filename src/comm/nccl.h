@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ class NcclGroup final : public CommGroup {
       : ranks_(std::move(ranks)), total_(total), first_(first), expert_parallel_(expert_parallel) {}
   Status broken() const;
 
+  // Collectives enqueue under a shared lock; Abort takes it exclusively, so no communicator is aborted (and freed)
+  // while another rank's thread is inside an NCCL call on it.
+  mutable std::shared_mutex calls_mu_;
   std::vector<RankState> ranks_;  // this process's ranks: first_, first_ + 1, ...
   const int64_t total_;
   const int64_t first_;

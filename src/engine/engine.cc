@@ -87,6 +87,9 @@ void Engine::Shutdown(ShutdownMode mode, const std::string& reason) {
 
 void Engine::Loop() {
   obs::SetTraceThreadName("engine");
+  if (const Status s = core_->MakeBackendCurrent(); !s.ok()) {
+    FATHOM_LOG_ERROR("engine thread: {}", s.ToString());  // the steps then fail with the device's error
+  }
   for (;;) {
     std::vector<std::pair<EngineRequest, std::shared_ptr<RequestStream>>> inbox;
     std::vector<std::pair<std::string, std::string>> aborts;

@@ -92,6 +92,9 @@ StatusOr<std::vector<int64_t>> LoadEosTokenIds(const std::string& model_path, co
 
 class EngineCore {
  public:
+  // The backend's device made the calling thread's (Engine's thread calls it first: a GPU other than cuda:0).
+  Status MakeBackendCurrent() { return backend_.MakeCurrent(); }
+
   static StatusOr<std::unique_ptr<EngineCore>> Create(Model& model, Backend& backend, EngineConfig config,
                                                       TextStreamFactory text = nullptr,
                                                       sched::NowFn now = sched::SteadyClock::now);

@@ -60,11 +60,33 @@ Status TensorParallelModel::EnsureCaches(const KvCache& kv) {
       caches_[1].dtype() == kv.dtype()) {
     return OkStatus();
   }
+  // Each rank's cache is allocated on its own thread, whose device is the rank's.
+  std::vector<Status> status(ranks_.size());
   for (size_t r = 1; r < ranks_.size(); ++r) {
-    FATHOM_ASSIGN_OR_RETURN(caches_[r], KvCache::Allocate(*ranks_[r].backend, ranks_[r].model->kv_cache_spec(),
-                                                          kv.dtype(), kv.num_blocks(), kv.block_size()));
+    threads_[r]->Submit([this, r, &kv, &status] {
+      StatusOr<KvCache> c = KvCache::Allocate(*ranks_[r].backend, ranks_[r].model->kv_cache_spec(), kv.dtype(),
+                                              kv.num_blocks(), kv.block_size());
+      if (c.ok()) {
+        caches_[r] = std::move(c).value();
+      } else {
+        status[r] = c.status().WithContext(fmt::format("tensor-parallel rank {}'s KV cache", r));
+      }
+    });
   }
+  for (size_t r = 1; r < ranks_.size(); ++r) threads_[r]->Wait();
+  for (const Status& s : status) FATHOM_RETURN_IF_ERROR(s);
   return OkStatus();
+}
+
+std::vector<DeviceMemoryInfo> TensorParallelModel::RankMemory() {
+  std::vector<DeviceMemoryInfo> out(ranks_.size());
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    threads_[r]->Submit([this, r, &out] { out[r] = ranks_[r].backend->MemoryInfo(); });
+  }
+  for (size_t r = 1; r < ranks_.size(); ++r) threads_[r]->Wait();
+  out.erase(out.begin());  // rank 0's is the engine's backend's
+  out.insert(out.end(), remote_memory_.begin(), remote_memory_.end());
+  return out;
 }
 
 Status TensorParallelModel::SendRemote(const StepMessage& m) {
@@ -123,10 +145,15 @@ Status TensorParallelModel::CopyKvBlocks(Backend& backend, KvCache& kv, std::spa
   if (copies.empty()) return OkStatus();
   FATHOM_RETURN_IF_ERROR(SendRemote(StepMessage::CopyBlocks(copies)));
   FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(backend, kv, copies));
+  std::vector<Status> status(ranks_.size());
   for (size_t r = 1; r < ranks_.size(); ++r) {
-    if (caches_[r].num_blocks() == 0) continue;  // nothing written there yet
-    FATHOM_RETURN_IF_ERROR(fathom::CopyKvBlocks(*ranks_[r].backend, caches_[r], copies));
+    if (caches_[r].num_blocks() == 0) continue;       // nothing written there yet
+    threads_[r]->Submit([this, r, copies, &status] {  // on the rank's thread: its device
+      status[r] = fathom::CopyKvBlocks(*ranks_[r].backend, caches_[r], copies);
+    });
   }
+  for (size_t r = 1; r < ranks_.size(); ++r) threads_[r]->Wait();
+  for (const Status& s : status) FATHOM_RETURN_IF_ERROR(s);
   return OkStatus();
 }
 

@@ -45,8 +45,10 @@ class TensorParallelModel final : public Model {
   ~TensorParallelModel() override;
 
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
-  // Local rank r's backend (r > 0; rank 0 runs on the engine's).
-  Backend& rank_backend(int64_t r) const { return *ranks_.at(static_cast<size_t>(r)).backend; }
+  // The devices' memory of every rank but rank 0 (whose backend is the engine's): this process's other ranks, read on
+  // their own threads, then the other processes' (set_remote_memory), for the per-rank memory plan.
+  std::vector<DeviceMemoryInfo> RankMemory();
+  void set_remote_memory(std::vector<DeviceMemoryInfo> m) { remote_memory_ = std::move(m); }
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
   KvCacheSpec kv_cache_spec() const override { return ranks_[0].model->kv_cache_spec(); }
   // `kv` is rank 0's; the other ranks' caches are allocated like it on first use (and again if its geometry changes).
@@ -71,6 +73,7 @@ class TensorParallelModel final : public Model {
   std::vector<KvCache> caches_;                      // [size] ranks' caches; caches_[0] unused (the engine's)
   std::vector<std::unique_ptr<JobThread>> threads_;  // [size] ranks' threads; threads_[0] null
   std::unique_ptr<StepChannel> remote_;
+  std::vector<DeviceMemoryInfo> remote_memory_;
   Status broken_;
 };
 

@@ -16,7 +16,11 @@ StatusOr<std::vector<WeightSpec>> DecoderWeightSpecs(const ModelConfig& c, const
     mlp(b, i, c);
   }
   b.Norm("model.norm.weight", c.hidden_size);
-  WeightSpec& head = b.Tensor("lm_head.weight", {c.vocab_size, c.hidden_size});
+  // lm_head: vocab-parallel where it can be (each rank's vocab / tp rows, the logits all-gathered), else whole.
+  const bool split_head = VocabParallelLmHead(c, par);
+  WeightSpec& head =
+      b.Tensor("lm_head.weight", {split_head ? c.vocab_size / par.tp_size : c.vocab_size, c.hidden_size});
+  if (split_head) head.shard = {.dim = 0, .parts = par.tp_size, .index = par.tp_rank};
   if (c.tie_word_embeddings) {
     head.fallback = "model.embed_tokens.weight";
     head.shares_storage = true;
@@ -81,8 +85,7 @@ Status DecoderModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tens
   EndStep();
   FATHOM_RETURN_IF_ERROR(status);
   be.AddInPlace(residual, proj);
-  ComputeLogits(be, residual, dev.logits_indices(), final_norm_, eps(), lm_head_, *logits);
-  return OkStatus();
+  return ComputeLogits(be, residual, dev.logits_indices(), final_norm_, eps(), lm_head_, *logits, comm_);
 }
 
 }  // namespace fathom

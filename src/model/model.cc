@@ -60,15 +60,32 @@ StatusOr<TensorView> UploadConstant(Backend& be, std::span<const float> values, 
   return v;
 }
 
-void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
-                   float eps, const LinearWeight& lm_head, const TensorView& logits) {
-  const int64_t n_out = indices.dim(0), h = hidden.dim(1);
-  if (n_out == 0) return;
+Status ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
+                     float eps, const LinearWeight& lm_head, const TensorView& logits, Communicator& comm) {
+  const int64_t n_out = indices.dim(0), h = hidden.dim(1), vocab = logits.dim(1);
+  if (n_out == 0) return OkStatus();
   Tensor rows = be.Alloc(be.activation_dtype(), {n_out, h});    // [n_logits, hidden]
   Tensor rows_n = be.Alloc(be.activation_dtype(), {n_out, h});  // [n_logits, hidden]
   be.GatherRows(hidden, indices, rows);
   be.RmsNorm(rows, final_norm, eps, rows_n);
-  be.Linear(rows_n, lm_head, logits);
+  const int64_t local = lm_head.out_features();
+  if (local == vocab) {
+    be.Linear(rows_n, lm_head, logits);
+    return OkStatus();
+  }
+  const int64_t ranks = comm.size(), rank = comm.rank();
+  FATHOM_CHECK_EQ(local * ranks, vocab);
+  Tensor gathered = be.Alloc(DType::kF32, {ranks * n_out, local});  // [ranks, n_logits, vocab / ranks]
+  be.Linear(rows_n, lm_head, gathered.view().Slice(0, rank * n_out, (rank + 1) * n_out));
+  FATHOM_RETURN_IF_ERROR(comm.AllGather(gathered));
+  for (int64_t r = 0; r < ranks; ++r) {  // rank r's columns are logits[:, r * local, (r + 1) * local)
+    be.Copy(gathered.view().Slice(0, r * n_out, (r + 1) * n_out), logits.Slice(1, r * local, (r + 1) * local));
+  }
+  return OkStatus();
+}
+
+bool VocabParallelLmHead(const ModelConfig& cfg, const ParallelConfig& par) {
+  return !cfg.tie_word_embeddings && !par.single() && cfg.vocab_size % par.tp_size == 0;
 }
 
 int64_t BatchOnDevice::PackedSize(const ForwardBatch& b) {

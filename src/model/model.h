@@ -103,8 +103,14 @@ Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const Kv
 
 // The common tail of a decoder: logits [n_logits, vocab] = lm_head(RmsNorm(hidden[indices])), computed only for the
 // rows asked for.   hidden [n_tokens, hidden_size]; indices i32 [n_logits]
-void ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
-                   float eps, const LinearWeight& lm_head, const TensorView& logits);
+// A vocab-parallel lm_head (this rank's vocab / ranks rows: fewer than logits' columns) computes this rank's columns,
+// all-gathers every rank's over `comm`, and lays them side by side, so every rank returns the whole logits.
+Status ComputeLogits(Backend& be, const TensorView& hidden, const TensorView& indices, const TensorView& final_norm,
+                     float eps, const LinearWeight& lm_head, const TensorView& logits, Communicator& comm);
+
+// Whether a decoder's lm_head is vocab-parallel under `par`: untied, more than one rank, and a vocabulary that
+// divides among them (otherwise every rank holds it whole).
+bool VocabParallelLmHead(const ModelConfig& cfg, const ParallelConfig& par);
 
 // A constant a model computes on the host at load time (rope frequencies, MLA's per-head projections): `values`
 // converted to `dtype`, shaped `shape`, placed on the backend's device. `keep` owns the tensors (the CPU backend's

@@ -85,5 +85,35 @@ TEST(RegistryTest, ExpertParallelRanksHoldTheirExpertsWhole) {
       << refused.status().ToString();
 }
 
+// The lm_head is vocab-parallel where the vocabulary divides and the head is untied; tied heads stay whole.
+TEST(RegistryTest, LmHeadIsSplitByVocabularyWhereItCanBe) {
+  StatusOr<ModelConfig> cfg = LoadModelConfig(testing::ModelDir("llama3-distill-tiny"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_FALSE(cfg->tie_word_embeddings);
+  auto arch = FindArchitecture(cfg->architecture);
+  ASSERT_TRUE(arch.ok());
+  const auto head_of = [&](const ModelConfig& c, int64_t tp, int64_t rank) {
+    auto specs = (*arch)->weight_specs(c, ParallelConfig{.tp_size = tp, .tp_rank = rank});
+    FATHOM_CHECK(specs.ok(), "{}", specs.status().ToString());
+    for (const WeightSpec& w : *specs) {
+      if (w.name == "lm_head.weight") return w;
+    }
+    FATHOM_CHECK(false, "no lm_head");
+    return WeightSpec{};
+  };
+  ASSERT_EQ(cfg->vocab_size % 2, 0);
+  const WeightSpec split = head_of(*cfg, 2, 1);
+  EXPECT_EQ(split.shape, (std::vector<int64_t>{cfg->vocab_size / 2, cfg->hidden_size}));
+  EXPECT_EQ(split.shard.dim, 0);
+  EXPECT_EQ(split.shard.index, 1);
+  EXPECT_FALSE(head_of(*cfg, 1, 0).shard.sharded());
+  ModelConfig tied = *cfg;
+  tied.tie_word_embeddings = true;
+  EXPECT_FALSE(head_of(tied, 2, 1).shard.sharded());
+  ModelConfig odd = *cfg;
+  odd.vocab_size += 1;
+  EXPECT_EQ(head_of(odd, 2, 0).shape[0], odd.vocab_size);
+}
+
 }  // namespace
 }  // namespace fathom
