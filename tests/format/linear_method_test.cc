@@ -128,9 +128,26 @@ TEST(LinearMethodTest, UnsupportedMethodsAreRefusedByNameForEveryFamily) {
   c = *gptq;
   c.quant.group_size = 0;
   EXPECT_EQ(Specs(c).status().code(), StatusCode::kInvalidArgument);
-  // Tensor parallelism of 4-bit layers is not written yet: a clear refusal, not a wrong shard.
+  // Tensor parallelism of 4-bit layers (this test refused it before it was built): a column-parallel layer's shard
+  // holds whole packed words of outputs, a row-parallel GPTQ layer's whole words of inputs with every scale group
+  // (g_idx, split with the inputs, indexes them); a layer that does not split into whole words is refused by name.
   c = *gptq;
-  EXPECT_EQ(Specs(c, ParallelConfig{.tp_size = 2, .tp_rank = 0}).status().code(), StatusCode::kUnimplemented);
+  auto split = Specs(c, ParallelConfig{.tp_size = 2, .tp_rank = 1});
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  const WeightSpec& q = Find(*split, "model.layers.0.self_attn.q_proj.qweight");
+  EXPECT_EQ(q.shape, (std::vector<int64_t>{4096 / 8, 4096 / 2}));
+  EXPECT_EQ(q.shard.dim, 1);
+  const WeightSpec& down = Find(*split, "model.layers.0.mlp.down_proj.qweight");
+  EXPECT_EQ(down.shape, (std::vector<int64_t>{14336 / 2 / 8, 4096}));
+  EXPECT_EQ(down.shard.dim, 0);
+  EXPECT_EQ(Find(*split, "model.layers.0.mlp.down_proj.scales").shape, (std::vector<int64_t>{14336 / 128, 4096}));
+  EXPECT_FALSE(Find(*split, "model.layers.0.mlp.down_proj.scales").shard.sharded());
+  EXPECT_EQ(Find(*split, "model.layers.0.mlp.down_proj.g_idx").shape, (std::vector<int64_t>{14336 / 2}));
+  c.intermediate_size = 14336 + 8;  // 1793 words of outputs: no whole half
+  auto refused = Specs(c, ParallelConfig{.tp_size = 2, .tp_rank = 0});
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("do not split into 2 tensor-parallel parts"), std::string::npos)
+      << refused.status().ToString();
   ModelConfig cfg = TinyConfig("llama3-distill-tiny");
   for (const char* method : {"compressed-tensors", "bitsandbytes", "exl2"}) {
     cfg.quant = QuantConfig{};
