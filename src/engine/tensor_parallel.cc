@@ -167,9 +167,8 @@ Status RunTensorParallelWorker(StepChannel& channel, TensorParallelModel& local,
           FATHOM_ASSIGN_OR_RETURN(
               kv, KvCache::Allocate(backend, local.kv_cache_spec(), m.kv_dtype, m.num_blocks, m.block_size));
         }
-        Tensor logits;  // the same as process 0's, which returns them
+        Tensor logits;  // the same as process 0's, which returns them; Forward has synchronized
         FATHOM_RETURN_IF_ERROR(local.Forward(m.batch, kv, &logits));
-        FATHOM_RETURN_IF_ERROR(backend.Synchronize());
         break;
       }
       case StepMessage::Kind::kCopyBlocks:

@@ -6,26 +6,13 @@
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
 import {after, before, test} from 'node:test';
-import OpenAI from 'openai';
 
-import {fathomBin, startServer} from './lib/fathom.mjs';
+import {fathomBin, greedyDemo, startServer} from './lib/fathom.mjs';
 
 const prompts = ['Hello', 'def fib(n):', 'The capital of France is', '1, 2, 3,', 'Once upon a time', '{"a":'];
 let one, two, ep;
 
-async function greedy(srv) {
-  const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x', maxRetries: 0});
-  const ask = (prompt) => client.completions.create({model: 'deepseek-v3-demo', prompt, max_tokens: 12,
-                                                     temperature: 0, ignore_eos: true});
-  const alone = [];
-  for (const p of prompts) alone.push((await ask(p)).choices[0].text);
-  const batched = (await Promise.all(prompts.map(ask))).map((r) => r.choices[0].text);
-  const stream = await client.chat.completions.create({model: 'deepseek-v3-demo', stream: true, max_tokens: 12,
-                                                       temperature: 0, messages: [{role: 'user', content: 'Hi'}]});
-  let chat = '';
-  for await (const chunk of stream) chat += chunk.choices[0]?.delta?.content ?? '';
-  return {alone, batched, chat};
-}
+const greedy = (srv) => greedyDemo(srv, prompts, 12, {chat: true});
 
 before(async () => {
   one = await startServer(['--max-model-len', '512']);

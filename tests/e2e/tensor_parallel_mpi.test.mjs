@@ -9,7 +9,7 @@ import OpenAI from 'openai';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
 
-import {startServer} from './lib/fathom.mjs';
+import {greedyDemo, startServer} from './lib/fathom.mjs';
 
 const mpirun = ['mpirun', '-np', '2', '--oversubscribe'];
 // CI runs as root; Open MPI refuses that unless told. Under ASan, Open MPI's own allocations are not reported as
@@ -21,15 +21,7 @@ const mpiEnv = {OMPI_ALLOW_RUN_AS_ROOT: '1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: '1'
                 LSAN_OPTIONS: `suppressions=${supp}:print_suppressions=0`};
 const prompts = ['Hello', 'def fib(n):', 'The capital of France is', '1, 2, 3,'];
 
-async function greedy(srv) {
-  const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x', maxRetries: 0});
-  const ask = (prompt) => client.completions.create({model: 'deepseek-v3-demo', prompt, max_tokens: 10,
-                                                     temperature: 0, ignore_eos: true});
-  const alone = [];
-  for (const p of prompts) alone.push((await ask(p)).choices[0].text);
-  const batched = (await Promise.all(prompts.map(ask))).map((r) => r.choices[0].text);
-  return {alone, batched};
-}
+const greedy = (srv) => greedyDemo(srv, prompts, 10);
 
 // The pid of process `rank` of a multi-process server (its startup line).
 function pidOf(srv, rank) {
@@ -71,25 +63,27 @@ test('two processes give the greedy outputs of one, alone and batched, and stop 
   assert.match(two.stderr, /tensor-parallel process 1: process 0 stopped; exiting/);
 });
 
-test('a rank process that dies ends the job, and mpirun names it', async () => {
-  const two = await startServer(['-tp', '2', '--max-model-len', '512'], {launcher: mpirun, env: mpiEnv});
-  process.kill(pidOf(two, 1), 'SIGKILL');
-  const client = new OpenAI({baseURL: two.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 30000});
+// Starts `mpirun -np 2 fathom serve -tp 2`, sends `signal` to rank process 1, asks for a completion (which cannot
+// finish), and waits up to 60 s for the job to end. Returns the launcher's exit code ('still running' if it hung,
+// after killing it) and its stderr.
+async function signalRankOne(signal, env) {
+  const two = await startServer(['-tp', '2', '--max-model-len', '512'], {launcher: mpirun, env});
+  process.kill(pidOf(two, 1), signal);
+  const client = new OpenAI({baseURL: two.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 60000});
   await client.completions.create({model: 'deepseek-v3-demo', prompt: 'Hello', max_tokens: 4}).catch(() => {});
-  const code = await exitWithin(two, 60000);
-  assert.notEqual(code, 'still running', 'the job hung after a rank died:\n' + two.stderr);
-  assert.notEqual(code, 0, two.stderr);
-  assert.match(two.stderr, /exited on signal 9|killed|terminated/i);
+  return {code: await exitWithin(two, 60000), stderr: two.stderr};
+}
+
+test('a rank process that dies ends the job, and mpirun names it', async () => {
+  const {code, stderr} = await signalRankOne('SIGKILL', mpiEnv);
+  assert.notEqual(code, 'still running', 'the job hung after a rank died:\n' + stderr);
+  assert.notEqual(code, 0, stderr);
+  assert.match(stderr, /exited on signal 9|killed|terminated/i);
 });
 
 test('a rank process that stops answering ends the job after the collective timeout', async () => {
-  const env = {...mpiEnv, FATHOM_COLLECTIVE_TIMEOUT_S: '3'};
-  const two = await startServer(['-tp', '2', '--max-model-len', '512'], {launcher: mpirun, env});
-  process.kill(pidOf(two, 1), 'SIGSTOP');
-  const client = new OpenAI({baseURL: two.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 60000});
-  await client.completions.create({model: 'deepseek-v3-demo', prompt: 'Hello', max_tokens: 4}).catch(() => {});
-  const code = await exitWithin(two, 60000);
-  assert.notEqual(code, 'still running', 'the job hung on a stopped rank:\n' + two.stderr);
-  assert.notEqual(code, 0, two.stderr);
-  assert.match(two.stderr, /waited 3 s at .* for a peer process that did not come/);
+  const {code, stderr} = await signalRankOne('SIGSTOP', {...mpiEnv, FATHOM_COLLECTIVE_TIMEOUT_S: '3'});
+  assert.notEqual(code, 'still running', 'the job hung on a stopped rank:\n' + stderr);
+  assert.notEqual(code, 0, stderr);
+  assert.match(stderr, /waited 3 s at .* for a peer process that did not come/);
 });

@@ -12,6 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import {fileURLToPath} from 'node:url';
+import OpenAI from 'openai';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const repoRoot = path.resolve(here, '../../..');
@@ -282,4 +283,22 @@ export async function readSse(response, {onEvent} = {}) {
     }
   }
   return events;
+}
+
+// The built-in demo's greedy completions of `prompts` (max_tokens each, ignore_eos) from `srv`: one at a time
+// (alone), then all at once (batched); with chat, also a streamed greedy chat reply to "Hi". Layouts that split the
+// model (tensor parallelism) must give the outputs of one rank.
+export async function greedyDemo(srv, prompts, maxTokens, {chat = false} = {}) {
+  const client = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'x', maxRetries: 0});
+  const ask = (prompt) => client.completions.create({model: 'deepseek-v3-demo', prompt, max_tokens: maxTokens,
+                                                     temperature: 0, ignore_eos: true});
+  const alone = [];
+  for (const p of prompts) alone.push((await ask(p)).choices[0].text);
+  const batched = (await Promise.all(prompts.map(ask))).map((r) => r.choices[0].text);
+  if (!chat) return {alone, batched};
+  const stream = await client.chat.completions.create({model: 'deepseek-v3-demo', stream: true, max_tokens: maxTokens,
+                                                       temperature: 0, messages: [{role: 'user', content: 'Hi'}]});
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  return {alone, batched, chat: text};
 }
