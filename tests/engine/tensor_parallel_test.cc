@@ -220,6 +220,8 @@ TEST_P(TensorParallelEngineTest, AWorkerProcessRunsProcessZerosSteps) {
   const Outputs want = Generate(*whole);
   LoadOptions opts;
   opts.show_progress = false;
+  // The group outlives both "processes" (real ones each have their own): the worker may still be leaving the last
+  // collective when process 0's model is destroyed.
   auto group = std::make_unique<LocalGroup>(2, std::chrono::seconds(20));
   LocalGroup* shared = group.get();
   CpuBackend worker_backend;
@@ -240,8 +242,8 @@ TEST_P(TensorParallelEngineTest, AWorkerProcessRunsProcessZerosSteps) {
   Status worker_status = InternalError("the worker did not run");
   std::thread worker_thread([&] { worker_status = RunTensorParallelWorker(channel, **worker, worker_backend); });
   {
-    auto process0 =
-        TensorParallelModel::Create(std::move(group), std::move(ranks), std::make_unique<ChannelHandle>(channel));
+    auto process0 = TensorParallelModel::Create(std::make_unique<SharedGroup>(*shared), std::move(ranks),
+                                                std::make_unique<ChannelHandle>(channel));
     ASSERT_TRUE(process0.ok()) << process0.status().ToString();
     const Outputs got = Generate(**process0);
     EXPECT_EQ(got.tokens, want.tokens);
