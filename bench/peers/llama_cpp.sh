@@ -2,16 +2,21 @@
 # The llama.cpp peer, measured in the same GPU-machine call as fathom (../shared/peers/README.md): builds llama.cpp
 # from its trimmed source (a CPU-only step, which can overlap fathom's GPU runs), then writes random-weight GGUFs in
 # the real shapes with make_gguf.py and runs llama-bench on each (after fathom's runs: the GPU is not shared).
-# Prints llama-bench's JSON lines; llama.cpp's source and binaries never enter the repository.
+# Prints llama-bench's and llama-batched-bench's JSON lines; llama.cpp's source and binaries never enter the
+# repository.
 #
 #   bench/peers/llama_cpp.sh build SRC.tar.xz OUT_DIR
 #   bench/peers/llama_cpp.sh run OUT_DIR MAKE_GGUF.py PRESET:DTYPE [PRESET:DTYPE ...]
 #   e.g. ... run /tmp/peer make_gguf.py r1-distill-llama-8b:f16 deepseek-v2-lite:f16 > peer.jsonl
 #
 # SRC.tar.xz holds llama.cpp's CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app
-# scripts/ui-assets.cmake (the node-llama-cpp 3.22.1 npm package's bundle, commit de3ff81). Each model: llama-bench
-# -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl (pp512: a 512-token prefill; tg128: batch-1 decode), then its GGUF is
-# deleted.
+# scripts/ui-assets.cmake (the node-llama-cpp 3.22.1 npm package's bundle, commit de3ff81). Each model, then its GGUF
+# is deleted:
+#   - llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl (pp512: a 512-token prefill; tg128: batch-1 decode);
+#   - llama-batched-bench -ngl 99 -fa 1 -c 172032 -b 4096 -ub 1024 -npp 512 -ntg 128 -npl $PEER_NPL
+#     --output-format jsonl (PEER_NPL defaults to 1,16,64,256: that many sequences of 512 prompt and 128 generated
+#     tokens each; speed_tg is their decode throughput). Its lines get "model" and "tool" fields, so bench/summary.py
+#     can tell them apart.
 set -euo pipefail
 case "$1" in
   build)
@@ -42,6 +47,10 @@ case "$1" in
       python3 "$gguf_tool" --preset "$preset" --dtype "$dtype" -o "$f" >&2
       echo "peer: llama-bench $preset $dtype" >&2
       "$out/b/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl
+      echo "peer: llama-batched-bench $preset $dtype" >&2
+      "$out/b/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 172032 -b 4096 -ub 1024 -npp 512 -ntg 128 \
+        -npl "${PEER_NPL:-1,16,64,256}" --output-format jsonl 2>"$out/batched-$preset-$dtype.log" |
+        sed -n "s/^{/{\"tool\": \"llama-batched-bench\", \"model\": \"$preset-$dtype\", /p"
       rm -f "$f"
     done
     ;;

@@ -63,7 +63,7 @@ ModelCosts ComputeModelCosts(const ModelConfig& cfg, const std::vector<WeightSpe
       c.matmul_params += n * static_cast<double>(s.params_per_element) * s.active_fraction;
     if (s.name == "lm_head.weight") c.lm_head_params = n;
   }
-  c.kv_bytes_per_token = static_cast<double>(kv.values_per_token()) * static_cast<double>(DTypeSize(kv_dtype));
+  c.kv_bytes_per_token = static_cast<double>(kv.bytes_per_token(kv_dtype));
   c.kv_dtype = std::string(DTypeName(kv_dtype));
   int64_t qk_dim = cfg.head_dim, v_dim = cfg.head_dim;
   if (cfg.is_mla) {

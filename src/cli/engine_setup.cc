@@ -94,7 +94,8 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o, bool model_required) {
       ->capture_default_str()
       ->group(engine_group);
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                  "auto (bfloat16 on a GPU, float32 on the CPU), float32, float16 or bfloat16")
+                  "auto (bfloat16 on a GPU, float32 on the CPU), float32, float16, bfloat16 or fp8 (e4m3 with a "
+                  "float32 scale per token and head)")
       ->capture_default_str()
       ->group(engine_group);
   cmd->add_flag("--enforce-eager", o.enforce_eager,
@@ -494,17 +495,10 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
     return InvalidArgumentError("--max-queue-len and --max-queue-delay-ms must be >= 0");
   }
   EngineConfig ec;
-  if (o.kv_cache_dtype == "auto") {
-    ec.kv_cache_dtype = m.backend->kv_cache_dtype();
-  } else {
-    StatusOr<DType> kv = DTypeFromString(o.kv_cache_dtype);
-    if (!kv.ok() || *kv == DType::kF8E4M3) {
-      return InvalidArgumentError(
-          fmt::format("--kv-cache-dtype '{}' is not supported: use auto, float32, float16 or "
-                      "bfloat16",
-                      o.kv_cache_dtype));
-    }
-    ec.kv_cache_dtype = *kv;
+  FATHOM_ASSIGN_OR_RETURN(ec.kv_cache_dtype, ParseKvCacheDtype(o.kv_cache_dtype, m.backend->kv_cache_dtype()));
+  if (!m.backend->SupportsKvCacheDtype(*ec.kv_cache_dtype)) {
+    return InvalidArgumentError(fmt::format("--kv-cache-dtype {}: the {} backend has no kernels for a {} cache yet",
+                                            o.kv_cache_dtype, m.backend->name(), DTypeName(*ec.kv_cache_dtype)));
   }
   ec.block_size = o.block_size;
   ec.num_blocks = o.num_kv_blocks;
@@ -522,8 +516,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
       in.utilization = o.gpu_memory_utilization;
       in.max_batched_tokens = o.max_num_batched_tokens;
       in.activation_bytes = ActivationReserveBytes(m.config, o.max_num_batched_tokens, o.max_num_seqs);
-      in.kv_bytes_per_token =
-          m.model->kv_cache_spec().values_per_token() * static_cast<int64_t>(DTypeSize(*ec.kv_cache_dtype));
+      in.kv_bytes_per_token = m.model->kv_cache_spec().bytes_per_token(*ec.kv_cache_dtype);
       in.block_size = o.block_size;
       in.max_model_len = o.max_model_len > 0 ? o.max_model_len : m.config.max_position_embeddings;
       // Tensor parallelism: each rank's device is planned; the one with the least room sets every rank's cache.

@@ -43,7 +43,7 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--threads", o.threads, "CPU threads (default: FATHOM_NUM_THREADS or all cores)");
   cmd->add_option("--weights-seed", o.seed, "Seed of dummy weights")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                  "auto (float32 on the CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16")
+                  "auto (float32 on the CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16 | fp8")
       ->capture_default_str();
 }
 
@@ -69,11 +69,7 @@ StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
 // Identity block table 0..n-1 over a pool just large enough for `tokens` tokens.
 StatusOr<KvCache> AllocateFor(Loaded& l, int64_t tokens, const ModelOptions& o, std::vector<int32_t>* table) {
   const int block_size = o.block_size;
-  DType kv_dtype = l.backend->device() == Device::kCuda ? DType::kBF16 : DType::kF32;
-  if (o.kv_cache_dtype != "auto") {
-    FATHOM_ASSIGN_OR_RETURN(kv_dtype, DTypeFromString(o.kv_cache_dtype));
-    if (kv_dtype == DType::kF8E4M3) return InvalidArgumentError("--kv-cache-dtype: fp8 caches are not supported yet");
-  }
+  FATHOM_ASSIGN_OR_RETURN(const DType kv_dtype, ParseKvCacheDtype(o.kv_cache_dtype, l.backend->kv_cache_dtype()));
   const int64_t blocks = std::max<int64_t>(1, (tokens + block_size - 1) / block_size);
   table->resize(static_cast<size_t>(blocks));
   for (int64_t i = 0; i < blocks; ++i) (*table)[static_cast<size_t>(i)] = static_cast<int32_t>(i);
@@ -146,13 +142,10 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
     lo.show_progress = false;
     FATHOM_ASSIGN_OR_RETURN(store, LoadWeights(o.model, specs, lo, cpu));
   }
-  DType kv_dtype = cfg.dtype;
-  if (kv_dtype_name != "auto") {
-    FATHOM_ASSIGN_OR_RETURN(kv_dtype, DTypeFromString(kv_dtype_name));
-  }
+  FATHOM_ASSIGN_OR_RETURN(const DType kv_dtype, ParseKvCacheDtype(kv_dtype_name, cfg.dtype));
   const WeightStats st = ComputeWeightStats(specs, store.get());
   const KvCacheSpec kv = arch->kv_cache_spec(cfg);
-  const int64_t kv_bytes = kv.values_per_token() * static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t kv_bytes = kv.bytes_per_token(kv_dtype);
 
   std::cout << fmt::format("architecture:      {} (model_type {})\n", cfg.architecture, cfg.model_type);
   std::cout << fmt::format("weights:           {}\n", format == LoadFormat::kDummy ? "dummy (not allocated)" : o.model);
@@ -174,8 +167,11 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
     std::cout << fmt::format("bytes {:<12} {} ({})\n", std::string(DTypeName(dt)) + ":",
                              HumanBytes(static_cast<double>(bytes)), bytes);
   }
-  std::cout << fmt::format("kv cache:          {} bytes per token ({}, {} values per token)\n", kv_bytes,
-                           DTypeName(kv_dtype), kv.values_per_token());
+  std::cout << fmt::format("kv cache:          {} bytes per token ({}, {} values per token{})\n", kv_bytes,
+                           DTypeName(kv_dtype), kv.values_per_token(),
+                           kv_dtype == DType::kF8E4M3
+                               ? fmt::format(" and a float32 scale per {} values", kv.k_scale_group())
+                               : std::string());
   std::cout << fmt::format("decode reads:      {} of weights per decoded token at batch 1 ({:.0f} bytes)\n",
                            HumanBytes(st.bytes_read_per_token), st.bytes_read_per_token);
   const int64_t tp = o.parallel.tensor_parallel_size;
@@ -191,8 +187,7 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
       rank_reads = std::max(rank_reads, rs.bytes_read_per_token);
     }
     const ParallelConfig par0{.tp_size = tp, .expert_parallel = o.parallel.enable_expert_parallel};
-    const int64_t rank_kv =
-        arch->kv_cache_spec(cfg, par0).values_per_token() * static_cast<int64_t>(DTypeSize(kv_dtype));
+    const int64_t rank_kv = arch->kv_cache_spec(cfg, par0).bytes_per_token(kv_dtype);
     std::cout << fmt::format(
         "tensor parallel:   {} ranks{}; per rank: weights {} ({}), kv cache {} bytes per token, "
         "decode reads {} per token\n",

@@ -149,12 +149,12 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
   if (config.block_size <= 0) return InvalidArgumentError("block size must be positive");
   const KvCacheSpec spec = model.kv_cache_spec();
   const DType kv_dtype = config.kv_cache_dtype.value_or(backend.kv_cache_dtype());
-  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16) {
+  if (!IsKvCacheDtype(kv_dtype) || !backend.SupportsKvCacheDtype(kv_dtype)) {
     return InvalidArgumentError(
-        fmt::format("a KV cache of dtype {} is not supported (use float32, float16 or bfloat16)", DTypeName(kv_dtype)));
+        fmt::format("a KV cache of dtype {} is not supported by the {} backend", DTypeName(kv_dtype), backend.name()));
   }
   if (config.num_blocks <= 0) {
-    const int64_t per_block = spec.values_per_token() * config.block_size * static_cast<int64_t>(DTypeSize(kv_dtype));
+    const int64_t per_block = spec.bytes_per_token(kv_dtype) * config.block_size;
     const int64_t blocks = per_block > 0 ? config.kv_cache_memory_bytes / per_block : 0;
     if (blocks < 1) {
       return InvalidArgumentError(fmt::format("the KV-cache budget of {} bytes holds no block of {} bytes",

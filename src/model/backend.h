@@ -42,10 +42,23 @@ struct ExpertSet {
 
 // Paged KV-cache layout of one layer: K [num_blocks, block_size, num_kv_heads, k_dim] and V likewise with
 // v_dim. Views may be strided (MLA keeps V inside the latent K rows).
+// An FP8 (e4m3) cache also holds float32 scales, k_scale [num_blocks, block_size, num_kv_heads, k_dim / group] (and
+// v_scale likewise; KvCacheSpec::k_scale_group): value i of a row is e4m3(row[i]) * scale[i / group]. The writer
+// picks each scale as the group's largest magnitude / 448 (e4m3's largest finite value). Other dtypes leave them
+// empty.
 struct KvLayerView {
   TensorView k;
   TensorView v;
+  TensorView k_scale;
+  TensorView v_scale;
+
+  bool fp8() const { return k.dtype() == DType::kF8E4M3; }
 };
+
+// The dtypes a KV cache may take: float32, float16, bfloat16 and FP8 e4m3 with scales (KvCacheSpec::k_scale_group).
+inline bool IsKvCacheDtype(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF8E4M3;
+}
 
 // Per-step attention metadata, on device(). Flattened over the batch as in vLLM v1.
 struct AttentionMetadata {
@@ -79,6 +92,10 @@ class Backend {
   virtual DType activation_dtype() const = 0;
   // The KV cache's default dtype (--kv-cache-dtype auto): the activations' on the CPU, bf16 on the GPU.
   virtual DType kv_cache_dtype() const { return activation_dtype(); }
+  // Whether this backend's attention ops read and write a KV cache of `dtype` (one IsKvCacheDtype allows).
+  virtual bool SupportsKvCacheDtype(DType dtype) const {
+    return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  }
 
   // The device's free and total memory now (zeros on the CPU).
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }
@@ -160,10 +177,10 @@ class Backend {
   virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                               const TensorView& out) = 0;
 
-  // Every sequence's cached rows in order (its positions 0 .. seq_len - 1, sequence after sequence) from one KV head
-  // of a cache view: MLA's latent rows for the up-projected prefill. cache [num_blocks, block_size, 1, d] (a strided
-  // view of K, any cache dtype); out f32 [meta.total_seq_len, d].
-  virtual void GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) = 0;
+  // Every sequence's cached K rows in order (its positions 0 .. seq_len - 1, sequence after sequence) from a cache of
+  // one KV head: MLA's latent rows for the up-projected prefill. cache.k [num_blocks, block_size, 1, d] (any cache
+  // dtype, FP8 with cache.k_scale); out f32 [meta.total_seq_len, d].
+  virtual void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) = 0;
 
   // MLA attention in its up-projected form (prefill): per head, q [n, heads, nope + rope] against keys whose first
   // `nope` values are per head (k_nope [ctx, heads, nope]) and whose last `rope` are shared by the heads (k_rope

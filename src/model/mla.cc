@@ -161,7 +161,7 @@ void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& st
   be.ApplyRope(q_pe, step.cos, step.sin, interleaved);
   be.WriteKv(s.latent, TensorView(), meta, step.cache);
   if (s.up) {
-    be.GatherContext(step.cache.k, meta, s.ctx_lat);
+    be.GatherContext(step.cache, meta, s.ctx_lat);
     be.Linear(s.ctx_lat.view().Slice(1, 0, lora), kv_b,
               s.ctx_kv.view().Reshape({meta.total_seq_len, heads * (nope + vd)}));
     be.MlaContextAttention(s.q, s.ctx_kv.view().Slice(2, 0, nope), s.ctx_lat.view().Slice(1, lora, lora + rope),

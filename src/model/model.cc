@@ -2,7 +2,51 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 namespace fathom {
+
+namespace {
+
+// The scale group of a row of `dim` values: the whole row up to 128, else the largest power of two up to 128 dividing
+// it.
+int64_t ScaleGroup(int64_t dim) {
+  if (dim <= 128) return std::max<int64_t>(dim, 1);
+  for (int64_t g = 128; g > 1; g /= 2) {
+    if (dim % g == 0) return g;
+  }
+  return 1;
+}
+
+}  // namespace
+
+int64_t KvCacheSpec::k_scale_group() const {
+  return ScaleGroup(v_in_k ? std::gcd(k_dim, v_dim) : k_dim);
+}
+
+int64_t KvCacheSpec::v_scale_group() const {
+  return v_in_k ? k_scale_group() : ScaleGroup(v_dim);
+}
+
+int64_t KvCacheSpec::bytes_per_token(DType dtype) const {
+  const int64_t values = values_per_token() * static_cast<int64_t>(DTypeSize(dtype));
+  if (dtype != DType::kF8E4M3) return values;
+  const int64_t scales = k_dim / k_scale_group() + (v_in_k ? 0 : v_dim / v_scale_group());
+  return values + num_layers * num_kv_heads * scales * static_cast<int64_t>(sizeof(float));
+}
+
+StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype) {
+  if (name == "auto") return auto_dtype;
+  if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
+  StatusOr<DType> d = DTypeFromString(name);
+  if (!d.ok() || !IsKvCacheDtype(*d)) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-cache-dtype '{}' is not supported: use auto, float32, float16, bfloat16 or fp8 (e4m3 with scales)",
+        name));
+  }
+  return *d;
+}
 
 StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
                                     int64_t block_size) {
@@ -10,23 +54,40 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
     return InvalidArgumentError(
         fmt::format("KV cache needs positive num_blocks ({}) and block_size ({})", num_blocks, block_size));
   }
+  if (!IsKvCacheDtype(dtype) || !backend.SupportsKvCacheDtype(dtype)) {
+    return InvalidArgumentError(
+        fmt::format("a KV cache of dtype {} is not supported by the {} backend", DTypeName(dtype), backend.name()));
+  }
+  const bool fp8 = dtype == DType::kF8E4M3;
   KvCache kv;
   kv.spec_ = spec;
   kv.dtype_ = dtype;
   kv.num_blocks_ = num_blocks;
   kv.block_size_ = block_size;
+  const int64_t k_groups = spec.k_dim / spec.k_scale_group(), v_groups = spec.v_dim / spec.v_scale_group();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     Tensor k = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, spec.k_dim});
     KvLayerView view;
     view.k = k.view();
+    if (fp8) {
+      Tensor ks = backend.Alloc(DType::kF32, {num_blocks, block_size, spec.num_kv_heads, k_groups});
+      view.k_scale = ks.view();
+      kv.storage_.push_back(std::move(ks));
+    }
     if (spec.v_in_k) {
-      // V is the first v_dim values of each K row: a strided view of the same storage.
+      // V is the first v_dim values of each K row: a strided view of the same storage (and of K's scales).
       TensorView v = k.view();
       view.v = v.Slice(3, 0, spec.v_dim);
+      if (fp8) view.v_scale = view.k_scale.Slice(3, 0, v_groups);
     } else {
       Tensor v = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, spec.v_dim});
       view.v = v.view();
       kv.storage_.push_back(std::move(v));
+      if (fp8) {
+        Tensor vs = backend.Alloc(DType::kF32, {num_blocks, block_size, spec.num_kv_heads, v_groups});
+        view.v_scale = vs.view();
+        kv.storage_.push_back(std::move(vs));
+      }
     }
     kv.storage_.push_back(std::move(k));
     kv.layers_.push_back(view);
@@ -152,6 +213,10 @@ Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> 
     KvLayerView layer = kv.layer(l);
     std::vector<TensorView> parts = {layer.k};
     if (!kv.spec().v_in_k) parts.push_back(layer.v);
+    if (layer.fp8()) {
+      parts.push_back(layer.k_scale);
+      if (!kv.spec().v_in_k) parts.push_back(layer.v_scale);
+    }
     for (const TensorView& t : parts) {
       FATHOM_CHECK(t.is_contiguous());
       for (const KvBlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each

@@ -33,11 +33,25 @@ struct KvCacheSpec {
 
   // Values stored per token across all layers.
   int64_t values_per_token() const { return num_layers * num_kv_heads * (k_dim + (v_in_k ? 0 : v_dim)); }
+
+  // An FP8 cache (--kv-cache-dtype fp8) keeps e4m3 values and one float32 scale per group of this many values of a
+  // token's row in each KV head (KvLayerView::k_scale): the whole row up to 128 values (a dense head: per token and
+  // head), else the largest power of two up to 128 that divides it. MLA's latent row (V the first v_dim values of K)
+  // takes the group that divides both, 64 for 576/512: 576 e4m3 values and 9 scales, 612 bytes a token.
+  int64_t k_scale_group() const;
+  int64_t v_scale_group() const;
+  // Bytes a token takes across all layers in a cache of `dtype` (the scales included for FP8).
+  int64_t bytes_per_token(DType dtype) const;
 };
+
+// --kv-cache-dtype's value: "auto" gives `auto_dtype`; "fp8" and "fp8_e4m3" (vLLM's names) the FP8 cache; otherwise a
+// dtype name (DTypeFromString) that IsKvCacheDtype allows. Anything else is INVALID_ARGUMENT naming the choices.
+StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype);
 
 class KvCache {
  public:
   KvCache() = default;
+  // A dtype the backend cannot run (Backend::SupportsKvCacheDtype) is INVALID_ARGUMENT.
   static StatusOr<KvCache> Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
                                     int64_t block_size);
 

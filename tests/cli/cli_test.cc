@@ -50,6 +50,19 @@ std::string Join(const std::vector<int32_t>& v) {
 
 // The largest |logit - oracle| over case `c`'s positions, from `fathom logits <args> --tokens <c's ids>` (infinity,
 // with a test failure, when the command fails or its JSON has the wrong shape).
+// The largest |difference| between two `fathom logits` outputs (JSON), or infinity when their shapes differ.
+float LogitsDiff(const std::string& a_json, const std::string& b_json) {
+  auto a = nlohmann::json::parse(a_json)["logits"], b = nlohmann::json::parse(b_json)["logits"];
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = a[i].get<std::vector<float>>(), y = b[i].get<std::vector<float>>();
+    if (x.size() != y.size()) return INFINITY;
+    worst = std::max(worst, testing::MaxAbsDiff(x.data(), y.data(), static_cast<int64_t>(x.size())));
+  }
+  return worst;
+}
+
 float OracleDiff(const std::string& args, const testing::GoldenCase& c) {
   RunResult r = RunFathom("logits " + args + " --tokens " + Join(c.input_ids));
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -102,15 +115,22 @@ TEST(CliTest, LogitsOfAGptqCheckpointMatchItsTwin) {
   RunResult t = RunFathom("logits --model " + dir + "/twin --tokens 5,17,300,42,7");
   ASSERT_EQ(q.exit_code, 0) << q.err;
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  auto jq = nlohmann::json::parse(q.out), jt = nlohmann::json::parse(t.out);
-  ASSERT_EQ(jq["logits"].size(), 5u);
-  float worst = 0;
-  for (size_t i = 0; i < 5; ++i) {
-    auto a = jq["logits"][i].get<std::vector<float>>(), b = jt["logits"][i].get<std::vector<float>>();
-    ASSERT_EQ(a.size(), b.size());
-    worst = std::max(worst, testing::MaxAbsDiff(a.data(), b.data(), static_cast<int64_t>(a.size())));
+  ASSERT_EQ(nlohmann::json::parse(q.out)["logits"].size(), 5u);
+  EXPECT_LE(LogitsDiff(q.out, t.out), 1e-4f);
+}
+
+// An FP8 KV cache under tensor parallelism: each rank quantizes its own KV heads (MLA: the replicated latent row)
+// with the scales one rank would pick, so `logits -tp 2 --kv-cache-dtype fp8` gives one rank's FP8 logits.
+TEST(CliTest, Fp8KvCacheSplitsAcrossRanks) {
+  const std::string tokens = " --tokens 5,17,300,42,7,9,11,400,3,2 --kv-cache-dtype fp8";
+  for (const char* name : {"llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v2-lite-tiny"}) {
+    const std::string dir = testing::ModelDir(name);
+    RunResult one = RunFathom("logits --model " + dir + tokens);
+    RunResult two = RunFathom("logits -tp 2 --model " + dir + tokens);
+    ASSERT_EQ(one.exit_code, 0) << name << ": " << one.err;
+    ASSERT_EQ(two.exit_code, 0) << name << ": " << two.err;
+    EXPECT_LE(LogitsDiff(one.out, two.out), 1e-4f) << name;
   }
-  EXPECT_LE(worst, 1e-4f);
 }
 
 // 4-bit checkpoints split too: every INT4 fixture at tp = 2 (the DeepSeek ones with their experts divided) gives the
@@ -133,15 +153,7 @@ TEST(CliTest, FourBitCheckpointsSplitOrAreRefusedByName) {
       continue;
     }
     ++split;
-    auto a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(two.out);
-    ASSERT_EQ(a["logits"].size(), b["logits"].size()) << name;
-    float worst = 0;
-    for (size_t i = 0; i < a["logits"].size(); ++i) {
-      auto x = a["logits"][i].get<std::vector<float>>(), y = b["logits"][i].get<std::vector<float>>();
-      ASSERT_EQ(x.size(), y.size());
-      worst = std::max(worst, testing::MaxAbsDiff(x.data(), y.data(), static_cast<int64_t>(x.size())));
-    }
-    EXPECT_LE(worst, 2e-4f) << name;
+    EXPECT_LE(LogitsDiff(one.out, two.out), 2e-4f) << name;
   }
   EXPECT_GE(split, 4);
 }
@@ -176,7 +188,14 @@ TEST(CliTest, InspectDummy7B) {
   fs::copy_file(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b.json", dir / "config.json",
                 fs::copy_options::overwrite_existing);
   RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  // An FP8 cache: 28 layers x 4 kv heads x 2 x (128 e4m3 values + one 4-byte scale)
+  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
   fs::remove_all(dir);
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  EXPECT_NE(fp8.out.find("kv cache:          29568 bytes per token (f8_e4m3, 28672 values per token and a float32 "
+                         "scale per 128 values)"),
+            std::string::npos)
+      << fp8.out;
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("parameters:        7.62 B (7615616512)"), std::string::npos) << r.out;
@@ -191,7 +210,11 @@ TEST(CliTest, InspectDummyDeepseekV3) {
   fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.json", dir / "config.json",
                 fs::copy_options::overwrite_existing);
   RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  // MLA's latent row in FP8: 61 layers x (576 e4m3 values + 9 scales of 64 values)
+  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
   fs::remove_all(dir);
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  EXPECT_NE(fp8.out.find("kv cache:          37332 bytes per token (f8_e4m3"), std::string::npos) << fp8.out;
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("parameters:        671.07 B"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("active parameters: 36.63 B per token"), std::string::npos) << r.out;

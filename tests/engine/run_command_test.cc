@@ -117,21 +117,22 @@ TEST(RunCommandTest, RejectsBadInputCombinations) {
   RunResult bad_temp = RunFathom({"run", "--model", dir, "--tokens", "1,2", "--temperature", "-1"});
   EXPECT_EQ(bad_temp.exit_code, 1);
   EXPECT_NE(bad_temp.err.find("temperature"), std::string::npos) << bad_temp.err;
-  for (const char* dtype : {"float8_e4m3fn", "int4"}) {
+  for (const char* dtype : {"fp8_e5m2", "int4"}) {
     RunResult bad_kv = RunFathom({"run", "--model", dir, "--tokens", "1,2", "--kv-cache-dtype", dtype});
     EXPECT_EQ(bad_kv.exit_code, 1) << dtype;
     EXPECT_NE(bad_kv.err.find("--kv-cache-dtype"), std::string::npos) << bad_kv.err;
-    EXPECT_NE(bad_kv.err.find("auto, float32, float16 or bfloat16"), std::string::npos) << bad_kv.err;
+    EXPECT_NE(bad_kv.err.find("auto, float32, float16, bfloat16 or fp8"), std::string::npos) << bad_kv.err;
   }
 }
 
-// Every KV-cache dtype the flag takes gives the fixture's greedy tokens (the tiny model's margins are wide).
+// Every KV-cache dtype the flag takes gives the fixture's greedy tokens (the tiny model's margins are wide; FP8's
+// accuracy is golden_test's Fp8KvCacheAgreesWithBf16Kv).
 TEST(RunCommandTest, KvCacheDtypesGiveTheSameGreedyTokens) {
   const std::string dir = testing::ModelDir("qwen2-distill-tiny");
   const RunResult f32 = RunFathom({"run", "--model", dir, "--tokens", "1,2,3", "--max-tokens", "4"});
   ASSERT_EQ(f32.exit_code, 0) << f32.err;
   ASSERT_FALSE(f32.out.empty());
-  for (const char* dtype : {"float16", "bfloat16", "float32", "auto"}) {
+  for (const char* dtype : {"float16", "bfloat16", "float32", "auto", "fp8", "fp8_e4m3"}) {
     const RunResult r =
         RunFathom({"run", "--model", dir, "--tokens", "1,2,3", "--max-tokens", "4", "--kv-cache-dtype", dtype});
     ASSERT_EQ(r.exit_code, 0) << dtype << ": " << r.err;

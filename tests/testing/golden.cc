@@ -85,10 +85,10 @@ float MaxAbsDiff(const float* a, const float* b, int64_t n) {
 
 StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Backend& backend, const GoldenSet& golden,
                                                               const std::vector<int>& pattern, uint32_t block_seed,
-                                                              int32_t block_size) {
+                                                              int32_t block_size, DType kv_dtype) {
   const size_t n = golden.cases.size();
   const int64_t vocab = model.config().vocab_size;
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, model.kv_cache_spec(), DType::kF32, 64, block_size));
+  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, model.kv_cache_spec(), kv_dtype, 64, block_size));
   ScatteredBlocks blocks(64, block_seed);
   std::vector<std::vector<int32_t>> tables(n);
   std::vector<int32_t> done(n, 0);

@@ -59,12 +59,13 @@ class ScatteredBlocks {
 
 float MaxAbsDiff(const float* a, const float* b, int64_t n);
 
-// Runs every case of `golden` through `model` on a fresh f32 cache of 64 blocks (block tables from ScatteredBlocks
-// with `block_seed`), the cases batched: each step takes the next chunk of every unfinished case, the chunk sizes
-// cycling through `pattern` (0: the whole rest). Returns every position's logits, per case ([T, vocab] each).
+// Runs every case of `golden` through `model` on a fresh cache of 64 blocks of `kv_dtype` (block tables from
+// ScatteredBlocks with `block_seed`), the cases batched: each step takes the next chunk of every unfinished case, the
+// chunk sizes cycling through `pattern` (0: the whole rest). Returns every position's logits, per case ([T, vocab]
+// each).
 StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Backend& backend, const GoldenSet& golden,
                                                               const std::vector<int>& pattern, uint32_t block_seed,
-                                                              int32_t block_size = 16);
+                                                              int32_t block_size = 16, DType kv_dtype = DType::kF32);
 
 // The top-1 margin of `row` [n]: its largest value minus the next; `best` gets the first largest's index.
 float Margin(const float* row, int64_t n, int32_t* best);

@@ -33,6 +33,46 @@ char* CacheRow(const TensorView& cache, int64_t slot, int64_t block_size, int64_
   return static_cast<char*>(cache.raw()) + elem * static_cast<int64_t>(DTypeSize(cache.dtype()));
 }
 
+// Row `head` of `slot` in a cache view's scales (f32 [blocks, block_size, heads, groups]).
+float* ScaleRow(const TensorView& scale, int64_t slot, int64_t block_size, int64_t head) {
+  const int64_t block = slot / block_size, off = slot % block_size;
+  return scale.data<float>() + block * scale.stride(0) + off * scale.stride(1) + head * scale.stride(2);
+}
+
+// Stores `dim` values at `dst` (a cache row of `dtype`). FP8: each group of dim / groups values gets the scale
+// max|x| / 448 (1 for an all-zero group) in scales[g] and e4m3(x / scale) values, as KvLayerView describes.
+void StoreCacheRow(const float* src, int64_t dim, DType dtype, char* dst, float* scales, int64_t groups) {
+  if (dtype != DType::kF8E4M3) {
+    ConvertFromF32(src, dim, dtype, dst, 0);
+    return;
+  }
+  const int64_t g = dim / groups;
+  auto* out = reinterpret_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < groups; ++i) {
+    float amax = 0.0f;
+    for (int64_t j = i * g; j < (i + 1) * g; ++j) amax = std::max(amax, std::fabs(src[j]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    scales[i] = scale;
+    const float inv = 1.0f / scale;
+    for (int64_t j = i * g; j < (i + 1) * g; ++j) out[j] = F32ToF8E4M3(src[j] * inv);
+  }
+}
+
+// The first `dim` values of a cache row (of `dtype`; FP8 with its group scales, groups of `group` values) as f32.
+void LoadCacheRow(const char* src, DType dtype, const float* scales, int64_t group, int64_t dim, float* out) {
+  if (dtype != DType::kF8E4M3) {
+    ConvertToF32(src, dtype, 0, dim, out);
+    return;
+  }
+  const auto* in = reinterpret_cast<const uint8_t*>(src);
+  for (int64_t j = 0; j < dim; ++j) out[j] = F8E4M3ToF32(in[j]) * scales[j / group];
+}
+
+// A cache view's scale group (0 without scales).
+int64_t GroupOf(const TensorView& cache, const TensorView& scale) {
+  return scale.empty() ? 0 : cache.dim(3) / scale.dim(3);
+}
+
 }  // namespace
 
 void CpuBackend::Fail(Status s) {
@@ -228,16 +268,21 @@ void CpuBackend::WriteKv(const TensorView& k, const TensorView& v, const Attenti
       return;
     }
   }
+  const bool fp8 = cache.fp8();
+  FATHOM_CHECK(!fp8 || (!cache.k_scale.empty() && (vd == 0 || !cache.v_scale.empty())));
   Pool().ParallelFor(n, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int32_t slot = meta.slot_mapping.data<int32_t>()[t];
       for (int64_t h = 0; h < heads; ++h) {
         const float* ks = k.data<float>() + t * k.stride(0) + h * k.stride(1);
         char* kdst = CacheRow(cache.k, slot, meta.block_size, h);
-        ConvertFromF32(ks, kd, cache.k.dtype(), kdst, 0);
+        StoreCacheRow(ks, kd, cache.k.dtype(), kdst, fp8 ? ScaleRow(cache.k_scale, slot, meta.block_size, h) : nullptr,
+                      fp8 ? cache.k_scale.dim(3) : 0);
         if (vd > 0) {
           const float* vs = v.data<float>() + t * v.stride(0) + h * v.stride(1);
-          ConvertFromF32(vs, vd, cache.v.dtype(), CacheRow(cache.v, slot, meta.block_size, h), 0);
+          StoreCacheRow(vs, vd, cache.v.dtype(), CacheRow(cache.v, slot, meta.block_size, h),
+                        fp8 ? ScaleRow(cache.v_scale, slot, meta.block_size, h) : nullptr,
+                        fp8 ? cache.v_scale.dim(3) : 0);
         }
       }
     }
@@ -269,7 +314,9 @@ void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, c
     }
   }
   const bool k_f32 = cache.k.dtype() == DType::kF32, v_f32 = cache.v.dtype() == DType::kF32;
+  const bool fp8 = cache.fp8();
   const int64_t bs = meta.block_size;
+  const int64_t k_group = GroupOf(cache.k, cache.k_scale), v_group = GroupOf(cache.v, cache.v_scale);
   Pool().ParallelFor(n * heads, 1, [&](int64_t lo, int64_t hi) {
     thread_local std::vector<float> scores, acc, row;
     for (int64_t task = lo; task < hi; ++task) {
@@ -286,7 +333,8 @@ void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, c
         const char* kp = CacheRow(cache.k, slot, bs, g);
         const float* kr = reinterpret_cast<const float*>(kp);
         if (!k_f32) {
-          ConvertToF32(kp, cache.k.dtype(), 0, kd, row.data());
+          LoadCacheRow(kp, cache.k.dtype(), fp8 ? ScaleRow(cache.k_scale, slot, bs, g) : nullptr, k_group, kd,
+                       row.data());
           kr = row.data();
         }
         const float sc = DotF32(qv, kr, kd) * scale;
@@ -304,7 +352,8 @@ void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, c
         const char* vp = CacheRow(cache.v, slot, bs, g);
         const float* vr = reinterpret_cast<const float*>(vp);
         if (!v_f32) {
-          ConvertToF32(vp, cache.v.dtype(), 0, vd, row.data());
+          LoadCacheRow(vp, cache.v.dtype(), fp8 ? ScaleRow(cache.v_scale, slot, bs, g) : nullptr, v_group, vd,
+                       row.data());
           vr = row.data();
         }
         const float p = scores[j];
@@ -317,8 +366,10 @@ void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, c
   });
 }
 
-void CpuBackend::GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) {
-  const int64_t d = cache.dim(3), bs = meta.block_size;
+void CpuBackend::GatherContext(const KvLayerView& kv, const AttentionMetadata& meta, const TensorView& out) {
+  const TensorView& cache = kv.k;
+  const int64_t d = cache.dim(3), bs = meta.block_size, group = GroupOf(cache, kv.k_scale);
+  const bool fp8 = kv.fp8();
   FATHOM_CHECK_EQ(out.dim(1), d);
   FATHOM_CHECK_EQ(out.dim(0), meta.total_seq_len);
   const int32_t* lens = meta.seq_lens.data<int32_t>();
@@ -328,7 +379,8 @@ void CpuBackend::GatherContext(const TensorView& cache, const AttentionMetadata&
   for (int64_t s = 0; s < meta.num_seqs; ++s) {
     for (int64_t j = 0; j < lens[s]; ++j, ++row) {
       const int64_t slot = static_cast<int64_t>(bt[bts[s] + j / bs]) * bs + j % bs;
-      ConvertToF32(CacheRow(cache, slot, bs, 0), cache.dtype(), 0, d, out.data<float>() + row * out.stride(0));
+      LoadCacheRow(CacheRow(cache, slot, bs, 0), cache.dtype(), fp8 ? ScaleRow(kv.k_scale, slot, bs, 0) : nullptr,
+                   group, d, out.data<float>() + row * out.stride(0));
     }
   }
 }

@@ -16,6 +16,8 @@ class CpuBackend : public Backend {
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
+  // f32, f16, bf16 and FP8 e4m3 with scales (the reference quantization, backend.h's KvLayerView).
+  bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
 
   using Backend::Alloc;
   Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
@@ -38,7 +40,7 @@ class CpuBackend : public Backend {
                const KvLayerView& cache) override;
   void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& out) override;
-  void GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) override;
+  void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) override;
   void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                            const AttentionMetadata& meta, float scale, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;

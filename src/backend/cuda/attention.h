@@ -22,7 +22,7 @@ struct AttentionArgs {
   float* out;  // [n, heads, v_dim]
   int64_t o_s0, o_s1;
   int64_t n, heads, kv_heads, k_dim, v_dim;
-  CacheView k, v;  // f32, f16 or bf16, both of one dtype
+  CacheView k, v;  // f32, f16, bf16 or f8 (with scales), both of one dtype
   const int32_t* positions;
   const int32_t* query_start;
   const int32_t* block_table_start;

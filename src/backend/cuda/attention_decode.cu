@@ -12,6 +12,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
 #include "backend/cuda/mla.h"
@@ -27,8 +28,6 @@ constexpr int kChunk = 64;
 template <typename T>
 __global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
   __shared__ float scores[kChunk];
-  const T* const kc = static_cast<const T*>(a.k.data);
-  const T* const vc = static_cast<const T*>(a.v.data);
   extern __shared__ float q[];  // [k_dim]
   const int64_t th = blockIdx.x, c = blockIdx.y;
   const int64_t t = th / a.heads, h = th % a.heads, g = h / (a.heads / a.kv_heads);
@@ -49,10 +48,10 @@ __global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* par
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int64_t j = j0 + warp; j < j1; j += warps) {
-    const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-    const int64_t base = (slot / a.block_size) * a.k.s0 + (slot % a.block_size) * a.k.s1 + g * a.k.s2;
+    const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+    const int64_t base = blk * a.k.s0 + off * a.k.s1 + g * a.k.s2;
     float d = 0.0f;
-    for (int64_t i = lane; i < a.k_dim; i += 32) d += q[i] * Load(kc, base + i);
+    for (int64_t i = lane; i < a.k_dim; i += 32) d += q[i] * LoadCache<T>(a.k, base, blk, off, g, i);
     d = WarpSum(d);
     if (lane == 0) scores[j - j0] = d * a.scale;
   }
@@ -67,9 +66,9 @@ __global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* par
   for (int64_t i = threadIdx.x; i < a.v_dim; i += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
-      const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-      const int64_t base = (slot / a.block_size) * a.v.s0 + (slot % a.block_size) * a.v.s1 + g * a.v.s2;
-      acc += scores[j - j0] * Load(vc, base + i);
+      const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+      const int64_t base = blk * a.v.s0 + off * a.v.s1 + g * a.v.s2;
+      acc += scores[j - j0] * LoadCache<T>(a.v, base, blk, off, g, i);
     }
     part_acc[slot_idx * a.v_dim + i] = acc;
   }
@@ -165,6 +164,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         const int64_t blk = one_block ? first_blk : table[j / a.block_size], off = j % a.block_size;
         LoadVec<T, kPer>(kc + blk * a.k.s0 + off * a.k.s1, kr[u]);
         LoadVec<T, kPer>(vc + blk * a.v.s0 + off * a.v.s1, vr[u]);
+        if constexpr (kIsF8<T>) {  // a lane's kPer values share one scale (GqaFits)
+          const float ks = CacheScale(a.k, blk, off, kvh, lane * kPer),
+                      vs = CacheScale(a.v, blk, off, kvh, lane * kPer);
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) {
+            kr[u][i] *= ks;
+            vr[u][i] *= vs;
+          }
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < kPer; ++i) kr[u][i] = vr[u][i] = 0.0f;
@@ -226,10 +234,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 bool GqaFits(const AttentionArgs& a) {
   if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.heads / a.kv_heads > kMaxGroup) return false;
-  if (a.k.dtype != a.v.dtype || (a.k.dtype != kF32 && a.k.dtype != kF16 && a.k.dtype != kBF16)) return false;
-  // Each lane reads k_dim / 32 consecutive values of a K or V row in one vector load.
+  if (a.k.dtype != a.v.dtype) return false;
+  if (a.k.dtype != kF32 && a.k.dtype != kF16 && a.k.dtype != kBF16 && a.k.dtype != kF8) return false;
+  // Each lane reads k_dim / 32 consecutive values of a K or V row in one vector load (f8: under one scale).
   const int64_t per = a.k_dim / 32;
-  const int64_t bytes = a.k.dtype == kF32 ? 4 : 2;
+  const int64_t bytes = a.k.dtype == kF32 ? 4 : a.k.dtype == kF8 ? 1 : 2;
+  if (a.k.dtype == kF8 && (!CacheScalesFit(a.k, a.k_dim) || !CacheScalesFit(a.v, a.v_dim) || a.k.group % per != 0 ||
+                           a.v.group % per != 0)) {
+    return false;
+  }
   for (const CacheView* c : {&a.k, &a.v}) {
     if (c->s0 % per != 0 || c->s1 % per != 0 || c->s2 % per != 0) return false;
     if (reinterpret_cast<uintptr_t>(c->data) % static_cast<uintptr_t>(per * bytes) != 0) return false;
@@ -305,6 +318,8 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
       LaunchGqa<float>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
     } else if (a.k.dtype == kF16) {
       LaunchGqa<__half>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
+    } else if (a.k.dtype == kF8) {
+      LaunchGqa<__nv_fp8_e4m3>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
     } else {
       LaunchGqa<__nv_bfloat16>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
     }
@@ -314,8 +329,10 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
                            S(s)>>>(a, chunks, part_m, part_l, part_acc);
     return Done();
   }
-  if (a.k.dtype != a.v.dtype) return static_cast<int>(cudaErrorInvalidValue);
-  const int err = DispatchFloat(a.k.dtype, [&](auto tag) {
+  if (a.k.dtype != a.v.dtype || !CacheScalesFit(a.k, a.k_dim) || !CacheScalesFit(a.v, a.v_dim)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const int err = DispatchFloatOrF8(a.k.dtype, [&](auto tag) {
     using T = decltype(tag);
     const size_t smem = static_cast<size_t>(a.k_dim) * sizeof(float);
     SplitAttentionKernel<T>

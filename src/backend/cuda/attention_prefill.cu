@@ -6,6 +6,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/reduce.cuh"
 
@@ -17,8 +18,6 @@ namespace {
 template <typename T>
 __global__ void PagedAttentionKernel(AttentionArgs a) {
   extern __shared__ float smem[];
-  const T* const kc = static_cast<const T*>(a.k.data);
-  const T* const vc = static_cast<const T*>(a.v.data);
   const int64_t t = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
   const int64_t g = h / (a.heads / a.kv_heads);
   int64_t seq = 0;
@@ -31,10 +30,10 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int64_t j = warp; j < ctx; j += warps) {
-    const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-    const int64_t base = (slot / a.block_size) * a.k.s0 + (slot % a.block_size) * a.k.s1 + g * a.k.s2;
+    const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+    const int64_t base = blk * a.k.s0 + off * a.k.s1 + g * a.k.s2;
     float d = 0.0f;
-    for (int64_t i = lane; i < a.k_dim; i += 32) d += q[i] * Load(kc, base + i);
+    for (int64_t i = lane; i < a.k_dim; i += 32) d += q[i] * LoadCache<T>(a.k, base, blk, off, g, i);
     d = WarpSum(d);
     if (lane == 0) scores[j] = d * a.scale;
   }
@@ -53,9 +52,9 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
   for (int64_t i = threadIdx.x; i < a.v_dim; i += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j < ctx; ++j) {
-      const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-      const int64_t base = (slot / a.block_size) * a.v.s0 + (slot % a.block_size) * a.v.s1 + g * a.v.s2;
-      acc += scores[j] * Load(vc, base + i);
+      const int64_t blk = table[j / a.block_size], off = j % a.block_size;
+      const int64_t base = blk * a.v.s0 + off * a.v.s1 + g * a.v.s2;
+      acc += scores[j] * LoadCache<T>(a.v, base, blk, off, g, i);
     }
     a.out[t * a.o_s0 + h * a.o_s1 + i] = acc * inv;
   }
@@ -65,9 +64,11 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
 
 int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
   if (a.n == 0) return 0;
-  if (a.k.dtype != a.v.dtype) return static_cast<int>(cudaErrorInvalidValue);
+  if (a.k.dtype != a.v.dtype || !CacheScalesFit(a.k, a.k_dim) || !CacheScalesFit(a.v, a.v_dim)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   const size_t smem = static_cast<size_t>(a.k_dim + a.max_seq_len) * sizeof(float);
-  return DispatchFloat(a.k.dtype, [&](auto tag) {
+  return DispatchFloatOrF8(a.k.dtype, [&](auto tag) {
     using T = decltype(tag);
     if (smem > 48 * 1024) {
       const cudaError_t e = cudaFuncSetAttribute(PagedAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,

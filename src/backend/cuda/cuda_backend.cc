@@ -33,8 +33,17 @@ int Dt(const TensorView& t) {
   return static_cast<int>(t.dtype());
 }
 
-cuda::CacheView Cache(const TensorView& c) {
-  return cuda::CacheView{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
+// A cache view as kernels take it; an f8 cache's `scale` view [blocks, block_size, heads, dim / group] rides along.
+cuda::CacheView Cache(const TensorView& c, const TensorView& scale = TensorView()) {
+  cuda::CacheView v{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
+  if (!scale.empty()) {
+    v.scale = scale.data<float>();
+    v.ss0 = scale.stride(0);
+    v.ss1 = scale.stride(1);
+    v.ss2 = scale.stride(2);
+    v.group = c.dim(3) / scale.dim(3);
+  }
+  return v;
 }
 
 }  // namespace
@@ -575,12 +584,14 @@ void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const Attent
                           const KvLayerView& cache) {
   Launch("WriteKv(k)", [&] {
     return cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
-                                  meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k), stream_);
+                                  meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k, cache.k_scale),
+                                  stream_);
   });
   if (!v.empty()) {
     Launch("WriteKv(v)", [&] {
       return cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
-                                    meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v), stream_);
+                                    meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v, cache.v_scale),
+                                    stream_);
     });
   }
 }
@@ -588,6 +599,11 @@ void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const Attent
 void CudaBackend::RopeWriteKv(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cos,
                               const TensorView& sin, bool interleaved, const AttentionMetadata& meta,
                               const KvLayerView& cache) {
+  if (cache.fp8()) {
+    // An f8 cache: the rotations, then WriteKv's quantizing kernel (three launches; a fused form is future work).
+    Backend::RopeWriteKv(q, k, v, cos, sin, interleaved, meta, cache);
+    return;
+  }
   FATHOM_CHECK_EQ(q.stride(2), 1);
   FATHOM_CHECK_EQ(k.stride(2), 1);
   FATHOM_CHECK(v.empty() || v.stride(2) == 1);
@@ -633,8 +649,8 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.kv_heads = cache.k.dim(2);
   a.k_dim = q.dim(2);
   a.v_dim = out.dim(2);
-  a.k = Cache(cache.k);
-  a.v = Cache(cache.v);
+  a.k = Cache(cache.k, cache.k_scale);
+  a.v = Cache(cache.v, cache.v_scale);
   a.positions = meta.positions.data<int32_t>();
   a.query_start = meta.query_start.data<int32_t>();
   a.block_table_start = meta.block_table_start.data<int32_t>();
@@ -672,10 +688,11 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
   });
 }
 
-void CudaBackend::GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) {
+void CudaBackend::GatherContext(const KvLayerView& kv, const AttentionMetadata& meta, const TensorView& out) {
+  const TensorView& cache = kv.k;
   FATHOM_CHECK(out.dim(0) == meta.total_seq_len && out.dim(1) == cache.dim(3) && out.stride(1) == 1);
   Launch("GatherContext", [&] {
-    return cuda::LaunchGatherContext(Cache(cache), cache.dim(3), meta.seq_lens.data<int32_t>(),
+    return cuda::LaunchGatherContext(Cache(cache, kv.k_scale), cache.dim(3), meta.seq_lens.data<int32_t>(),
                                      meta.block_table_start.data<int32_t>(), meta.block_tables.data<int32_t>(),
                                      meta.num_seqs, meta.block_size, meta.total_seq_len, out.data<float>(),
                                      out.stride(0), stream_);

@@ -55,6 +55,9 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::kF32; }
   // Half the bytes of f32 per cached token, and the tensor-core decode attention reads 16-bit caches.
   DType kv_cache_dtype() const override { return DType::kBF16; }
+  // f32, f16, bf16 and f8 e4m3 with scales (f8: the GQA-packed, per-head and prefill attention kernels; not the
+  // tensor-core or MLA ones).
+  bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;
@@ -84,7 +87,7 @@ class CudaBackend final : public Backend {
                    const KvLayerView& cache) override;
   void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& out) override;
-  void GatherContext(const TensorView& cache, const AttentionMetadata& meta, const TensorView& out) override;
+  void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) override;
   void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                            const AttentionMetadata& meta, float scale, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;

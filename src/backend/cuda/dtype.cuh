@@ -94,6 +94,9 @@ __device__ __forceinline__ float ToF(__half v) {
 __device__ __forceinline__ float ToF(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
+__device__ __forceinline__ float ToF(__nv_fp8_e4m3 v) {
+  return static_cast<float>(v);
+}
 
 // 8 bf16 values (one 16-byte load) as floats.
 __device__ __forceinline__ void Bf16x8(const uint4& raw, float* f) {

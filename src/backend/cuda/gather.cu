@@ -5,6 +5,7 @@
 
 #include "backend/cuda/dtype.cuh"
 #include "backend/cuda/gather.h"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace fathom::cuda {
@@ -67,14 +68,13 @@ __global__ void __launch_bounds__(kScatterWarps * 32)
 template <typename T>
 __global__ void GatherContextKernel(CacheView cache, int64_t d, const int32_t* seq_lens, const int32_t* bts,
                                     const int32_t* bt, int64_t num_seqs, int64_t bs, float* out, int64_t os) {
-  const T* const data = static_cast<const T*>(cache.data);
   const int64_t row = blockIdx.x;
   int64_t s = 0, start = 0;
   while (s + 1 < num_seqs && start + seq_lens[s] <= row) start += seq_lens[s++];
   const int64_t j = row - start;
   const int64_t block = bt[bts[s] + j / bs], off = j % bs;
   const int64_t base = block * cache.s0 + off * cache.s1;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * os + i] = Load(data, base + i);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * os + i] = LoadCache<T>(cache, base, block, off, 0, i);
 }
 
 __global__ void CopyKernel(const float* src, int64_t s0, int64_t s1, float* dst, int64_t d0s, int64_t d1s, int64_t d1,
@@ -114,8 +114,8 @@ int LaunchGatherContext(CacheView cache, int64_t d, const int32_t* seq_lens, con
                         const int32_t* block_tables, int64_t num_seqs, int64_t block_size, int64_t total_rows,
                         float* out, int64_t os, Stream s) {
   if (total_rows == 0) return 0;
-  if (num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
-  return DispatchFloat(cache.dtype, [&](auto tag) {
+  if (num_seqs <= 0 || !CacheScalesFit(cache, d)) return static_cast<int>(cudaErrorInvalidValue);
+  return DispatchFloatOrF8(cache.dtype, [&](auto tag) {
     using T = decltype(tag);
     GatherContextKernel<T><<<static_cast<unsigned>(total_rows), 128, 0, S(s)>>>(
         cache, d, seq_lens, block_table_start, block_tables, num_seqs, block_size, out, os);

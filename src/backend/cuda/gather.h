@@ -23,7 +23,8 @@ int LaunchGatherRows(const float* x, int64_t x_stride, const int32_t* idx, int64
 int LaunchScatterAddRows(const float* x, int64_t x_stride, const int32_t* idx, const float* w, int64_t m, int64_t d,
                          float* out, int64_t out_stride, int64_t rows, Stream s);
 
-// Every sequence's cached rows 0 .. seq_len - 1, sequence after sequence, from head 0 of `cache` (d values a row) into
+// Every sequence's cached rows 0 .. seq_len - 1, sequence after sequence, from head 0 of `cache` (d values a row; f8
+// rows times their scales) into
 // out f32 [sum of seq_lens, d] (rows os apart). seq_lens, block_table_start, block_tables: device, as in
 // AttentionArgs (attention.h).
 int LaunchGatherContext(CacheView cache, int64_t d, const int32_t* seq_lens, const int32_t* block_table_start,

@@ -14,11 +14,15 @@ namespace fathom::cuda {
 
 using Stream = void*;  // cudaStream_t
 
-// One layer's K or V cache: [blocks, block_size, heads, dim] of f32, f16 or bf16, with these strides.
+// One layer's K or V cache: [blocks, block_size, heads, dim] of f32, f16, bf16 or f8 e4m3, with these strides. An f8
+// cache has float32 scales [blocks, block_size, heads, dim / group] (model/backend.h's KvLayerView): value i of a row
+// is e4m3 * scale[i / group].
 struct CacheView {
   void* data;
   int dtype;
   int64_t s0, s1, s2;  // block, offset, head strides (elements)
+  float* scale = nullptr;
+  int64_t ss0 = 0, ss1 = 0, ss2 = 0, group = 0;  // the scales' strides and the values per scale
 };
 
 }  // namespace fathom::cuda

@@ -38,12 +38,18 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// kPer consecutive values of type T (f32, f16 or bf16; 4, 8 or 16 bytes in all, aligned) in one load, as floats.
+// kPer consecutive values of type T (f32, f16, bf16 or f8 e4m3; 2, 4, 8 or 16 bytes in all, aligned) in one load, as
+// floats.
 template <typename T, int kPer>
 __device__ __forceinline__ void LoadVec(const T* p, float* out) {
   constexpr int kBytes = kPer * static_cast<int>(sizeof(T));
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "vector width");
-  if constexpr (kBytes == 16) {
+  static_assert(kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16, "vector width");
+  if constexpr (kBytes == 2) {
+    const uint16_t r = *reinterpret_cast<const uint16_t*>(p);
+    const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[i] = ToF(e[i]);
+  } else if constexpr (kBytes == 16) {
     const uint4 r = *reinterpret_cast<const uint4*>(p);
     const T* e = reinterpret_cast<const T*>(&r);
 #pragma unroll

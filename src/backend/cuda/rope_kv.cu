@@ -4,7 +4,9 @@
 #include <cstdint>
 
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/reduce.cuh"
 #include "backend/cuda/rope_kv.h"
 
 namespace fathom::cuda {
@@ -45,6 +47,31 @@ __global__ void WriteCacheKernel(const float* src, int64_t heads, int64_t dim, i
   for (int64_t k = threadIdx.x; k < heads * dim; k += blockDim.x) {
     const int64_t h = k / dim, i = k % dim;
     Store(cache, base + h * c.s2 + i, src[t * s0 + h * s1 + i]);
+  }
+}
+
+// Quantizes each (token, head) row of `dim` values into an f8 cache, one warp per (head, group of c.group values):
+// scale = max|x| / 448 (1 for an all-zero group) and the codes e4m3(x * (1 / scale)), rounded to nearest even and
+// saturated, the same operations as the CPU reference's (cpu_backend.cc, StoreCacheRow), so the bits agree.
+__global__ void WriteCacheF8Kernel(const float* src, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
+                                   const int32_t* slots, int64_t bs, CacheView c) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;  // a padding row: no cache write
+  const int64_t blk = slot / bs, off = slot % bs, groups = dim / c.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  auto* const cache = static_cast<__nv_fp8_storage_t*>(c.data);
+  for (int64_t p = warp; p < heads * groups; p += warps) {
+    const int64_t h = p / groups, g = p % groups;
+    const float* x = src + t * s0 + h * s1 + g * c.group;
+    float amax = 0.0f;
+    for (int64_t i = lane; i < c.group; i += 32) amax = fmaxf(amax, fabsf(x[i]));
+    amax = WarpMax(amax);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float inv = 1.0f / scale;
+    __nv_fp8_storage_t* row = cache + blk * c.s0 + off * c.s1 + h * c.s2 + g * c.group;
+    for (int64_t i = lane; i < c.group; i += 32) row[i] = __nv_cvt_float_to_fp8(x[i] * inv, __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) c.scale[blk * c.ss0 + off * c.ss1 + h * c.ss2 + g] = scale;
   }
 }
 
@@ -106,6 +133,11 @@ int LaunchApplyRope(float* x, int64_t n, int64_t heads, int64_t s0, int64_t s1, 
 int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                      const int32_t* slots, int64_t bs, CacheView c, Stream s) {
   if (n == 0) return 0;
+  if (c.dtype == kF8) {
+    if (!CacheScalesFit(c, dim)) return static_cast<int>(cudaErrorInvalidValue);
+    WriteCacheF8Kernel<<<static_cast<unsigned>(n), 128, 0, S(s)>>>(src, heads, dim, s0, s1, slots, bs, c);
+    return Done();
+  }
   return DispatchFloat(c.dtype, [&](auto tag) {
     using TC = decltype(tag);
     WriteCacheKernel<TC><<<static_cast<unsigned>(n), 128, 0, S(s)>>>(src, heads, dim, s0, s1, slots, bs, c);

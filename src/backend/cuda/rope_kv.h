@@ -20,7 +20,8 @@ int LaunchRopeCosSin(const int32_t* positions, int64_t n, const float* inv_freq,
 int LaunchApplyRope(float* x, int64_t n, int64_t heads, int64_t s0, int64_t s1, const float* cos, const float* sin,
                     int64_t half, bool interleaved, Stream s);
 
-// src [n, heads, dim] strides (s0, s1, 1) -> cache rows at slot_mapping (slot -1: a padding row, not written).
+// src [n, heads, dim] strides (s0, s1, 1) -> cache rows at slot_mapping (slot -1: a padding row, not written). An f8
+// cache gets e4m3 codes and a scale per group (launcher.h's CacheView), as the CPU reference quantizes.
 int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                      const int32_t* slot_mapping, int64_t block_size, CacheView cache, Stream s);
 

@@ -318,6 +318,132 @@ TEST_P(PagedAttentionTest, MatchesDenseReference) {
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypes, PagedAttentionTest, ::testing::Values(DType::kF32, DType::kBF16));
 
+// The FP8 cache's layout and sizes (KvCacheSpec::k_scale_group): a dense head keeps one scale per token and head,
+// MLA's latent row (576 values, V its first 512) nine scales of 64 values.
+TEST(Fp8KvCacheTest, ScaleGroupsAndBytesPerToken) {
+  const KvCacheSpec qwen{28, 4, 128, 128, false};
+  EXPECT_EQ(qwen.k_scale_group(), 128);
+  EXPECT_EQ(qwen.v_scale_group(), 128);
+  EXPECT_EQ(qwen.bytes_per_token(DType::kBF16), 28 * 4 * 256 * 2);
+  EXPECT_EQ(qwen.bytes_per_token(DType::kF8E4M3), 28 * 4 * 2 * (128 + 4));  // 1.94x the tokens of bf16
+  const KvCacheSpec v3{61, 1, 576, 512, true};
+  EXPECT_EQ(v3.k_scale_group(), 64);
+  EXPECT_EQ(v3.bytes_per_token(DType::kF8E4M3), 61 * (576 + 9 * 4));  // 612 bytes a layer
+  EXPECT_EQ(v3.bytes_per_token(DType::kBF16), 61 * 576 * 2);
+  const KvCacheSpec tiny_mla{2, 1, 48, 32, true};  // gcd 16: three scales, V's the first two
+  EXPECT_EQ(tiny_mla.k_scale_group(), 16);
+  EXPECT_EQ((KvCacheSpec{1, 2, 96, 96, false}.k_scale_group()), 96);
+  EXPECT_EQ((KvCacheSpec{1, 2, 192, 192, false}.k_scale_group()), 64);
+  CpuBackend be;
+  auto kv = KvCache::Allocate(be, tiny_mla, DType::kF8E4M3, 4, 16);
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->layer(1).k_scale.shape(), (std::vector<int64_t>{4, 16, 1, 3}));
+  EXPECT_EQ(kv->layer(1).v_scale.shape(), (std::vector<int64_t>{4, 16, 1, 2}));
+  EXPECT_EQ(kv->layer(1).v_scale.raw(), kv->layer(1).k_scale.raw());
+  EXPECT_TRUE(KvCache::Allocate(be, qwen, DType::kBF16, 2, 16)->layer(0).k_scale.empty());
+  EXPECT_EQ(ParseKvCacheDtype("fp8", DType::kBF16).value(), DType::kF8E4M3);
+  EXPECT_EQ(ParseKvCacheDtype("fp8_e4m3", DType::kBF16).value(), DType::kF8E4M3);
+  EXPECT_EQ(ParseKvCacheDtype("auto", DType::kBF16).value(), DType::kBF16);
+  EXPECT_EQ(ParseKvCacheDtype("int8", DType::kBF16).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseKvCacheDtype("fp8_e5m2", DType::kBF16).status().code(), StatusCode::kInvalidArgument);
+}
+
+// WriteKv into an FP8 cache: each (token, head, group) gets scale = max|x| / 448 and e4m3(x / scale) values, so the
+// largest value comes back exactly and every other within e4m3's rounding (half a unit of 3 mantissa bits, or half the
+// smallest subnormal). PagedAttention and GatherContext read exactly those dequantized values: they equal the same ops
+// on a float32 cache that holds them. Rows span magnitudes from 1e-3 to 1e2 (one scale each), and MLA's shared
+// latent row (V inside K, three scale groups) is covered. CopyKvBlocks carries the scales along.
+TEST(Fp8KvCacheTest, WritesPerTokenScalesAndReadsBackTheDequantizedValues) {
+  CpuBackend be;
+  for (const KvCacheSpec spec : {KvCacheSpec{1, 2, 8, 8, false}, KvCacheSpec{1, 1, 48, 32, true}}) {
+    const int64_t kvh = spec.num_kv_heads, kd = spec.k_dim, vd = spec.v_dim, block = 4, n = 11, heads = 4;
+    auto f8 = KvCache::Allocate(be, spec, DType::kF8E4M3, 8, block);
+    auto f32 = KvCache::Allocate(be, spec, DType::kF32, 8, block);
+    ASSERT_TRUE(f8.ok() && f32.ok());
+    ForwardBatch fb(static_cast<int32_t>(block));
+    const std::vector<int32_t> table = {5, 2, 7};
+    fb.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, table, LogitsMode::kNone);
+    auto dev = BatchOnDevice::Upload(fb, be);
+    ASSERT_TRUE(dev.ok());
+    std::vector<float> kin = Random(static_cast<size_t>(n * kvh * kd), 11);
+    std::vector<float> vin = Random(static_cast<size_t>(n * kvh * vd), 12);
+    for (int64_t r = 0; r < n * kvh; ++r) {  // magnitudes 1e-3 .. 1e2 by row
+      const float m = std::pow(10.0f, static_cast<float>(r % 6) - 3.0f);
+      for (int64_t i = 0; i < kd; ++i) kin[static_cast<size_t>(r * kd + i)] *= m;
+      for (int64_t i = 0; i < vd; ++i) vin[static_cast<size_t>(r * vd + i)] *= m;
+    }
+    Tensor kt = FromVector(kin, {n, kvh, kd}), vt = FromVector(vin, {n, kvh, vd});
+    const TensorView v_arg = spec.v_in_k ? TensorView() : vt.view();
+    be.WriteKv(kt, v_arg, dev->meta(), f8->layer(0));
+    ASSERT_TRUE(be.Synchronize().ok());
+    // Dequantize by hand; check the rule; fill the f32 cache with the dequantized rows.
+    const KvLayerView c8 = f8->layer(0), c32 = f32->layer(0);
+    auto check_rows = [&](const TensorView& cache, const TensorView& scales, const TensorView& out,
+                          const std::vector<float>& src, int64_t dim) {
+      const int64_t group = spec.k_scale_group();
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t slot = fb.slot_mapping[static_cast<size_t>(t)];
+        const int64_t b = slot / block, o = slot % block;
+        for (int64_t h = 0; h < kvh; ++h) {
+          const uint8_t* codes = static_cast<const uint8_t*>(cache.raw()) + b * cache.stride(0) + o * cache.stride(1) +
+                                 h * cache.stride(2);
+          const float* sc = scales.data<float>() + b * scales.stride(0) + o * scales.stride(1) + h * scales.stride(2);
+          float* dst = out.data<float>() + b * out.stride(0) + o * out.stride(1) + h * out.stride(2);
+          const float* x = src.data() + (t * kvh + h) * dim;
+          for (int64_t g0 = 0; g0 < dim; g0 += group) {
+            float amax = 0.0f;
+            for (int64_t i = g0; i < g0 + group; ++i) amax = std::max(amax, std::fabs(x[i]));
+            ASSERT_EQ(sc[g0 / group], amax / 448.0f) << t << " " << h << " " << g0;
+            for (int64_t i = g0; i < g0 + group; ++i) {
+              const float deq = F8E4M3ToF32(codes[i]) * sc[g0 / group];
+              dst[i] = deq;
+              EXPECT_LE(std::fabs(deq - x[i]), std::fabs(x[i]) / 16.0f + sc[g0 / group] / 1024.0f * 1.0001f)
+                  << t << " " << h << " " << i;
+              if (std::fabs(x[i]) == amax) {
+                EXPECT_NEAR(std::fabs(deq), amax, amax * 1e-6f);
+              }
+            }
+          }
+        }
+      }
+    };
+    check_rows(c8.k, c8.k_scale, c32.k, kin, kd);
+    if (!spec.v_in_k) check_rows(c8.v, c8.v_scale, c32.v, vin, vd);
+    // Attention and the context gather read the dequantized values.
+    const std::vector<float> qv = Random(static_cast<size_t>(n * heads * kd), 13);
+    Tensor q = FromVector(qv, {n, heads, kd});
+    Tensor o8 = be.Alloc(DType::kF32, {n, heads, vd}), o32 = be.Alloc(DType::kF32, {n, heads, vd});
+    be.PagedAttention(q, c8, dev->meta(), 0.3f, o8);
+    be.PagedAttention(q, c32, dev->meta(), 0.3f, o32);
+    ASSERT_TRUE(be.Synchronize().ok());
+    EXPECT_LE(testing::MaxAbsDiff(o8.data<float>(), o32.data<float>(), n * heads * vd), 1e-6f);
+    if (spec.v_in_k) {
+      Tensor g8 = be.Alloc(DType::kF32, {n, kd}), g32 = be.Alloc(DType::kF32, {n, kd});
+      be.GatherContext(c8, dev->meta(), g8);
+      be.GatherContext(c32, dev->meta(), g32);
+      ASSERT_TRUE(be.Synchronize().ok());
+      EXPECT_EQ(testing::MaxAbsDiff(g8.data<float>(), g32.data<float>(), n * kd), 0.0f);
+    }
+    // A copied block brings its scales: block 5 (the first 4 tokens) into block 1, read back through a table {1}.
+    const KvBlockCopy copy{5, 1};
+    ASSERT_TRUE(CopyKvBlocks(be, *f8, std::span<const KvBlockCopy>(&copy, 1)).ok());
+    ForwardBatch fb2(static_cast<int32_t>(block));
+    const std::vector<int32_t> copied = {1}, original = {5};
+    fb2.AddSequence(std::vector<int32_t>(1, 0), 3, copied, LogitsMode::kNone);  // positions 0..3 from block 1
+    ForwardBatch fb3(static_cast<int32_t>(block));
+    fb3.AddSequence(std::vector<int32_t>(1, 0), 3, original, LogitsMode::kNone);
+    auto d2 = BatchOnDevice::Upload(fb2, be);
+    auto d3 = BatchOnDevice::Upload(fb3, be);
+    ASSERT_TRUE(d2.ok() && d3.ok());
+    Tensor q1 = FromVector(std::vector<float>(qv.begin(), qv.begin() + heads * kd), {1, heads, kd});
+    Tensor a = be.Alloc(DType::kF32, {1, heads, vd}), b = be.Alloc(DType::kF32, {1, heads, vd});
+    be.PagedAttention(q1, c8, d2->meta(), 0.3f, a);
+    be.PagedAttention(q1, c8, d3->meta(), 0.3f, b);
+    ASSERT_TRUE(be.Synchronize().ok());
+    EXPECT_EQ(testing::MaxAbsDiff(a.data<float>(), b.data<float>(), heads * vd), 0.0f);
+  }
+}
+
 TEST(CpuBackendTest, BadIndicesBecomeErrorsNotCrashes) {
   CpuBackend be;
   Tensor table = FromVector(Random(4 * 3, 1), {4, 3});

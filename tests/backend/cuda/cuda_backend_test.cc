@@ -842,8 +842,8 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
     const int64_t ctx = mc->meta().total_seq_len;
     Tensor lat_cpu = cpu.Alloc(DType::kF32, {ctx, lora + rope});
     Tensor lat_gpu = gpu->Alloc(DType::kF32, {ctx, lora + rope});
-    cpu.GatherContext(kv_cpu->layer(0).k, mc->meta(), lat_cpu);
-    gpu->GatherContext(kv_gpu->layer(0).k, mg->meta(), lat_gpu);
+    cpu.GatherContext(kv_cpu->layer(0), mc->meta(), lat_cpu);
+    gpu->GatherContext(kv_gpu->layer(0), mg->meta(), lat_gpu);
     ASSERT_TRUE(gpu->Synchronize().ok());
     auto lh = Host(*gpu, lat_gpu);
     EXPECT_EQ(testing::MaxAbsDiff(lh.data(), lat_cpu.data<float>(), ctx * (lora + rope)), 0.0f);

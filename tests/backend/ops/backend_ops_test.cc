@@ -156,6 +156,7 @@ TEST_P(CudaAgainstCpuTest, WithinTolerance) {
   CudaBackend* gpu = Gpu();
   if (gpu == nullptr) GTEST_SKIP() << "no CUDA device on this machine";
   const OpCase& c = AllOpCases()[GetParam()];
+  if (!gpu->SupportsKvCacheDtype(c.kv_cache)) GTEST_SKIP() << "no " << DTypeName(c.kv_cache) << " KV cache on CUDA";
   const StatusOr<cuda::KernelOptions> options = KernelOptionsForVariant(c.variant);
   ASSERT_TRUE(options.ok()) << options.status().ToString();
   gpu->set_kernel_options(*options);  // before the inputs: PrepareLinear depends on them

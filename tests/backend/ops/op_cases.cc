@@ -257,16 +257,40 @@ const Batch kSmallMla{"mixed", {0, 20}, {9, 1}, 64};
 const Batch kRealMixed{"mixed", {0, 300, 1000, 511}, {40, 1, 3, 1}};
 const Batch kLongDecode{"decode", {4095}, {1}};
 const Batch kBatchDecode = SameSeqs("decode", 64, 1023, 1);
+const Batch kWideDecode = SameSeqs("decode", 256, 1023, 1);      // Qwen-7B's 256 sequences at 1k
+const Batch kBatchLongDecode = SameSeqs("decode", 64, 4095, 1);  // the MLA targets' 64 sequences x 4k
 const Batch kRealPrefill{"prefill", {0, 1024}, {512, 512}};
 
+// Positive float32 scales of an FP8 KV cache, uniform in [0.25, 2) / 448: dequantized values within about +-2.
+Tensor RandomKvScales(const std::vector<int64_t>& shape, uint32_t seed) {
+  Tensor t = Tensor::Empty(F32, shape);
+  const uint64_t key = KeyOf(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = (0.25f + 1.75f * Uniform(key, i)) / 448.0f;
+  return t;
+}
+
 // A KV cache of `dtype` [blocks, block_size, kv_heads, k_dim] with random contents (and V [.., v_dim] apart, or V as
-// the first v_dim values of K for MLA), on the backend.
+// the first v_dim values of K for MLA), on the backend. FP8: random e4m3 codes and random scales in KvCacheSpec's
+// groups (V's the first of K's when V is inside K).
 KvLayerView RandomCache(Setup& s, const Batch& b, int64_t kv_heads, int64_t k_dim, int64_t v_dim, bool v_in_k,
                         DType dtype, uint32_t seed) {
   KvLayerView c;
   c.k = s.Random(dtype, {b.Blocks(), b.block_size, kv_heads, k_dim}, seed);
   c.v = v_in_k ? c.k.Slice(3, 0, v_dim) : s.Random(dtype, {b.Blocks(), b.block_size, kv_heads, v_dim}, seed + 1);
+  if (dtype == F8) {
+    const KvCacheSpec spec{1, kv_heads, k_dim, v_dim, v_in_k};
+    const int64_t kg = k_dim / spec.k_scale_group(), vg = v_dim / spec.v_scale_group();
+    c.k_scale = s.Put(RandomKvScales({b.Blocks(), b.block_size, kv_heads, kg}, seed + 100));
+    c.v_scale = v_in_k ? c.k_scale.Slice(3, 0, vg)
+                       : s.Put(RandomKvScales({b.Blocks(), b.block_size, kv_heads, vg}, seed + 101));
+  }
   return c;
+}
+
+// A cache's bytes per token and KV head: its values and, for FP8, its scales.
+double CacheRowBytes(DType dtype, int64_t dim, int64_t group) {
+  const double values = static_cast<double>(dim) * static_cast<double>(DTypeSize(dtype));
+  return dtype == F8 ? values + 4.0 * static_cast<double>(dim / group) : values;
 }
 
 // cos, sin [n, half] of random angles.
@@ -660,6 +684,8 @@ struct WriteKvCase {
     };
     s->Output("k_cache", kv.k);
     if (!mla) s->Output("v_cache", kv.v);
+    if (kv.fp8()) s->Output("k_scale", kv.k_scale);
+    if (kv.fp8() && !mla) s->Output("v_scale", kv.v_scale);
     return s;
   }
 };
@@ -702,6 +728,10 @@ struct RopeWriteKvCase {
     s->Output("qkv", qkv);
     s->Output("k_cache", kv.k);
     s->Output("v_cache", kv.v);
+    if (kv.fp8()) {
+      s->Output("k_scale", kv.k_scale);
+      s->Output("v_scale", kv.v_scale);
+    }
     return s;
   }
 };
@@ -720,8 +750,10 @@ struct AttentionCase {
   }
   std::string DTypes() const { return fmt::format("q=f32 cache={}", Name(cache)); }
   double Bytes() const {
+    const KvCacheSpec spec{1, kv_heads, k_dim, v_dim, mla};
     const double row =
-        static_cast<double>(kv_heads * (k_dim + (mla ? 0 : v_dim)) * static_cast<int64_t>(DTypeSize(cache)));
+        static_cast<double>(kv_heads) * (CacheRowBytes(cache, k_dim, spec.k_scale_group()) +
+                                         (mla ? 0.0 : CacheRowBytes(cache, v_dim, spec.v_scale_group())));
     return static_cast<double>(batch.Context()) * row +
            4.0 * static_cast<double>(batch.Tokens() * heads * (k_dim + v_dim));
   }
@@ -762,12 +794,18 @@ struct GatherContextCase {
     auto s = std::make_unique<Setup>(be);
     const ForwardBatch fb = batch.Step();
     const AttentionMetadata& meta = s->Meta(fb);
-    const TensorView kb =
-        s->Random(cache, {batch.Blocks(), batch.block_size, 1, d + pad}, 3);  // [blocks, bs, 1, d+pad]
-    const TensorView k = kb.Slice(3, 0, d);
+    KvLayerView kv;
+    if (cache == F8) {
+      FATHOM_CHECK_EQ(pad, 0);
+      kv = RandomCache(*s, batch, 1, d, d - 64, true, F8, 3);  // MLA's latent rows, with their scales
+    } else {
+      const TensorView kb =
+          s->Random(cache, {batch.Blocks(), batch.block_size, 1, d + pad}, 3);  // [blocks, bs, 1, d+pad]
+      kv.k = kb.Slice(3, 0, d);
+    }
     const TensorView out = s->Zeros(F32, {batch.Context(), d});  // [total_seq_len, d]
-    s->op = [&be, k, meta, out] {
-      be.GatherContext(k, meta, out);
+    s->op = [&be, kv, meta, out] {
+      be.GatherContext(kv, meta, out);
       return OkStatus();
     };
     s->Output("out", out);
@@ -1307,6 +1345,9 @@ constexpr Tolerance kBf16{1e-4, -1};
 constexpr Tolerance kBf16Attention{1e-4, 1.5e-2};
 // q, k rotated in float32, then written to a bf16 cache: a float32 ulp can move a bf16 rounding.
 constexpr Tolerance kBf16Cache{1e-6, 1e-2};
+// Values rotated (or computed) in float32 in another order, then quantized to an FP8 cache: a float32 ulp can move an
+// e4m3 rounding by one code (up to 32 in the codes' units, which the outputs hold), so only a small NMSE is bounded.
+constexpr Tolerance kF8Cache{1e-5, -1};
 // The opt-in W8A8 GEMM: activations quantized to e4m3 per token and 128 columns, about 2.5% rms error.
 constexpr Tolerance kW8a8{5e-3, -1};
 
@@ -1325,6 +1366,7 @@ void Add(std::vector<OpCase>& cases, const Row<C> (&rows)[N]) {
   for (const Row<C>& r : rows) {
     cases.push_back(OpCase{r.c.Op(), r.c.Shape(), r.c.DTypes(), r.variant, r.tol, r.gpu_only, r.c.Bytes(), r.c.Flops(),
                            [c = r.c](Backend& be) { return c.Prepare(be); }});
+    if constexpr (requires { r.c.cache; }) cases.back().kv_cache = r.c.cache;
   }
 }
 
@@ -1482,8 +1524,12 @@ std::vector<OpCase> BuildCases() {
       {{2, 64, false, BF16, kMixed}, "default", kExact},
       {{2, 64, false, F16, kMixed}, "default", kExact},
       {{1, 576, true, BF16, kMixed}, "default", kExact},
+      {{2, 64, false, F8, kMixed}, "default", kExact},  // FP8: e4m3 codes and a scale per token and head
+      {{1, 576, true, F8, kMixed}, "default", kExact},  // FP8 latent rows: 9 scales of 64 values
       {{4, 128, false, BF16, kRealPrefill}, "default", kExact, kGpu},
       {{1, 576, true, BF16, kRealPrefill}, "default", kExact, kGpu},
+      {{4, 128, false, F8, kRealPrefill}, "default", kExact, kGpu},
+      {{1, 576, true, F8, kRealPrefill}, "default", kExact, kGpu},
   };
   Add(c, write_kv_rows);
   const Row<RopeWriteKvCase> rope_write_kv_rows[] = {
@@ -1491,8 +1537,10 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 16, true, F32, kMixed}, "default", kRope},
       {{8, 2, 64, 32, false, BF16, kMixed}, "default", kBf16Cache},
       {{8, 2, 64, 16, true, BF16, kDecode}, "default", kBf16Cache},
+      {{8, 2, 64, 32, false, F8, kMixed}, "default", kF8Cache},
       {{28, 4, 128, 64, false, BF16, kRealMixed}, "default", kBf16Cache, kGpu},
       {{28, 4, 128, 32, true, F32, kRealMixed}, "default", kRope, kGpu},
+      {{28, 4, 128, 64, false, F8, kRealMixed}, "default", kF8Cache, kGpu},
   };
   Add(c, rope_write_kv_rows);
   const Row<AttentionCase> attention_rows[] = {
@@ -1511,6 +1559,13 @@ std::vector<OpCase> BuildCases() {
       {{4, 2, 96, 96, false, BF16, kDecode}, "default", kF32},                // no packed kernel for head_dim 96
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // MLA: 16 heads a block
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "no_mla_attention", kF32},
+      // FP8 caches (e4m3 and scales): GQA, MHA and MLA's latent rows
+      {{8, 2, 64, 64, false, F8, kMixed}, "default", kF32},
+      {{8, 2, 64, 64, false, F8, kDecode}, "default", kF32},
+      {{8, 2, 64, 64, false, F8, kPrefill}, "default", kF32},
+      {{8, 2, 64, 64, false, F8, kDecode}, "no_gqa_attention", kF32},
+      {{4, 4, 128, 128, false, F8, kDecode}, "default", kF32},
+      {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kF32},
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
@@ -1521,6 +1576,11 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "no_gqa_attention", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F32, kLongDecode}, "no_gqa_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, BF16, kBatchDecode}, "no_split_attention", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kBatchDecode}, "default", kF32, kGpu},
+      {{28, 4, 128, 128, false, BF16, kWideDecode}, "default", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kRealPrefill}, "default", kF32, kGpu},
       // DeepSeek MLA: V2-Lite's 16 heads, V3's 128
       {{16, 1, 576, 512, true, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
@@ -1528,12 +1588,15 @@ std::vector<OpCase> BuildCases() {
       {{128, 1, 576, 512, true, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, BF16, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, BF16, kLongDecode}, "no_mla_attention", kF32, kGpu},
+      {{16, 1, 576, 512, true, F8, kRealMixed}, "default", kF32, kGpu},
+      {{16, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},   // mla_decode_bw_16h
+      {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},  // mla_decode_bw_128h
   };
   Add(c, attention_rows);
   const Row<GatherContextCase> gather_context_rows[] = {
-      {{576, 0, BF16, kMixed}, "default", kExact},
-      {{64, 32, F32, kMixed}, "default", kExact},
-      {{576, 0, BF16, kRealMixed}, "default", kExact, kGpu},
+      {{576, 0, BF16, kMixed}, "default", kExact},         {{64, 32, F32, kMixed}, "default", kExact},
+      {{576, 0, F8, kMixed}, "default", kExact},           {{576, 0, BF16, kRealMixed}, "default", kExact, kGpu},
+      {{576, 0, F8, kRealMixed}, "default", kExact, kGpu},
   };
   Add(c, gather_context_rows);
   const Row<MlaContextCase> mla_context_rows[] = {

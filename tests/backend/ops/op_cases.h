@@ -69,6 +69,8 @@ struct OpCase {
   double bytes = 0.0;     // moved by one run (weights, activations, cache)
   double flops = 0.0;     // of one run (0 for copies)
   std::function<std::unique_ptr<OpRun>(Backend&)> prepare;
+  DType kv_cache =
+      DType::kF32;  // the KV cache's dtype where the op reads or writes one (Backend::SupportsKvCacheDtype)
 
   // "Linear [n=1 in=3584 out=18944] w=bf16 bias=bf16 variant=default"
   std::string Describe() const;

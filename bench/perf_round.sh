@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One device call of the performance round: fathom's headline benchmarks and the llama.cpp peer on the same GPU, in
+# the same lease. bench/summary.py then turns the raw outputs into bench/results/SUMMARY.json's figures, each with its
+# same-call peer ratio. Nothing is compared against an old peer number.
+#
+#   bench/perf_round.sh PART BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR      (on the GPU machine, repository root)
+#     PART dense:   Qwen-7B and Llama-8B (bf16 and FP8 KV caches), peer r1-distill-llama-8b f16
+#     PART moe:     DeepSeek-V2-Lite, peer deepseek-v2-lite f16
+#     PART kernels: the MLA decode kernel and the 256-sequence attention rows of the op table (cuda_kernel_bench --ops)
+#   bench/summary.py --raw OUT_DIR ... (back on the development machine; see its usage)
+#
+# BIN_DIR holds fathom and cuda_kernel_bench (built here with `cmake --preset cuda-release`). Each part fits the
+# device tool's 10-minute call.
+#
+# Order within a call:
+#   1. llama.cpp builds on the CPUs (bench/peers/llama_cpp.sh) while fathom's runs use the GPU.
+#   2. The peer's llama-bench and llama-batched-bench run after fathom's, so the two never share the GPU.
+#
+# Every step appends to OUT_DIR/timeline.txt, and every run writes its own file, so a call cut short keeps what it
+# finished.
+set -uo pipefail
+
+part=$1 bin=$2 llama_src=$3 gguf_tool=$4 out=$5
+here="$(cd "$(dirname "$0")" && pwd)"
+mkdir -p "$out"
+t0=$(date +%s)
+log() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$out/timeline.txt" >&2; }
+nvidia-smi >"$out/gpu.txt" 2>&1
+echo "$part" >"$out/part.txt"
+
+configs=tests/data/configs
+# fathom bench runs: NAME|ARGS. The file NAME.json is what bench/summary.py reads.
+runs=()
+peer_models=()
+case "$part" in
+  dense)
+    qwen="--model $configs/deepseek-r1-distill-qwen-7b.json"
+    llama="--model $configs/deepseek-r1-distill-llama-8b.json"
+    runs+=("qwen7b-512|$qwen --batch-size 1 --input-len 512 --output-len 128")
+    runs+=("qwen7b-1k|$qwen --batch-size 64,256 --input-len 1024 --output-len 128")
+    runs+=("qwen7b-1k-fp8kv|$qwen --batch-size 64,256 --input-len 1024 --output-len 128 --kv-cache-dtype fp8")
+    runs+=("qwen7b-prefill8k|$qwen --batch-size 16 --input-len 512 --output-len 2 --max-num-batched-tokens 8192")
+    runs+=("llama8b-512|$llama --batch-size 1,64,256 --input-len 512 --output-len 128")
+    peer_models+=(r1-distill-llama-8b:f16)
+    ;;
+  moe)
+    v2="--model $configs/deepseek-v2-lite.json --max-model-len 4096"
+    runs+=("v2lite-512|$v2 --batch-size 1,64,256 --input-len 512 --output-len 128")
+    runs+=("v2lite-prefill8k|$v2 --batch-size 16 --input-len 512 --output-len 2 --max-num-batched-tokens 8192")
+    peer_models+=(deepseek-v2-lite:f16)
+    ;;
+  kernels) ;;
+  *)
+    echo "usage: $0 dense|moe|kernels BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR" >&2
+    exit 2
+    ;;
+esac
+
+peer_pid=
+if [ ${#peer_models[@]} -gt 0 ]; then
+  log "peer: building llama.cpp in the background"
+  "$here/peers/llama_cpp.sh" build "$llama_src" /tmp/peer >"$out/peer-build.log" 2>&1 &
+  peer_pid=$!
+fi
+
+for r in "${runs[@]}"; do
+  name=${r%%|*} args=${r#*|}
+  log "fathom bench $name: $args"
+  # shellcheck disable=SC2086  # args is a list of words
+  "$bin/fathom" bench --offline --device cuda --load-format dummy $args --output "$out/$name.json" \
+    >"$out/$name.log" 2>&1
+  log "fathom bench $name: rc=$?"
+  echo "fathom bench --offline --device cuda --load-format dummy $args" >"$out/$name.command"
+done
+
+if [ "$part" = kernels ]; then
+  log "cuda_kernel_bench --ops 1 --filter PagedAttention"
+  "$bin/cuda_kernel_bench" --ops 1 --filter PagedAttention >"$out/kernels.jsonl" 2>"$out/kernels.log"
+  log "cuda_kernel_bench: rc=$?"
+  echo "cuda_kernel_bench --ops 1 --filter PagedAttention" >"$out/kernels.command"
+fi
+
+if [ -n "$peer_pid" ]; then
+  wait "$peer_pid"
+  log "peer build: rc=$?"
+  log "peer runs: ${peer_models[*]}"
+  "$here/peers/llama_cpp.sh" run /tmp/peer "$gguf_tool" "${peer_models[@]}" >"$out/peer.jsonl" 2>"$out/peer.log"
+  log "peer runs: rc=$?"
+fi
+log done

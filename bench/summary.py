@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Turns the raw outputs of bench/perf_round.sh into headline figures.
+
+Each figure is written in two places:
+  - a results file (bench/results/DATE-NAME.json: commit, machine, commands, every figure);
+  - bench/results/SUMMARY.json, which keeps the newest figure of each name.
+
+A figure's peer is measured in the same device call as the figure itself: llama-bench and llama-batched-bench in the
+same part's peer.jsonl, or fathom's own bf16-KV run for the FP8-KV figure. Never an older number.
+
+  bench/summary.py --raw RAW_DIR [RAW_DIR ...] --commit abc1234 --date 2026-12-05 \\
+      --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH]
+
+A RAW_DIR is one part's OUT_DIR:
+  - NAME.json and NAME.command for each fathom bench run;
+  - peer.jsonl, with llama-bench's and llama-batched-bench's lines;
+  - kernels.jsonl and kernels.command from cuda_kernel_bench --ops.
+
+A figure whose run is missing is skipped and listed on stderr. The targets are the performance issue's. A figure
+records whether it met its target, and which one.
+"""
+import argparse
+import json
+import os
+import sys
+
+QWEN, LLAMA, V2 = "qwen7b", "llama8b", "v2lite"
+
+
+def level(runs, run, batch):
+    """The level of fathom bench run `run` at `batch` sequences, or None."""
+    r = runs.get(run)
+    if r is None:
+        return None
+    for lv in r["json"].get("levels", []):
+        if lv.get("batch_size") == batch:
+            return lv
+    return None
+
+
+def llama_bench(peers, model, n_prompt, n_gen):
+    """llama-bench's average tokens/s for `model` (PRESET-DTYPE) at pp n_prompt or tg n_gen, or None."""
+    for p in peers:
+        if p.get("tool") == "llama-batched-bench":
+            continue
+        name = os.path.basename(str(p.get("model_filename", "")))
+        if name == f"{model}.gguf" and p.get("n_prompt") == n_prompt and p.get("n_gen") == n_gen:
+            return p.get("avg_ts")
+    return None
+
+
+def batched_bench(peers, model, pl):
+    """llama-batched-bench's decode throughput (speed_tg) for `model` at `pl` sequences, or None."""
+    for p in peers:
+        if p.get("tool") == "llama-batched-bench" and p.get("model") == model and p.get("pl") == pl:
+            return p.get("speed_tg")
+    return None
+
+
+def kernel_row(kernels, op, shape_part, dtypes, variant="default"):
+    """The cuda_kernel_bench --ops row of `op` whose shape contains `shape_part`, or None."""
+    for k in kernels:
+        if (k.get("op") == op and shape_part in k.get("shape", "") and k.get("dtypes") == dtypes
+                and k.get("variant") == variant and "gb_s" in k):
+            return k
+    return None
+
+
+def decode_figure(name, run, batch, target_min, peer=None, target_ratio=None):
+    """A decode throughput figure (tok/s) from run/batch, against a peer function of (runs, peers) -> (label, value)."""
+
+    def make(runs, peers, kernels):
+        lv = level(runs, run, batch)
+        if lv is None:
+            return None
+        f = {"value": round(lv["decode_tokens_per_s"], 1), "unit": "tok/s",
+             "roofline": round(lv["roofline"]["theoretical_tokens_per_s"], 1), "run": run}
+        if peer is not None:
+            label, value = peer(runs, peers)
+            if value is not None:
+                f["peer"], f["peer_value"] = label, round(value, 1)
+        f["target"], f["met"] = target(f["value"], f.get("peer_value"), target_min, target_ratio, "tok/s")
+        return f
+
+    return name, make
+
+
+def target(value, peer_value, at_least=None, ratio_at_least=None, unit="", at_most=None):
+    """The target's text and whether it is met (None when a peer it needs is missing)."""
+    parts, met = [], True
+    if at_least is not None:
+        parts.append(f">= {at_least:g} {unit}".strip())
+        met = met and value >= at_least
+    if at_most is not None:
+        parts.append(f"<= {at_most:g} {unit}".strip())
+        met = met and value <= at_most
+    if ratio_at_least is not None:
+        parts.append(f">= {ratio_at_least:g}x the peer")
+        met = None if not peer_value else (met and value / peer_value >= ratio_at_least)
+    if not parts:
+        return "", None  # a figure recorded for its ratio, without a target of its own
+    return " and ".join(parts), met
+
+
+def tg128(model):
+    return lambda runs, peers: (f"llama.cpp {model} llama-bench tg128 (same call)", llama_bench(peers, model, 0, 128))
+
+
+def batched(model, pl):
+    return lambda runs, peers: (f"llama.cpp {model} llama-batched-bench -npp 512 -ntg 128 -npl {pl} speed_tg (same call)",
+                                batched_bench(peers, model, pl))
+
+
+def bf16_kv(batch):
+    def peer(runs, peers):
+        lv = level(runs, "qwen7b-1k", batch)
+        return ("fathom, bf16 KV cache (same call)", lv["decode_tokens_per_s"] if lv else None)
+
+    return peer
+
+
+def prefill_mfu(name, run, at_least):
+    def make(runs, peers, kernels):
+        lv = level(runs, run, 16)
+        if lv is None:
+            return None
+        value = round(100 * lv["prefill_mfu"], 1)
+        t, met = target(value, None, at_least, None, "%")
+        return {"value": value, "unit": "% MFU (16 x 512-token prefill)", "roofline": 100.0, "run": run,
+                "target": t, "met": met}
+
+    return name, make
+
+
+def ttft(name, run, at_most):
+    def make(runs, peers, kernels):
+        lv = level(runs, run, 1)
+        if lv is None:
+            return None
+        value = round(lv["ttft_ms"]["median"], 2)
+        t, met = target(value, None, None, None, "ms", at_most=at_most)
+        return {"value": value, "unit": "ms (median TTFT, 512-token prompt)", "roofline": None, "run": run,
+                "target": t, "met": met}
+
+    return name, make
+
+
+def mla_bw(name, heads, at_least):
+    def make(runs, peers, kernels):
+        row = kernel_row(kernels, "PagedAttention", f"heads={heads}/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
+                         "q=f32 cache=bf16")
+        if row is None:
+            return None
+        value = round(row["gb_s"], 1)
+        t, met = target(value, None, at_least, None, "GB/s")
+        return {"value": value, "unit": "GB/s of latent cache (64 sequences x 4k)", "roofline": 4500.0,
+                "run": "kernels", "target": t, "met": met}
+
+    return name, make
+
+
+# The headline figures (the performance issue's names and targets).
+FIGURES = [
+    decode_figure("qwen7b_bf16_b1_decode", "qwen7b-512", 1, 270),
+    decode_figure("llama8b_bf16_b1_decode", "llama8b-512", 1, 255, tg128("r1-distill-llama-8b-f16"), 1.2),
+    decode_figure("llama8b_bf16_b64_decode", "llama8b-512", 64, None, batched("r1-distill-llama-8b-f16", 64)),
+    decode_figure("llama8b_bf16_b256_decode", "llama8b-512", 256, None, batched("r1-distill-llama-8b-f16", 256)),
+    decode_figure("qwen7b_bf16_b64_decode", "qwen7b-1k", 64, 12000),
+    decode_figure("qwen7b_bf16_b256_decode", "qwen7b-1k", 256, 24000),
+    decode_figure("qwen7b_fp8kv_b64_decode", "qwen7b-1k-fp8kv", 64, None, bf16_kv(64)),
+    decode_figure("qwen7b_fp8kv_b256_decode", "qwen7b-1k-fp8kv", 256, None, bf16_kv(256), 1.3),
+    prefill_mfu("qwen7b_bf16_prefill8k_mfu", "qwen7b-prefill8k", 55),
+    ttft("qwen7b_ttft_512", "qwen7b-512", 15),
+    decode_figure("v2lite_bf16_b1_decode", "v2lite-512", 1, 600, tg128("deepseek-v2-lite-f16"), 2.5),
+    decode_figure("v2lite_bf16_b64_decode", "v2lite-512", 64, 8000, batched("deepseek-v2-lite-f16", 64)),
+    decode_figure("v2lite_bf16_b256_decode", "v2lite-512", 256, 20000, batched("deepseek-v2-lite-f16", 256)),
+    prefill_mfu("v2lite_prefill8k_mfu", "v2lite-prefill8k", 35),
+    mla_bw("mla_decode_bw_16h", 16, 3000),
+    mla_bw("mla_decode_bw_128h", 128, 2500),
+]
+
+KEYS = ["name", "value", "unit", "peer", "peer_value", "ratio", "roofline", "commit", "date", "command"]
+
+
+def read_jsonl(path):
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a line cut short by a timeout
+    return rows
+
+
+def load_raw(dirs):
+    """fathom runs by name ({"json", "command"}), peer lines and kernel rows, over every raw directory."""
+    runs, peers, kernels, commands = {}, [], [], {}
+    for d in dirs:
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".json"):
+                name = f[:-len(".json")]
+                with open(os.path.join(d, f)) as fh:
+                    try:
+                        j = json.load(fh)
+                    except json.JSONDecodeError:
+                        continue
+                if j.get("mode") != "offline":
+                    continue
+                cmd_path = os.path.join(d, name + ".command")
+                cmd = open(cmd_path).read().strip() if os.path.exists(cmd_path) else ""
+                runs[name] = {"json": j, "command": cmd}
+        peers += read_jsonl(os.path.join(d, "peer.jsonl"))
+        kernels += read_jsonl(os.path.join(d, "kernels.jsonl"))
+        if os.path.exists(os.path.join(d, "kernels.command")):
+            commands["kernels"] = open(os.path.join(d, "kernels.command")).read().strip()
+    for name, r in runs.items():
+        commands[name] = r["command"]
+    return runs, peers, kernels, commands
+
+
+def compute(runs, peers, kernels, commands, commit, date, source):
+    figures, missing = [], []
+    for name, make in FIGURES:
+        f = make(runs, peers, kernels)
+        if f is None:
+            missing.append(name)
+            continue
+        out = {"name": name, "value": f["value"], "unit": f["unit"], "peer": f.get("peer"),
+               "peer_value": f.get("peer_value"), "ratio": None, "roofline": f["roofline"], "commit": commit,
+               "date": date, "command": commands.get(f["run"], ""), "source": source, "target": f["target"],
+               "met": f["met"]}
+        if out["peer_value"]:
+            out["ratio"] = round(out["value"] / out["peer_value"], 3)
+        figures.append(out)
+    return figures, missing
+
+
+def merge_summary(summary, figures):
+    """SUMMARY.json with each figure replacing the entry of its name (new names appended, others kept)."""
+    by_name = {f["name"]: f for f in figures}
+    merged = []
+    for old in summary.get("figures", []):
+        merged.append(by_name.pop(old["name"], old))
+    merged += [f for f in figures if f["name"] in by_name]
+    summary["figures"] = merged
+    return summary
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", nargs="+", required=True)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--date", required=True)
+    ap.add_argument("--machine", default="one NVIDIA H200 (sm_90a) through the device tool")
+    ap.add_argument("--source", required=True, help="the results file to write (bench/results/DATE-NAME.json)")
+    ap.add_argument("--summary", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                     "SUMMARY.json"))
+    a = ap.parse_args(argv)
+    runs, peers, kernels, commands = load_raw(a.raw)
+    figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source)
+    if not figures:
+        print("no figure could be computed from " + " ".join(a.raw), file=sys.stderr)
+        return 1
+    result = {"what": "performance round: headline figures with same-call peers (bench/perf_round.sh)",
+              "date": a.date, "commit": a.commit, "machine": a.machine, "raw": a.raw, "commands": commands,
+              "peer_lines": peers, "figures": figures, "missing": missing}
+    with open(a.source, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    summary = {"note": "", "figures": []}
+    if os.path.exists(a.summary):
+        with open(a.summary) as f:
+            summary = json.load(f)
+    with open(a.summary, "w") as f:
+        json.dump(merge_summary(summary, figures), f, indent=1)
+        f.write("\n")
+    for fig in figures:
+        ratio = f" ({fig['ratio']}x {fig['peer']})" if fig["ratio"] is not None else ""
+        state = {True: "met", False: "MISSED", None: "no target" if not fig["target"] else "no peer"}[fig["met"]]
+        print(f"{fig['name']}: {fig['value']} {fig['unit']}{ratio}; target {fig['target'] or '-'}: {state}")
+    for name in missing:
+        print(f"{name}: not measured (its run is missing)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""bench/summary.py on made-up raw outputs of bench/perf_round.sh: the figures, their same-call peer ratios, the targets
+met and missed, and SUMMARY.json's merge (a figure replaces its name's entry; other names stay)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "bench", "summary.py")
+
+
+def level(batch, tok_s, roofline, ttft_median=20.0, mfu=0.3):
+    return {"batch_size": batch, "decode_tokens_per_s": tok_s, "prefill_mfu": mfu,
+            "ttft_ms": {"median": ttft_median}, "roofline": {"theoretical_tokens_per_s": roofline}}
+
+
+def write_run(d, name, levels, command):
+    with open(os.path.join(d, name + ".json"), "w") as f:
+        json.dump({"mode": "offline", "levels": levels}, f)
+    with open(os.path.join(d, name + ".command"), "w") as f:
+        f.write(command + "\n")
+
+
+class SummaryTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        t = self.tmp.name
+        self.dense, self.kern = os.path.join(t, "dense"), os.path.join(t, "kernels")
+        os.makedirs(self.dense)
+        os.makedirs(self.kern)
+        write_run(self.dense, "qwen7b-512", [level(1, 250.0, 317.5, ttft_median=14.2)], "fathom bench qwen 512")
+        write_run(self.dense, "qwen7b-1k", [level(64, 9000.0, 17000.0), level(256, 20000.0, 30000.0)], "qwen 1k")
+        write_run(self.dense, "qwen7b-1k-fp8kv", [level(64, 9900.0, 20000.0), level(256, 27000.0, 40000.0)], "fp8")
+        write_run(self.dense, "llama8b-512", [level(1, 260.0, 298.3), level(64, 7000.0, 14500.0)], "llama 512")
+        with open(os.path.join(self.dense, "peer.jsonl"), "w") as f:
+            f.write(json.dumps({"model_filename": "/tmp/peer/r1-distill-llama-8b-f16.gguf", "n_prompt": 512,
+                                "n_gen": 0, "avg_ts": 9000.0}) + "\n")
+            f.write(json.dumps({"model_filename": "/tmp/peer/r1-distill-llama-8b-f16.gguf", "n_prompt": 0,
+                                "n_gen": 128, "avg_ts": 200.0}) + "\n")
+            f.write(json.dumps({"tool": "llama-batched-bench", "model": "r1-distill-llama-8b-f16", "pl": 64,
+                                "speed_tg": 3500.0}) + "\n")
+            f.write('{"tool": "llama-batched-bench", "model": "r1-distill-llama-8b-f16", "pl": 256, "spe\n')  # cut
+        with open(os.path.join(self.kern, "kernels.jsonl"), "w") as f:
+            f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
+                                "shape": "heads=16/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
+                                "gb_s": 3100.0}) + "\n")
+            f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
+                                "shape": "heads=128/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
+                                "gb_s": 900.0}) + "\n")
+        with open(os.path.join(self.kern, "kernels.command"), "w") as f:
+            f.write("cuda_kernel_bench --ops 1 --filter PagedAttention\n")
+        self.summary = os.path.join(t, "SUMMARY.json")
+        with open(self.summary, "w") as f:
+            json.dump({"note": "kept", "figures": [
+                {"name": "grammar_mask_us_avg_qwen", "value": 14.0},
+                {"name": "llama8b_bf16_b1_decode", "value": 1.0, "commit": "old"}]}, f)
+        self.source = os.path.join(t, "2026-12-05-perf.json")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_summary(self, *raw):
+        return subprocess.run([sys.executable, SCRIPT, "--raw", *raw, "--commit", "abc1234", "--date", "2026-12-05",
+                               "--source", self.source, "--summary", self.summary],
+                              capture_output=True, text=True)
+
+    def test_figures_ratios_targets_and_merge(self):
+        r = self.run_summary(self.dense, self.kern)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.source) as f:
+            result = json.load(f)
+        figs = {f["name"]: f for f in result["figures"]}
+        # batch 1 against llama-bench's tg128 of the same call: 260 / 200
+        l1 = figs["llama8b_bf16_b1_decode"]
+        self.assertEqual((l1["value"], l1["peer_value"], l1["ratio"]), (260.0, 200.0, 1.3))
+        self.assertIn("same call", l1["peer"])
+        self.assertTrue(l1["met"])  # >= 255 and >= 1.2x
+        self.assertEqual(l1["command"], "llama 512")
+        self.assertEqual(l1["roofline"], 298.3)
+        # batch 64 against llama-batched-bench's speed_tg at -npl 64
+        self.assertEqual(figs["llama8b_bf16_b64_decode"]["ratio"], 2.0)
+        self.assertIsNone(figs["llama8b_bf16_b64_decode"]["met"])  # no target of its own
+        # the peer line cut short is skipped; its figure still comes out, with no peer
+        self.assertIsNone(figs.get("llama8b_bf16_b256_decode"))  # llama8b-512 has no level 256
+        self.assertFalse(figs["qwen7b_bf16_b1_decode"]["met"])  # 250 < 270
+        self.assertTrue(figs["qwen7b_ttft_512"]["met"])  # 14.2 <= 15 ms
+        self.assertFalse(figs["qwen7b_bf16_b256_decode"]["met"])  # 20000 < 24000
+        fp8 = figs["qwen7b_fp8kv_b256_decode"]  # against the bf16-KV run of the same call: 27000 / 20000
+        self.assertEqual((fp8["ratio"], fp8["met"]), (1.35, True))
+        self.assertTrue(figs["mla_decode_bw_16h"]["met"])
+        self.assertFalse(figs["mla_decode_bw_128h"]["met"])
+        self.assertEqual(figs["mla_decode_bw_16h"]["command"], "cuda_kernel_bench --ops 1 --filter PagedAttention")
+        for f in result["figures"]:  # the issue's keys, on every figure
+            for k in ("name", "value", "unit", "peer", "peer_value", "ratio", "roofline", "commit", "date",
+                      "command"):
+                self.assertIn(k, f)
+            self.assertEqual((f["commit"], f["date"]), ("abc1234", "2026-12-05"))
+        self.assertIn("v2lite_bf16_b1_decode", result["missing"])
+        with open(self.summary) as f:
+            summary = json.load(f)
+        names = [f["name"] for f in summary["figures"]]
+        self.assertEqual(names[:2], ["grammar_mask_us_avg_qwen", "llama8b_bf16_b1_decode"])  # order kept
+        self.assertEqual(summary["figures"][1]["commit"], "abc1234")  # replaced
+        self.assertEqual(summary["figures"][0]["value"], 14.0)  # kept
+        self.assertEqual(len(names), len(set(names)))
+        self.assertEqual(summary["note"], "kept")
+        self.assertIn("MISSED", r.stdout)
+
+    def test_nothing_measured_is_an_error(self):
+        empty = os.path.join(self.tmp.name, "empty")
+        os.makedirs(empty)
+        r = self.run_summary(empty)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no figure", r.stderr)
+        with open(self.summary) as f:
+            self.assertEqual(len(json.load(f)["figures"]), 2)  # untouched
+
+
+if __name__ == "__main__":
+    unittest.main()
