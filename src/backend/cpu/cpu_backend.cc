@@ -40,7 +40,8 @@ float* ScaleRow(const TensorView& scale, int64_t slot, int64_t block_size, int64
 }
 
 // Stores `dim` values at `dst` (a cache row of `dtype`). FP8: each group of dim / groups values gets the scale
-// max|x| / 448 (1 for an all-zero group) in scales[g] and e4m3(x / scale) values, as KvLayerView describes.
+// max|x| / 448 in scales[g] (at least FLT_MIN, so that 1 / scale stays finite; 1 for an all-zero group) and
+// e4m3(x * (1 / scale)) values, as KvLayerView describes.
 void StoreCacheRow(const float* src, int64_t dim, DType dtype, char* dst, float* scales, int64_t groups) {
   if (dtype != DType::kF8E4M3) {
     ConvertFromF32(src, dim, dtype, dst, 0);
@@ -51,7 +52,7 @@ void StoreCacheRow(const float* src, int64_t dim, DType dtype, char* dst, float*
   for (int64_t i = 0; i < groups; ++i) {
     float amax = 0.0f;
     for (int64_t j = i * g; j < (i + 1) * g; ++j) amax = std::max(amax, std::fabs(src[j]));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = amax > 0.0f ? std::max(amax / 448.0f, std::numeric_limits<float>::min()) : 1.0f;
     scales[i] = scale;
     const float inv = 1.0f / scale;
     for (int64_t j = i * g; j < (i + 1) * g; ++j) out[j] = F32ToF8E4M3(src[j] * inv);

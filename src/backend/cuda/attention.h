@@ -37,9 +37,9 @@ struct AttentionArgs {
 int LaunchPagedAttention(const AttentionArgs& a, Stream s);
 
 // The split kernels: MLA's (576/512 dims, one KV head, 16-bit cache: mla.h), the tensor-core one (k_dim == v_dim of
-// 64 or 128, 16-bit caches with 16-byte aligned rows, heads / kv_heads <= 8), the GQA-packed one (the same shapes on
-// f32/f16/bf16 caches), each serving all query heads of a KV head per block with chunks sized to fill the GPU; or
-// chunks of 64 keys per (token, head) for any shape.
+// 64 or 128, 16-bit caches with 16-byte aligned rows or f8 caches with a scale per row, heads / kv_heads <= 8), the
+// GQA-packed one (the same shapes on f32/f16/bf16/f8 caches), each serving all query heads of a KV head per block with
+// chunks sized to fill the GPU; or chunks of 64 keys per (token, head) for any shape.
 enum class SplitAttentionKind { kMla, kMma, kGqa, kPerHead };
 // The kernels that may be chosen (KernelOptions' mla_attention, mma_attention, gqa_attention).
 struct SplitAttentionKernels {

@@ -132,8 +132,9 @@ inline void LaunchGroup(GroupKernel k64, GroupKernel k128, int warps, const Atte
   (a.k_dim == 64 ? k64 : k128)<<<grid, warps * 32, 0, s>>>(a, chunk, chunks, pm, pl, pa);
 }
 
-// The tensor-core kernel (attention_mma.cu): its conditions (16-bit caches, head dim 64 or 128, groups of up to 8,
-// rows 16-byte aligned), its chunk size, and its launch (the partial states as GqaAttentionKernel's).
+// The tensor-core kernel (attention_mma.cu): its conditions (16-bit caches with rows 16-byte aligned or f8 caches with
+// a scale per row, head dim 64 or 128, groups of up to 8), its chunk size, and its launch (the partial states as
+// GqaAttentionKernel's).
 bool MmaAttentionFits(const AttentionArgs& a);
 inline int64_t MmaAttentionChunk(const AttentionArgs& a) {
   return GroupChunk(a, kMmaWarps * kMmaTile);

@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/fp8.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace fathom::cuda {
@@ -21,9 +24,14 @@ namespace {
 // O^T += V^T P^T (head dims x 8 heads, V^T through ldmatrix.trans), with an online softmax in base 2 per head.
 // Q (pre-scaled by scale * log2 e) and P are rounded to the cache dtype, as FlashAttention does; accumulation is
 // float32. The fragment layouts are PTX's for m16n8k16: g = lane / 4, t = lane % 4.
-template <typename T, int kD>
+// An f8 cache (TC = e4m3, one scale per key row: MmaAttentionFits) runs the bf16 form on the raw codes, which bf16
+// holds exactly: each key's K scale multiplies its scores after the first mma, and its V scale its softmax weights
+// before they are rounded for the second (the row sums l stay unscaled).
+template <typename TC, int kD>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     MmaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  constexpr bool kF8Cache = kIsF8<TC>;
+  using T = std::conditional_t<kF8Cache, __nv_bfloat16, TC>;  // the mma operands' type
   constexpr int kRow = kD + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
   constexpr int kDT = kD / 16;
   constexpr int kTileBytes = kMmaTile * kRow * static_cast<int>(sizeof(T));
@@ -55,8 +63,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   T* sk = reinterpret_cast<T*>(raw) + warp * 2 * kMmaTile * kRow;                        // [16][kRow]
   T* sv = sk + kMmaTile * kRow;                                                          // [16][kRow]
   T* sp = reinterpret_cast<T*>(raw + kMmaWarps * 2 * kTileBytes) + warp * kMmaTile * 8;  // P^T [16 keys][8 heads]
-  const T* kc = static_cast<const T*>(a.k.data) + kvh * a.k.s2;
-  const T* vc = static_cast<const T*>(a.v.data) + kvh * a.v.s2;
+  const TC* kc = static_cast<const TC*>(a.k.data) + kvh * a.k.s2;
+  const TC* vc = static_cast<const TC*>(a.v.data) + kvh * a.v.s2;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2tq and 2tq + 1
   float o[kDT][4];
 #pragma unroll
@@ -71,8 +79,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       if (j < j1) {
         const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
         const int64_t blk = table[jj / bs], off = jj % bs;
-        kv4 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
-        vv4 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
+        if constexpr (kF8Cache) {  // 8 codes (8 bytes) widened to 8 exact bf16 values (16 bytes)
+          const uint2 k8 = *reinterpret_cast<const uint2*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+          const uint2 v8 = *reinterpret_cast<const uint2*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
+          kv4 = make_uint4(F8PairToBf16(static_cast<uint16_t>(k8.x & 0xffffu), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(k8.x >> 16), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(k8.y & 0xffffu), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(k8.y >> 16), 1.0f));
+          vv4 = make_uint4(F8PairToBf16(static_cast<uint16_t>(v8.x & 0xffffu), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(v8.x >> 16), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(v8.y & 0xffffu), 1.0f),
+                           F8PairToBf16(static_cast<uint16_t>(v8.y >> 16), 1.0f));
+        } else {
+          kv4 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+          vv4 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
+        }
       }
       *reinterpret_cast<uint4*>(sk + r * kRow + col) = kv4;
       *reinterpret_cast<uint4*>(sv + r * kRow + col) = vv4;
@@ -84,6 +105,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       uint32_t af[4];
       LdMatrixX4(af, sk + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
       Mma16816<T>(s, af, qb[dt][0], qb[dt][1]);
+    }
+    float vs0 = 1.0f, vs1 = 1.0f;  // f8: the V scales of keys g and g + 8
+    if constexpr (kF8Cache) {
+      const int32_t bs = static_cast<int32_t>(a.block_size);
+      const int32_t ja = static_cast<int32_t>(jb + g), jz = static_cast<int32_t>(jb + g + 8);
+      if (ja < j1) {
+        const int64_t blk = table[ja / bs], off = ja % bs;
+        s[0] *= CacheScale(a.k, blk, off, kvh, 0);
+        s[1] *= CacheScale(a.k, blk, off, kvh, 0);
+        vs0 = CacheScale(a.v, blk, off, kvh, 0);
+      }
+      if (jz < j1) {
+        const int64_t blk = table[jz / bs], off = jz % bs;
+        s[2] *= CacheScale(a.k, blk, off, kvh, 0);
+        s[3] *= CacheScale(a.k, blk, off, kvh, 0);
+        vs1 = CacheScale(a.v, blk, off, kvh, 0);
+      }
     }
     if (jb + g >= j1) s[0] = s[1] = -INFINITY;
     if (jb + g + 8 >= j1) s[2] = s[3] = -INFINITY;
@@ -107,10 +145,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       o[dt][2] *= c0;
       o[dt][3] *= c1;
     }
-    sp[g * 8 + 2 * tq] = FromF<T>(p0);
-    sp[g * 8 + 2 * tq + 1] = FromF<T>(p1);
-    sp[(g + 8) * 8 + 2 * tq] = FromF<T>(p2);
-    sp[(g + 8) * 8 + 2 * tq + 1] = FromF<T>(p3);
+    sp[g * 8 + 2 * tq] = FromF<T>(p0 * vs0);
+    sp[g * 8 + 2 * tq + 1] = FromF<T>(p1 * vs0);
+    sp[(g + 8) * 8 + 2 * tq] = FromF<T>(p2 * vs1);
+    sp[(g + 8) * 8 + 2 * tq + 1] = FromF<T>(p3 * vs1);
     __syncwarp();
     const uint32_t pb0 = Pack2<T>(sp[(2 * tq) * 8 + g], sp[(2 * tq + 1) * 8 + g]);
     const uint32_t pb1 = Pack2<T>(sp[(2 * tq + 8) * 8 + g], sp[(2 * tq + 9) * 8 + g]);
@@ -154,14 +192,17 @@ void LaunchMma(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm,
 
 }  // namespace
 
-// The tensor-core kernel's conditions: 16-bit caches, head dim 64 or 128, groups of up to 8, rows 16-byte aligned.
+// The tensor-core kernel's conditions: 16-bit caches with rows 16-byte aligned, or f8 caches with one scale per row
+// and rows 8-byte aligned; head dim 64 or 128; groups of up to 8.
 bool MmaAttentionFits(const AttentionArgs& a) {
   if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.heads / a.kv_heads > 8) return false;
-  if (a.k.dtype != a.v.dtype || (a.k.dtype != kF16 && a.k.dtype != kBF16)) return false;
+  if (a.k.dtype != a.v.dtype || (a.k.dtype != kF16 && a.k.dtype != kBF16 && a.k.dtype != kF8)) return false;
+  const bool f8 = a.k.dtype == kF8;
   for (const CacheView* c : {&a.k, &a.v}) {
     if (c->s0 % 8 != 0 || c->s1 % 8 != 0 || c->s2 % 8 != 0) return false;
-    if (reinterpret_cast<uintptr_t>(c->data) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(c->data) % (f8 ? 8 : 16) != 0) return false;
+    if (f8 && (c->scale == nullptr || c->group != a.k_dim)) return false;
   }
   return true;
 }
@@ -170,6 +211,8 @@ void LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, f
                         cudaStream_t s) {
   if (a.k.dtype == kF16) {
     LaunchMma<__half>(a, chunk, chunks, pm, pl, pa, s);
+  } else if (a.k.dtype == kF8) {
+    LaunchMma<__nv_fp8_e4m3>(a, chunk, chunks, pm, pl, pa, s);
   } else {
     LaunchMma<__nv_bfloat16>(a, chunk, chunks, pm, pl, pa, s);
   }

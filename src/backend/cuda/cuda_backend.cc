@@ -37,6 +37,8 @@ int Dt(const TensorView& t) {
 cuda::CacheView Cache(const TensorView& c, const TensorView& scale = TensorView()) {
   cuda::CacheView v{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
   if (!scale.empty()) {
+    FATHOM_CHECK(scale.dim(0) == c.dim(0) && scale.dim(1) == c.dim(1) && scale.dim(2) == c.dim(2) && scale.dim(3) > 0 &&
+                 c.dim(3) % scale.dim(3) == 0 && scale.stride(3) == 1);
     v.scale = scale.data<float>();
     v.ss0 = scale.stride(0);
     v.ss1 = scale.stride(1);

@@ -51,7 +51,7 @@ template <typename F>
 int DispatchFloat(int dtype, F&& f) {
   return DispatchDType<float, __half, __nv_bfloat16>(dtype, static_cast<F&&>(f));
 }
-// Those and f8 e4m3 (block-scaled linear weights).
+// Those and f8 e4m3 (block-scaled linear weights, FP8 KV caches).
 template <typename F>
 int DispatchFloatOrF8(int dtype, F&& f) {
   return DispatchDType<float, __half, __nv_bfloat16, __nv_fp8_e4m3>(dtype, static_cast<F&&>(f));

@@ -17,7 +17,8 @@ namespace fathom::cuda {
 
 // The scale of value i of the row at (block blk, offset off, head h) of an f8 cache.
 __device__ __forceinline__ float CacheScale(const CacheView& c, int64_t blk, int64_t off, int64_t h, int64_t i) {
-  return c.scale[blk * c.ss0 + off * c.ss1 + h * c.ss2 + i / c.group];
+  // A row holds at most a few thousand values: a 32-bit division.
+  return c.scale[blk * c.ss0 + off * c.ss1 + h * c.ss2 + static_cast<int32_t>(i) / static_cast<int32_t>(c.group)];
 }
 
 // Value i of the row that starts at element `base` (block blk, offset off, head h), as float32: f8 values times their

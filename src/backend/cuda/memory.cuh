@@ -1,6 +1,6 @@
 // Global-memory access patterns of the kernels: streaming 16-byte loads that bypass L1 (weights, read once),
-// cp.async copies from global to shared memory, and vector loads of 4, 8 or 16 bytes widened to float32. Include from
-// .cu files only.
+// cp.async copies from global to shared memory, and vector loads of 2, 4, 8 or 16 bytes widened to float32. Include
+// from .cu files only.
 //
 //   uint4 w = LoadStreaming(row + k);                 // 8 bf16 (16 f8) weights, not kept in L1
 //   CpAsync16(smem + r * kRow + c, src, in_range ? 16 : 0);

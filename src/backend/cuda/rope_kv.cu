@@ -1,6 +1,7 @@
 // The rotary-embedding and KV-cache write kernels (rope_kv.h).
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "backend/cuda/dtype.cuh"
@@ -51,8 +52,9 @@ __global__ void WriteCacheKernel(const float* src, int64_t heads, int64_t dim, i
 }
 
 // Quantizes each (token, head) row of `dim` values into an f8 cache, one warp per (head, group of c.group values):
-// scale = max|x| / 448 (1 for an all-zero group) and the codes e4m3(x * (1 / scale)), rounded to nearest even and
-// saturated, the same operations as the CPU reference's (cpu_backend.cc, StoreCacheRow), so the bits agree.
+// scale = max|x| / 448 (at least FLT_MIN; 1 for an all-zero group) and the codes e4m3(x * (1 / scale)), rounded to
+// nearest even and saturated: the CPU reference's operations (cpu_backend.cc, StoreCacheRow), each rounded as IEEE
+// says whatever the compiler flags (the _rn intrinsics), so the bits agree.
 __global__ void WriteCacheF8Kernel(const float* src, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                                    const int32_t* slots, int64_t bs, CacheView c) {
   const int64_t t = blockIdx.x;
@@ -67,10 +69,11 @@ __global__ void WriteCacheF8Kernel(const float* src, int64_t heads, int64_t dim,
     float amax = 0.0f;
     for (int64_t i = lane; i < c.group; i += 32) amax = fmaxf(amax, fabsf(x[i]));
     amax = WarpMax(amax);
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    const float inv = 1.0f / scale;
+    const float scale = amax > 0.0f ? fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN) : 1.0f;
+    const float inv = __frcp_rn(scale);
     __nv_fp8_storage_t* row = cache + blk * c.s0 + off * c.s1 + h * c.s2 + g * c.group;
-    for (int64_t i = lane; i < c.group; i += 32) row[i] = __nv_cvt_float_to_fp8(x[i] * inv, __NV_SATFINITE, __NV_E4M3);
+    for (int64_t i = lane; i < c.group; i += 32)
+      row[i] = __nv_cvt_float_to_fp8(__fmul_rn(x[i], inv), __NV_SATFINITE, __NV_E4M3);
     if (lane == 0) c.scale[blk * c.ss0 + off * c.ss1 + h * c.ss2 + g] = scale;
   }
 }

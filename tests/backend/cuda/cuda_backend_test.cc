@@ -1074,6 +1074,78 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvarianceTest,
                            return s;
                          });
 
+// An FP8 KV cache on the GPU against the CPU reference's FP8 cache, float32 GEMMs on both sides (f32_gemm): the K/V
+// rows written differ only in float32 summation order, so nearly every code and scale agrees, and an e4m3 code that a
+// float32 ulp moves shifts the logits far less than FP8 itself does (GoldenTest.Fp8KvCacheAgreesWithBf16Kv: up to
+// 0.21 on these fixtures against a bf16 cache). Whole prompts (MLA: the up-projected prefill reading the latent rows
+// through GatherContext) and token by token (the decode kernels): top-1 equal where the CPU's margin is over 0.2, and
+// |dlogit| within 0.05.
+class CudaFp8KvTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFp8KvTest, MatchesTheCpuReferenceOnAnFp8Cache) {
+  REQUIRE_GPU(gpu);
+  SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = true; });
+  auto fx = LoadFixture(GetParam(), *gpu);
+  ASSERT_TRUE(fx.ok()) << fx.status().ToString();
+  CpuBackend cpu;
+  LoadOptions opts;
+  opts.show_progress = false;
+  auto cpu_model = LoadModel(testing::ModelDir(GetParam()), fx->cfg, opts, cpu);
+  ASSERT_TRUE(cpu_model.ok()) << cpu_model.status().ToString();
+  const int64_t vocab = fx->cfg.vocab_size;
+  for (const std::vector<int>& pattern : std::vector<std::vector<int>>{{0}, {1}}) {
+    auto want = testing::ForwardCasesChunked(**cpu_model, cpu, fx->golden, pattern, 17, 16, DType::kF8E4M3);
+    auto got = testing::ForwardCasesChunked(*fx->model, *gpu, fx->golden, pattern, 17, 16, DType::kF8E4M3);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    float worst = 0.0f;
+    for (size_t c = 0; c < want->size(); ++c) {
+      ASSERT_EQ((*want)[c].size(), (*got)[c].size());
+      const int64_t positions = static_cast<int64_t>((*want)[c].size()) / vocab;
+      for (int64_t t = 0; t < positions; ++t) {
+        const float* w = (*want)[c].data() + t * vocab;
+        const float* g = (*got)[c].data() + t * vocab;
+        worst = std::max(worst, testing::MaxAbsDiff(w, g, vocab));
+        int32_t w_top = 0, g_top = 0;
+        if (Margin(w, vocab, &w_top) > 0.2f) {
+          Margin(g, vocab, &g_top);
+          EXPECT_EQ(g_top, w_top) << "case" << c << " position " << t << " pattern " << pattern[0];
+        }
+      }
+    }
+    EXPECT_LE(worst, 0.05f) << "pattern " << pattern[0];
+    std::cout << GetParam() << " pattern " << pattern[0] << ": max |dlogit| " << worst << "\n";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8KvTest,
+                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v2-lite-tiny"),
+                         testing::FixtureName);
+
+// An FP8 cache view without its scales is an error from the op, never a read through a null pointer.
+TEST(CudaFp8KvErrorTest, AnFp8CacheWithoutScalesIsAnError) {
+  REQUIRE_GPU(gpu);
+  const KvCacheSpec spec{1, 2, 64, 64, false};
+  auto kv = KvCache::Allocate(*gpu, spec, DType::kF8E4M3, 4, 16);
+  ASSERT_TRUE(kv.ok());
+  KvLayerView bare = kv->layer(0);
+  bare.k_scale = TensorView();
+  bare.v_scale = TensorView();
+  ForwardBatch b(16);
+  const std::vector<int32_t> ids = {1, 2, 3}, table = {2};
+  b.AddSequence(ids, 0, table, LogitsMode::kNone);
+  auto dev = BatchOnDevice::Upload(b, *gpu);
+  ASSERT_TRUE(dev.ok());
+  Tensor k = gpu->Alloc(DType::kF32, {3, 2, 64}), q = gpu->Alloc(DType::kF32, {3, 8, 64});
+  Tensor out = gpu->Alloc(DType::kF32, {3, 8, 64});
+  gpu->WriteKv(k, k, dev->meta(), bare);
+  EXPECT_FALSE(gpu->Synchronize().ok());
+  gpu->PagedAttention(q, bare, dev->meta(), 0.125f, out);
+  EXPECT_FALSE(gpu->Synchronize().ok());
+  gpu->WriteKv(k, k, dev->meta(), kv->layer(0));  // with its scales: fine
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
 // Prefix caching on the GPU: request A (case3's first 64 tokens + 3 more) is prefilled; request B (the same 64 + 5
 // others) then reuses A's four full blocks of 16 and prefills only its 5 new tokens from position 64. B's logits must
 // be those of B prefilled from scratch in other blocks: with float32 inputs everywhere (f32_gemm, a

@@ -259,6 +259,7 @@ const Batch kLongDecode{"decode", {4095}, {1}};
 const Batch kBatchDecode = SameSeqs("decode", 64, 1023, 1);
 const Batch kWideDecode = SameSeqs("decode", 256, 1023, 1);      // Qwen-7B's 256 sequences at 1k
 const Batch kBatchLongDecode = SameSeqs("decode", 64, 4095, 1);  // the MLA targets' 64 sequences x 4k
+const Batch kOddBlocks{"decode", {37, 100, 5}, {1, 1, 1}, 6};    // blocks of 6: a 4-key step spans two blocks
 const Batch kRealPrefill{"prefill", {0, 1024}, {512, 512}};
 
 // Positive float32 scales of an FP8 KV cache, uniform in [0.25, 2) / 448: dequantized values within about +-2.
@@ -1559,12 +1560,19 @@ std::vector<OpCase> BuildCases() {
       {{4, 2, 96, 96, false, BF16, kDecode}, "default", kF32},                // no packed kernel for head_dim 96
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // MLA: 16 heads a block
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "no_mla_attention", kF32},
-      // FP8 caches (e4m3 and scales): GQA, MHA and MLA's latent rows
-      {{8, 2, 64, 64, false, F8, kMixed}, "default", kF32},
-      {{8, 2, 64, 64, false, F8, kDecode}, "default", kF32},
-      {{8, 2, 64, 64, false, F8, kPrefill}, "default", kF32},
-      {{8, 2, 64, 64, false, F8, kDecode}, "no_gqa_attention", kF32},
-      {{4, 4, 128, 128, false, F8, kDecode}, "default", kF32},
+      // FP8 caches (e4m3 and scales): GQA (the tensor-core kernel on bf16-widened codes, the CUDA-core one, the
+      // per-head one), MHA, prefill, and MLA's latent rows
+      {{8, 2, 64, 64, false, F8, kMixed}, "default", kBf16Attention},
+      {{8, 2, 64, 64, false, F8, kDecode}, "default", kBf16Attention},
+      {{8, 2, 64, 64, false, F8, kDecode}, "no_mma_attention", kF32},
+      {{8, 2, 64, 64, false, F8, kPrefill}, "default", kBf16Attention},
+      {{8, 2, 64, 64, false, F8, kMixed}, "no_split_attention", kF32},
+      {{8, 2, 64, 64, false, F8, kDecode}, "no_gqa_attention", kBf16Attention},
+      {{4, 4, 128, 128, false, F8, kDecode}, "default", kBf16Attention},
+      {{4, 4, 128, 128, false, F8, kDecode}, "no_mma_attention", kF32},
+      {{8, 2, 64, 64, false, F8, kOddBlocks}, "no_mma_attention", kF32},
+      {{8, 2, 64, 64, false, F8, kOddBlocks}, "default", kBf16Attention},
+      {{4, 2, 256, 256, false, F8, kDecode}, "default", kF32},  // two scale groups of 128 a row: the per-head kernel
       {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kF32},
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
@@ -1576,11 +1584,12 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "no_gqa_attention", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F32, kLongDecode}, "no_gqa_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, BF16, kBatchDecode}, "no_split_attention", kF32, kGpu},
-      {{28, 4, 128, 128, false, F8, kBatchDecode}, "default", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kWideDecode}, "default", kBf16Attention, kGpu},
-      {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kF32, kGpu},
-      {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kF32, kGpu},
-      {{28, 4, 128, 128, false, F8, kRealPrefill}, "default", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, F8, kWideDecode}, "no_mma_attention", kF32, kGpu},
+      {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, F8, kRealPrefill}, "no_split_attention", kF32, kGpu},
       // DeepSeek MLA: V2-Lite's 16 heads, V3's 128
       {{16, 1, 576, 512, true, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
