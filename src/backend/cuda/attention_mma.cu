@@ -69,34 +69,65 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   float o[kDT][4];
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-  constexpr int kChunksPerRow = kD / 8;  // 16-byte pieces of a row
+  constexpr int kChunksPerRow = kD / 8;  // 16-byte pieces of a 16-bit row
+  // f8: each key's K and V scales, staged with its rows ([warp][K, V][16 keys]).
+  __shared__ float s_scale[kF8Cache ? kMmaWarps : 1][2][kMmaTile];
+  const int32_t bs = static_cast<int32_t>(a.block_size);
   for (int64_t jb = j0 + warp * kMmaTile; jb < j1; jb += kMmaWarps * kMmaTile) {
+    if constexpr (kF8Cache) {
+      // 16 codes (one 16-byte load) a piece, widened to 16 exact bf16 values (two 16-byte stores): half the loads of
+      // the 16-bit form for the same keys. Lanes 0-15 stage key `lane`'s K scale, lanes 16-31 its V scale.
+      constexpr int kF8Pieces = kD / 16;
 #pragma unroll
-    for (int i = lane; i < kMmaTile * kChunksPerRow; i += 32) {
-      const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
-      const int64_t j = jb + r;
-      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-      if (j < j1) {
-        const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
-        const int64_t blk = table[jj / bs], off = jj % bs;
-        if constexpr (kF8Cache) {  // 8 codes (8 bytes) widened to 8 exact bf16 values (16 bytes)
-          const uint2 k8 = *reinterpret_cast<const uint2*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
-          const uint2 v8 = *reinterpret_cast<const uint2*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
-          kv4 = make_uint4(F8PairToBf16(static_cast<uint16_t>(k8.x & 0xffffu), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(k8.x >> 16), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(k8.y & 0xffffu), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(k8.y >> 16), 1.0f));
-          vv4 = make_uint4(F8PairToBf16(static_cast<uint16_t>(v8.x & 0xffffu), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(v8.x >> 16), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(v8.y & 0xffffu), 1.0f),
-                           F8PairToBf16(static_cast<uint16_t>(v8.y >> 16), 1.0f));
-        } else {
+      for (int i = lane; i < kMmaTile * kF8Pieces; i += 32) {
+        const int r = i / kF8Pieces, col = (i % kF8Pieces) * 16;
+        const int64_t j = jb + r;
+        uint4 k16 = make_uint4(0, 0, 0, 0), v16 = make_uint4(0, 0, 0, 0);
+        if (j < j1) {
+          const int32_t jj = static_cast<int32_t>(j);
+          const int64_t blk = table[jj / bs], off = jj % bs;
+          k16 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
+          v16 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
+        }
+        const uint32_t kw[4] = {k16.x, k16.y, k16.z, k16.w}, vw[4] = {v16.x, v16.y, v16.z, v16.w};
+        uint32_t kb[8], vb[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          kb[2 * w] = F8PairToBf16(static_cast<uint16_t>(kw[w] & 0xffffu), 1.0f);
+          kb[2 * w + 1] = F8PairToBf16(static_cast<uint16_t>(kw[w] >> 16), 1.0f);
+          vb[2 * w] = F8PairToBf16(static_cast<uint16_t>(vw[w] & 0xffffu), 1.0f);
+          vb[2 * w + 1] = F8PairToBf16(static_cast<uint16_t>(vw[w] >> 16), 1.0f);
+        }
+        *reinterpret_cast<uint4*>(sk + r * kRow + col) = make_uint4(kb[0], kb[1], kb[2], kb[3]);
+        *reinterpret_cast<uint4*>(sk + r * kRow + col + 8) = make_uint4(kb[4], kb[5], kb[6], kb[7]);
+        *reinterpret_cast<uint4*>(sv + r * kRow + col) = make_uint4(vb[0], vb[1], vb[2], vb[3]);
+        *reinterpret_cast<uint4*>(sv + r * kRow + col + 8) = make_uint4(vb[4], vb[5], vb[6], vb[7]);
+      }
+      {
+        const int r = lane % kMmaTile, which = lane / kMmaTile;  // 0: K, 1: V
+        const int64_t j = jb + r;
+        float sc = 0.0f;
+        if (j < j1) {
+          const int32_t jj = static_cast<int32_t>(j);
+          sc = CacheScale(which == 0 ? a.k : a.v, table[jj / bs], jj % bs, kvh, 0);
+        }
+        s_scale[warp][which][r] = sc;
+      }
+    } else {
+#pragma unroll
+      for (int i = lane; i < kMmaTile * kChunksPerRow; i += 32) {
+        const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
+        const int64_t j = jb + r;
+        uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+        if (j < j1) {
+          const int32_t jj = static_cast<int32_t>(j);
+          const int64_t blk = table[jj / bs], off = jj % bs;
           kv4 = *reinterpret_cast<const uint4*>(kc + blk * a.k.s0 + off * a.k.s1 + col);
           vv4 = *reinterpret_cast<const uint4*>(vc + blk * a.v.s0 + off * a.v.s1 + col);
         }
+        *reinterpret_cast<uint4*>(sk + r * kRow + col) = kv4;
+        *reinterpret_cast<uint4*>(sv + r * kRow + col) = vv4;
       }
-      *reinterpret_cast<uint4*>(sk + r * kRow + col) = kv4;
-      *reinterpret_cast<uint4*>(sv + r * kRow + col) = vv4;
     }
     __syncwarp();
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: (key g, heads 2tq, 2tq+1), (key g + 8, same heads)
@@ -106,22 +137,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       LdMatrixX4(af, sk + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
       Mma16816<T>(s, af, qb[dt][0], qb[dt][1]);
     }
-    float vs0 = 1.0f, vs1 = 1.0f;  // f8: the V scales of keys g and g + 8
+    float vs0 = 1.0f, vs1 = 1.0f;  // f8: the V scales of keys g and g + 8 (0 past the chunk: their weights are 0)
     if constexpr (kF8Cache) {
-      const int32_t bs = static_cast<int32_t>(a.block_size);
-      const int32_t ja = static_cast<int32_t>(jb + g), jz = static_cast<int32_t>(jb + g + 8);
-      if (ja < j1) {
-        const int64_t blk = table[ja / bs], off = ja % bs;
-        s[0] *= CacheScale(a.k, blk, off, kvh, 0);
-        s[1] *= CacheScale(a.k, blk, off, kvh, 0);
-        vs0 = CacheScale(a.v, blk, off, kvh, 0);
-      }
-      if (jz < j1) {
-        const int64_t blk = table[jz / bs], off = jz % bs;
-        s[2] *= CacheScale(a.k, blk, off, kvh, 0);
-        s[3] *= CacheScale(a.k, blk, off, kvh, 0);
-        vs1 = CacheScale(a.v, blk, off, kvh, 0);
-      }
+      const float ks0 = s_scale[warp][0][g], ks1 = s_scale[warp][0][g + 8];
+      s[0] *= ks0;
+      s[1] *= ks0;
+      s[2] *= ks1;
+      s[3] *= ks1;
+      vs0 = s_scale[warp][1][g];
+      vs1 = s_scale[warp][1][g + 8];
     }
     if (jb + g >= j1) s[0] = s[1] = -INFINITY;
     if (jb + g + 8 >= j1) s[2] = s[3] = -INFINITY;
@@ -192,16 +216,17 @@ void LaunchMma(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm,
 
 }  // namespace
 
-// The tensor-core kernel's conditions: 16-bit caches with rows 16-byte aligned, or f8 caches with one scale per row
-// and rows 8-byte aligned; head dim 64 or 128; groups of up to 8.
+// The tensor-core kernel's conditions: 16-bit or f8 caches (one scale per row) with rows 16-byte aligned; head dim 64
+// or 128; groups of up to 8.
 bool MmaAttentionFits(const AttentionArgs& a) {
   if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.heads / a.kv_heads > 8) return false;
   if (a.k.dtype != a.v.dtype || (a.k.dtype != kF16 && a.k.dtype != kBF16 && a.k.dtype != kF8)) return false;
   const bool f8 = a.k.dtype == kF8;
+  const int64_t piece = f8 ? 16 : 8;  // elements of one 16-byte load
   for (const CacheView* c : {&a.k, &a.v}) {
-    if (c->s0 % 8 != 0 || c->s1 % 8 != 0 || c->s2 % 8 != 0) return false;
-    if (reinterpret_cast<uintptr_t>(c->data) % (f8 ? 8 : 16) != 0) return false;
+    if (c->s0 % piece != 0 || c->s1 % piece != 0 || c->s2 % piece != 0) return false;
+    if (reinterpret_cast<uintptr_t>(c->data) % 16 != 0) return false;
     if (f8 && (c->scale == nullptr || c->group != a.k_dim)) return false;
   }
   return true;
