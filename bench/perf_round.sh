@@ -7,6 +7,9 @@
 #     PART dense:   Qwen-7B and Llama-8B (bf16 and FP8 KV caches), peer r1-distill-llama-8b f16
 #     PART moe:     DeepSeek-V2-Lite, peer deepseek-v2-lite f16
 #     PART kernels: the MLA decode kernel and the 256-sequence attention rows of the op table (cuda_kernel_bench --ops)
+#     PART online: `fathom bench` against `fathom serve --device cuda` at concurrency 1, 16, 64 and 256 (512 tokens
+#                  in, 256 out) for Qwen-7B and V2-Lite (ONLINE_MODELS=NAME:CONFIG ... picks), beside the offline
+#                  batch-1 run of the same lengths
 #   bench/summary.py --raw OUT_DIR ... (back on the development machine; see its usage)
 #
 # BIN_DIR holds fathom and cuda_kernel_bench (built here with `cmake --preset cuda-release`). Each part fits the
@@ -53,9 +56,9 @@ case "$part" in
     runs+=("v2lite-prefill8k|$v2 --batch-size 16 --input-len 512 --output-len 2 --max-num-batched-tokens 8192")
     peer_models+=(deepseek-v2-lite:f16)
     ;;
-  kernels) ;;
+  kernels | online) ;;
   *)
-    echo "usage: $0 dense|moe|kernels BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR" >&2
+    echo "usage: $0 dense|moe|kernels|online BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR" >&2
     exit 2
     ;;
 esac
@@ -81,6 +84,48 @@ for r in "${runs[@]}"; do
   log "fathom bench $name: rc=$?"
   echo "fathom bench --offline --device cuda --load-format dummy $args" >"$out/$name.command"
 done
+
+if [ "$part" = online ]; then
+  # The served model is a config folder with dummy weights; Qwen's tokenizer (tests/data/tokenizers/qwen3) for both:
+  # prompts go as token ids, so only the outputs' detokenization uses it.
+  tok=/tmp/perf-tokenizer
+  mkdir -p "$tok"
+  zcat tests/data/tokenizers/qwen3/tokenizer.json.gz >"$tok/tokenizer.json"
+  cp tests/data/tokenizers/qwen3/tokenizer_config.json "$tok/"
+  for m in ${ONLINE_MODELS:-qwen7b:deepseek-r1-distill-qwen-7b v2lite:deepseek-v2-lite}; do
+    name=${m%%:*} cfg=${m#*:}
+    dir=/tmp/perf-$name
+    mkdir -p "$dir"
+    cp "$configs/$cfg.json" "$dir/config.json"
+    offline="--model $configs/$cfg.json --max-model-len 4096 --batch-size 1 --input-len 512 --output-len 256"
+    log "fathom bench $name-offline-b1-256: $offline"
+    # shellcheck disable=SC2086
+    "$bin/fathom" bench --offline --device cuda --load-format dummy $offline --output "$out/$name-offline-b1-256.json" \
+      >"$out/$name-offline-b1-256.log" 2>&1
+    echo "fathom bench --offline --device cuda --load-format dummy $offline" >"$out/$name-offline-b1-256.command"
+    log "fathom serve $name"
+    "$bin/fathom" serve --device cuda --model "$dir" --load-format dummy --tokenizer "$tok" --max-model-len 4096 \
+      --port 8000 >"$out/$name-serve.log" 2>&1 &
+    serve_pid=$!
+    for _ in $(seq 1 180); do
+      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
+      sleep 1
+    done
+    log "fathom serve $name: up (or gave up)"
+    for level in 1:8 16:64 64:256 256:256; do
+      c=${level%%:*} n=${level#*:}
+      args="--input-len 512 --output-len 256 --ignore-eos --prompt-format ids --concurrency $c --num-requests $n"
+      # shellcheck disable=SC2086
+      "$bin/fathom" bench $args --output "$out/$name-online-c$c.json" >"$out/$name-online-c$c.log" 2>&1
+      log "fathom bench online $name c$c: rc=$?"
+      echo "fathom serve --device cuda --model <$cfg.json folder> --load-format dummy --tokenizer <qwen3> --max-model-len 4096; fathom bench $args" \
+        >"$out/$name-online-c$c.command"
+    done
+    kill "$serve_pid"
+    wait "$serve_pid"
+    log "fathom serve $name: stopped, rc=$?"
+  done
+fi
 
 if [ "$part" = kernels ]; then
   log "cuda_kernel_bench --ops 1 --filter PagedAttention"

@@ -12,7 +12,7 @@ same part's peer.jsonl, or fathom's own bf16-KV run for the FP8-KV figure. Never
       --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH]
 
 A RAW_DIR is one part's OUT_DIR:
-  - NAME.json and NAME.command for each fathom bench run;
+  - NAME.json and NAME.command for each fathom bench run (offline, or online: NAME-online-cC against fathom serve);
   - peer.jsonl, with llama-bench's and llama-batched-bench's lines;
   - kernels.jsonl and kernels.command from cuda_kernel_bench --ops.
 
@@ -159,6 +159,46 @@ def mla_bw(name, heads, at_least):
     return name, make
 
 
+def online_level(runs_online, name, c):
+    """output tok/s and p50 TTFT of the online run NAME-online-cC, or None."""
+    r = runs_online.get(f"{name}-online-c{c}")
+    if r is None or not r["json"].get("levels"):
+        return None
+    return r["json"]["levels"][0]
+
+
+def online_figure(name, model, c):
+    """Output throughput at concurrency c against `fathom serve` (512 in, 256 out)."""
+
+    def make(runs, peers, kernels):
+        lv = online_level(runs, model, c)
+        if lv is None:
+            return None
+        return {"value": round(lv["output_throughput"], 1), "unit": f"output tok/s at concurrency {c} (512 in, 256 out)",
+                "roofline": None, "run": f"{model}-online-c{c}", "target": "", "met": None}
+
+    return name, make
+
+
+def online_vs_offline(name, model):
+    """Concurrency 1 online against the offline batch-1 run of the same lengths: within 5%."""
+
+    def make(runs, peers, kernels):
+        lv = online_level(runs, model, 1)
+        off = level(runs, f"{model}-offline-b1-256", 1)
+        if lv is None or off is None:
+            return None
+        value = round(lv["output_throughput"], 1)
+        f = {"value": value, "unit": "output tok/s at concurrency 1 (512 in, 256 out)", "roofline": None,
+             "run": f"{model}-online-c1", "peer": "fathom offline batch 1, 512 in, 256 out (same call)",
+             "peer_value": round(off["decode_tokens_per_s"], 1)}
+        f["target"], f["met"] = target(value, f["peer_value"], None, 0.95, "")
+        f["target"] = "within 5% of the offline batch-1 figure (>= 0.95x)"
+        return f
+
+    return name, make
+
+
 # The headline figures (the performance issue's names and targets).
 FIGURES = [
     decode_figure("qwen7b_bf16_b1_decode", "qwen7b-512", 1, 270),
@@ -177,6 +217,14 @@ FIGURES = [
     prefill_mfu("v2lite_prefill8k_mfu", "v2lite-prefill8k", 35),
     mla_bw("mla_decode_bw_16h", 16, 3000),
     mla_bw("mla_decode_bw_128h", 128, 2500),
+    online_vs_offline("qwen7b_online_c1_vs_offline_b1", QWEN),
+    online_figure("qwen7b_online_c16_output", QWEN, 16),
+    online_figure("qwen7b_online_c64_output", QWEN, 64),
+    online_figure("qwen7b_online_c256_output", QWEN, 256),
+    online_vs_offline("v2lite_online_c1_vs_offline_b1", V2),
+    online_figure("v2lite_online_c16_output", V2, 16),
+    online_figure("v2lite_online_c64_output", V2, 64),
+    online_figure("v2lite_online_c256_output", V2, 256),
 ]
 
 KEYS = ["name", "value", "unit", "peer", "peer_value", "ratio", "roofline", "commit", "date", "command"]
@@ -208,7 +256,7 @@ def load_raw(dirs):
                         j = json.load(fh)
                     except json.JSONDecodeError:
                         continue
-                if j.get("mode") != "offline":
+                if j.get("mode") not in ("offline", "online"):
                     continue
                 cmd_path = os.path.join(d, name + ".command")
                 cmd = open(cmd_path).read().strip() if os.path.exists(cmd_path) else ""

@@ -35,6 +35,11 @@ class SummaryTest(unittest.TestCase):
         write_run(self.dense, "qwen7b-1k", [level(64, 9000.0, 17000.0), level(256, 20000.0, 30000.0)], "qwen 1k")
         write_run(self.dense, "qwen7b-1k-fp8kv", [level(64, 9900.0, 20000.0), level(256, 27000.0, 40000.0)], "fp8")
         write_run(self.dense, "llama8b-512", [level(1, 260.0, 298.3), level(64, 7000.0, 14500.0)], "llama 512")
+        write_run(self.dense, "qwen7b-offline-b1-256", [level(1, 220.0, 317.5)], "offline 512/256")
+        with open(os.path.join(self.dense, "qwen7b-online-c1.json"), "w") as f:  # online: 207 / 220 = 0.941 < 0.95
+            json.dump({"mode": "online", "levels": [{"output_throughput": 207.0}]}, f)
+        with open(os.path.join(self.dense, "qwen7b-online-c64.json"), "w") as f:
+            json.dump({"mode": "online", "levels": [{"output_throughput": 6000.0}]}, f)
         with open(os.path.join(self.dense, "peer.jsonl"), "w") as f:
             f.write(json.dumps({"model_filename": "/tmp/peer/r1-distill-llama-8b-f16.gguf", "n_prompt": 512,
                                 "n_gen": 0, "avg_ts": 9000.0}) + "\n")
@@ -99,6 +104,11 @@ class SummaryTest(unittest.TestCase):
                 self.assertIn(k, f)
             self.assertEqual((f["commit"], f["date"]), ("abc1234", "2026-12-05"))
         self.assertIn("v2lite_bf16_b1_decode", result["missing"])
+        online = figs["qwen7b_online_c1_vs_offline_b1"]  # online against offline batch 1 of the same call
+        self.assertEqual((online["value"], online["peer_value"], online["ratio"], online["met"]), (207.0, 220.0, 0.941,
+                                                                                                   False))
+        self.assertEqual(figs["qwen7b_online_c64_output"]["value"], 6000.0)
+        self.assertIn("qwen7b_online_c16_output", result["missing"])
         with open(self.summary) as f:
             summary = json.load(f)
         names = [f["name"] for f in summary["figures"]]
