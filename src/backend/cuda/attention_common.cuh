@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/launch.cuh"
 
 namespace fathom::cuda {
 
@@ -129,16 +130,15 @@ using GroupKernel = void (*)(AttentionArgs, int64_t, int64_t, float*, float*, fl
 inline void LaunchGroup(GroupKernel k64, GroupKernel k128, int warps, const AttentionArgs& a, int64_t chunk,
                         int64_t chunks, float* pm, float* pl, float* pa, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.n * a.kv_heads), static_cast<unsigned>(chunks));
-  (a.k_dim == 64 ? k64 : k128)<<<grid, warps * 32, 0, s>>>(a, chunk, chunks, pm, pl, pa);
+  LaunchKernel((a.k_dim == 64 ? k64 : k128), grid, warps * 32, 0, s, a, chunk, chunks, pm, pl, pa);
 }
 
 // The tensor-core kernel (attention_mma.cu): its conditions (16-bit caches with rows 16-byte aligned or f8 caches with
 // a scale per row, head dim 64 or 128, groups of up to 8), its chunk size, and its launch (the partial states as
 // GqaAttentionKernel's).
 bool MmaAttentionFits(const AttentionArgs& a);
-inline int64_t MmaAttentionChunk(const AttentionArgs& a) {
-  return GroupChunk(a, kMmaWarps * kMmaTile);
-}
+// Keys per block, a multiple of kMmaWarps * kMmaTile, chosen for whole waves of sm_count multiprocessors.
+int64_t MmaAttentionChunk(const AttentionArgs& a, int sm_count);
 void LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa,
                         cudaStream_t s);
 

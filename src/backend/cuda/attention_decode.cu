@@ -27,6 +27,7 @@ namespace {
 constexpr int kChunk = 64;
 template <typename T>
 __global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  PdlPrologue();
   __shared__ float scores[kChunk];
   extern __shared__ float q[];  // [k_dim]
   const int64_t th = blockIdx.x, c = blockIdx.y;
@@ -83,6 +84,7 @@ __global__ void SplitAttentionKernel(AttentionArgs a, int64_t chunks, float* par
 // their unwritten partial sums are never read.
 __global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const float* part_m, const float* part_l,
                                      const float* part_acc) {
+  PdlPrologue();
   extern __shared__ float weight[];  // [chunks]
   const int64_t th = blockIdx.x, t = th / a.heads, h = th % a.heads;
   const float* pm = part_m + th * chunks;
@@ -130,6 +132,7 @@ __global__ void MergeAttentionKernel(AttentionArgs a, int64_t chunks, const floa
 template <typename T, int kD>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     GqaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  PdlPrologue();
   constexpr int kPer = kD / 32;
   __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
   __shared__ float sm_acc[kAttnWarps][kMaxGroup][kD];
@@ -279,7 +282,7 @@ bool SplitFits(const AttentionArgs& a, SplitAttentionKind kind) {
 
 int64_t SplitChunk(const AttentionArgs& a, SplitAttentionKind kind, int sm_count) {
   if (kind == SplitAttentionKind::kMla) return MlaDecodeChunk(a, sm_count);
-  if (kind == SplitAttentionKind::kMma) return MmaAttentionChunk(a);
+  if (kind == SplitAttentionKind::kMma) return MmaAttentionChunk(a, sm_count);
   return kind == SplitAttentionKind::kGqa ? GroupChunk(a, 2 * kAttnWarps * kKeysPerStep) : kChunk;
 }
 
@@ -325,8 +328,8 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
     }
     const int err = Done();
     if (err != 0 || chunks == 1) return err;
-    MergeAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, static_cast<size_t>(chunks) * sizeof(float),
-                           S(s)>>>(a, chunks, part_m, part_l, part_acc);
+    LaunchKernel(MergeAttentionKernel, static_cast<unsigned>(a.n * a.heads), 128,
+                 static_cast<size_t>(chunks) * sizeof(float), S(s), a, chunks, part_m, part_l, part_acc);
     return Done();
   }
   if (a.k.dtype != a.v.dtype || !CacheScalesFit(a.k, a.k_dim) || !CacheScalesFit(a.v, a.v_dim)) {
@@ -335,14 +338,13 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
   const int err = DispatchFloatOrF8(a.k.dtype, [&](auto tag) {
     using T = decltype(tag);
     const size_t smem = static_cast<size_t>(a.k_dim) * sizeof(float);
-    SplitAttentionKernel<T>
-        <<<dim3(static_cast<unsigned>(a.n * a.heads), static_cast<unsigned>(chunks)), 128, smem, S(s)>>>(
-            a, chunks, part_m, part_l, part_acc);
+    LaunchKernel(SplitAttentionKernel<T>, dim3(static_cast<unsigned>(a.n * a.heads), static_cast<unsigned>(chunks)),
+                 128, smem, S(s), a, chunks, part_m, part_l, part_acc);
     return Done();
   });
   if (err != 0) return err;
-  MergeAttentionKernel<<<static_cast<unsigned>(a.n * a.heads), 128, static_cast<size_t>(chunks) * sizeof(float),
-                         S(s)>>>(a, chunks, part_m, part_l, part_acc);
+  LaunchKernel(MergeAttentionKernel, static_cast<unsigned>(a.n * a.heads), 128,
+               static_cast<size_t>(chunks) * sizeof(float), S(s), a, chunks, part_m, part_l, part_acc);
   return Done();
 }
 

@@ -17,6 +17,7 @@ namespace {
 // One block per (token, head). Scores for the whole causal context sit in dynamic shared memory.
 template <typename T>
 __global__ void PagedAttentionKernel(AttentionArgs a) {
+  PdlPrologue();
   extern __shared__ float smem[];
   const int64_t t = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
   const int64_t g = h / (a.heads / a.kv_heads);
@@ -75,7 +76,7 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
                                                  static_cast<int>(smem));
       if (e != cudaSuccess) return static_cast<int>(e);
     }
-    PagedAttentionKernel<T><<<static_cast<unsigned>(a.n * a.heads), 128, smem, S(s)>>>(a);
+    LaunchKernel(PagedAttentionKernel<T>, static_cast<unsigned>(a.n * a.heads), 128, smem, S(s), a);
     return Done();
   });
 }

@@ -68,6 +68,7 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   be->device_ = device;
   be->sm_count_ = sm_count;
   be->options_ = options;
+  cuda::SetProgrammaticLaunch(options.pdl);
   be->pool_ = std::make_shared<Pool>();
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
@@ -88,6 +89,7 @@ void CudaBackend::set_kernel_options(const cuda::KernelOptions& options) {
     profile_.reset();
   }
   if (gemm_) gemm_->set_tune(options.gemm_tune);
+  cuda::SetProgrammaticLaunch(options.pdl);
   options_ = options;
 }
 

@@ -4,7 +4,7 @@
 //
 //   return DispatchFloat(w_dtype, [&](auto tag) {   // f32, f16 or bf16; cudaErrorInvalidValue for any other
 //     using TW = decltype(tag);
-//     NormKernel<TW><<<rows, 256, 0, S(s)>>>(static_cast<const TW*>(w), ...);
+//     LaunchKernel(NormKernel<TW>, rows, 256, 0, S(s), static_cast<const TW*>(w), ...);
 //     return Done();
 //   });
 #pragma once

@@ -20,6 +20,7 @@ namespace {
 // Elementwise kernels: one block per (row, chunk of 256 columns), numbered row-major on a 1-d grid (a 2-d grid
 // would cap rows at 65535), so that a single decode row still spreads over many SMs.
 __global__ void AddKernel(float* a, int64_t as, const float* b, int64_t bs, int64_t cols) {
+  PdlPrologue();
   const int64_t cb = (cols + blockDim.x - 1) / blockDim.x, r = blockIdx.x / cb;
   const int64_t i = static_cast<int64_t>(blockIdx.x % cb) * blockDim.x + threadIdx.x;
   if (i < cols) a[r * as + i] += b[r * bs + i];
@@ -27,6 +28,7 @@ __global__ void AddKernel(float* a, int64_t as, const float* b, int64_t bs, int6
 
 __global__ void SiluMulKernel(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os,
                               int64_t cols) {
+  PdlPrologue();
   const int64_t cb = (cols + blockDim.x - 1) / blockDim.x, r = blockIdx.x / cb;
   const int64_t i = static_cast<int64_t>(blockIdx.x % cb) * blockDim.x + threadIdx.x;
   if (i < cols) {
@@ -53,6 +55,7 @@ __device__ uint16_t Bf16Bits(float f) {
 template <typename T>
 __global__ void FillDummyKernel(void* out, int64_t n, uint64_t key, float scale, bool has_constant,
                                 uint32_t constant_bits) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t r = SplitMix64(key + static_cast<uint64_t>(i));
@@ -81,14 +84,14 @@ constexpr int64_t kFillBlocksPerSm = 64;
 
 int LaunchAddInPlace(float* a, int64_t as, const float* b, int64_t bs, int64_t rows, int64_t cols, Stream s) {
   if (rows == 0) return 0;
-  AddKernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(a, as, b, bs, cols);
+  LaunchKernel(AddKernel, RowBlocks(rows, cols), 256, 0, S(s), a, as, b, bs, cols);
   return Done();
 }
 
 int LaunchSiluMul(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os, int64_t rows,
                   int64_t cols, Stream s) {
   if (rows == 0) return 0;
-  SiluMulKernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(g, gs, u, us, o, os, cols);
+  LaunchKernel(SiluMulKernel, RowBlocks(rows, cols), 256, 0, S(s), g, gs, u, us, o, os, cols);
   return Done();
 }
 
@@ -97,12 +100,12 @@ int LaunchFillDummy(void* out, int dtype, int64_t n, uint64_t key, float scale, 
   if (n == 0) return 0;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, kFillBlocksPerSm * sm_count));
   if (dtype == kI32) {
-    FillDummyKernel<int32_t><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+    LaunchKernel(FillDummyKernel<int32_t>, blocks, 256, 0, S(s), out, n, key, scale, has_constant, constant_bits);
     return Done();
   }
   return DispatchDType<float, __half, __nv_bfloat16, __nv_fp8_e4m3>(dtype, [&](auto tag) {
     using T = decltype(tag);
-    FillDummyKernel<T><<<blocks, 256, 0, S(s)>>>(out, n, key, scale, has_constant, constant_bits);
+    LaunchKernel(FillDummyKernel<T>, blocks, 256, 0, S(s), out, n, key, scale, has_constant, constant_bits);
     return Done();
   });
 }

@@ -17,6 +17,7 @@ namespace {
 // One thread per 16 weights of a row (k % 16 == 0, 16-byte aligned rows), else one per weight.
 __global__ void DequantF8Kernel(const uint8_t* w, int64_t ws, int64_t m, int64_t k, const float* scale, int64_t ss,
                                 int64_t bn, int64_t bk, __nv_bfloat16* out, bool vec) {
+  PdlPrologue();
   const int64_t per = vec ? 16 : 1, pieces = k / per;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= m * pieces) return;
@@ -42,6 +43,7 @@ __global__ void DequantF8Kernel(const uint8_t* w, int64_t ws, int64_t m, int64_t
 constexpr int kQuantWarps = 8;
 __global__ void __launch_bounds__(kQuantWarps * 32)
     QuantizeF8Kernel(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64_t k, uint8_t* xq, float* scales) {
+  PdlPrologue();
   const int64_t groups = k / 128;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
   if (item >= n_pad * groups) return;
@@ -69,8 +71,8 @@ int LaunchDequantF8ToBf16(const void* w, int64_t ws, int64_t m, int64_t k, const
   const bool vec = k % 16 == 0 && ws % 16 == 0 && bk % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int64_t threads = m * (vec ? k / 16 : k);
-  DequantF8Kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, S(s)>>>(
-      static_cast<const uint8_t*>(w), ws, m, k, scale, ss, bn, bk, static_cast<__nv_bfloat16*>(out), vec);
+  LaunchKernel(DequantF8Kernel, static_cast<unsigned>((threads + 255) / 256), 256, 0, S(s),
+               static_cast<const uint8_t*>(w), ws, m, k, scale, ss, bn, bk, static_cast<__nv_bfloat16*>(out), vec);
   return Done();
 }
 
@@ -81,8 +83,8 @@ int LaunchQuantizeF8(const float* x, int64_t xs, int64_t n, int64_t n_pad, int64
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const int64_t items = n_pad * (k / 128);
-  QuantizeF8Kernel<<<static_cast<unsigned>((items + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0, S(s)>>>(
-      x, xs, n, n_pad, k, static_cast<uint8_t*>(xq), scales);
+  LaunchKernel(QuantizeF8Kernel, static_cast<unsigned>((items + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0,
+               S(s), x, xs, n, n_pad, k, static_cast<uint8_t*>(xq), scales);
   return Done();
 }
 

@@ -70,6 +70,7 @@ __device__ __forceinline__ int ColOff(int i) {
 }
 
 __global__ void RepackWeightsKernel(Int4Source w, const int32_t* perm, uint32_t* dst, int64_t words) {
+  PdlPrologue();
   const int64_t chunks = w.k / 64;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < words;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -85,6 +86,7 @@ __global__ void RepackWeightsKernel(Int4Source w, const int32_t* perm, uint32_t*
 }
 
 __global__ void RepackScalesKernel(Int4Source w, void* dst, int64_t total) {
+  PdlPrologue();
   const bool f16 = w.scales_dtype == kF16;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -99,6 +101,7 @@ __global__ void RepackScalesKernel(Int4Source w, void* dst, int64_t total) {
 }
 
 __global__ void RepackZerosKernel(Int4Source w, uint32_t* dst, int64_t total) {
+  PdlPrologue();
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t h = idx % 2, g = (idx / 2) % w.groups, rb = idx / (2 * w.groups);
@@ -231,6 +234,7 @@ template <typename TS, bool kChunkGroup, int NT, typename XT>
 __global__ void __launch_bounds__(kMmaWarps * 32, MmaStage<NT>::kMinBlocks)
     Int4MmaKernel(const XT* __restrict__ x, int64_t xs, int64_t n, MmaParts P, float* scratch, int* counters,
                   int blocks) {
+  PdlPrologue();
   using St = MmaStage<NT>;
   constexpr int kScaleLanes = static_cast<int>(sizeof(TS));  // 16-byte copies of a group's 16 scales: 2 (f16), 4
   extern __shared__ __align__(16) unsigned char smem[];
@@ -451,6 +455,7 @@ constexpr int kGemvStageElems = 16384;  // bf16 elements of x a stage holds: [n 
 template <typename TS, bool kChunkGroup>
 __global__ void __launch_bounds__(kGemvThreads, 2)
     Int4GemvKernel(const float* __restrict__ x, int64_t xs, int n, MmaParts P) {
+  PdlPrologue();
   __shared__ __align__(16) __nv_bfloat16 xsm[kGemvStageElems + 8 * kInt4GemvTokens];
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   const int rw = warp % kGemvRowWarps, split = warp / kGemvRowWarps;
@@ -508,12 +513,13 @@ int LaunchGemv(const float* x, int64_t xs, int64_t n, const MmaParts& parts, Str
   int64_t rbs = 0;
   for (int i = 0; i < parts.count; ++i) rbs += parts.rbs[i];
   const unsigned blocks = static_cast<unsigned>((rbs + kGemvRowWarps - 1) / kGemvRowWarps);
-  Int4GemvKernel<TS, kChunkGroup><<<blocks, kGemvThreads, 0, S(s)>>>(x, xs, static_cast<int>(n), parts);
+  LaunchKernel(Int4GemvKernel<TS, kChunkGroup>, blocks, kGemvThreads, 0, S(s), x, xs, static_cast<int>(n), parts);
   return Done();
 }
 
 template <typename TS>
 __global__ void DequantInt4Kernel(Int4Tiled w, __nv_bfloat16* dst, int64_t words) {
+  PdlPrologue();
   const int64_t chunks = w.k / 64;
   const TS* scales = static_cast<const TS*>(w.scales);
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < words;
@@ -543,6 +549,7 @@ __global__ void DequantInt4Kernel(Int4Tiled w, __nv_bfloat16* dst, int64_t words
 
 __global__ void GatherToBf16Kernel(const float* x, int64_t xs, int64_t rows, int64_t k, const int32_t* perm,
                                    __nv_bfloat16* dst) {
+  PdlPrologue();
   const int64_t total = rows * k;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -586,6 +593,7 @@ struct TiledView {
 template <typename View>
 __global__ void Int4GenericKernel(const float* x, int64_t xs, int64_t n, View v, const void* bias, int bias_dtype,
                                   float* out, int64_t os) {
+  PdlPrologue();
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t r = blockIdx.x * 8 + (threadIdx.x >> 5), t0 = blockIdx.y * 8;
   if (r >= v.m()) return;
@@ -611,7 +619,7 @@ int LaunchGeneric(const float* x, int64_t xs, int64_t n, const View& v, int64_t 
                   float* out, int64_t os, Stream s) {
   if (n == 0 || m == 0) return 0;
   const dim3 grid(static_cast<unsigned>((m + 7) / 8), static_cast<unsigned>((n + 7) / 8));
-  Int4GenericKernel<View><<<grid, 256, 0, S(s)>>>(x, xs, n, v, bias, bias_dtype, out, os);
+  LaunchKernel(Int4GenericKernel<View>, grid, 256, 0, S(s), x, xs, n, v, bias, bias_dtype, out, os);
   return Done();
 }
 
@@ -665,8 +673,8 @@ int LaunchMma(const XT* x, int64_t xs, int64_t n, const MmaParts& parts, float* 
     const int64_t blocks = MmaBlocks(per_sm, sm_count, NT, parts.rg_begin[parts.count], parts.chunks, tgs,
                                      kMmaRows * kTokens, counters == nullptr ? 0 : scratch_floats);
     const dim3 grid(static_cast<unsigned>(tgs), static_cast<unsigned>(blocks));
-    Int4MmaKernel<TS, kChunkGroup, NT, XT><<<grid, kMmaWarps * 32, MmaStage<NT>::kSmemBytes, S(s)>>>(
-        x, xs, n, parts, scratch, counters, static_cast<int>(blocks));
+    LaunchKernel(Int4MmaKernel<TS, kChunkGroup, NT, XT>, grid, kMmaWarps * 32, MmaStage<NT>::kSmemBytes, S(s), x, xs, n,
+                 parts, scratch, counters, static_cast<int>(blocks));
     return Done();
   };
   if (n <= 8) return go(std::integral_constant<int, 1>{});
@@ -702,13 +710,13 @@ int LaunchRepackInt4(const Int4Source& src, const int32_t* perm, uint32_t* dst_w
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const int64_t words = src.m * src.k / 8;
-  RepackWeightsKernel<<<GridFor(words), 256, 0, S(s)>>>(src, perm, dst_weights, words);
+  LaunchKernel(RepackWeightsKernel, GridFor(words), 256, 0, S(s), src, perm, dst_weights, words);
   if (const int e = Done(); e != 0) return e;
   const int64_t scales = src.m * src.groups;
-  RepackScalesKernel<<<GridFor(scales), 256, 0, S(s)>>>(src, dst_scales, scales);
+  LaunchKernel(RepackScalesKernel, GridFor(scales), 256, 0, S(s), src, dst_scales, scales);
   if (const int e = Done(); e != 0) return e;
   const int64_t zeros = src.m / 8 * src.groups;
-  RepackZerosKernel<<<GridFor(zeros), 256, 0, S(s)>>>(src, dst_zeros, zeros);
+  LaunchKernel(RepackZerosKernel, GridFor(zeros), 256, 0, S(s), src, dst_zeros, zeros);
   return Done();
 }
 
@@ -781,9 +789,9 @@ int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s) {
   if (words == 0) return 0;
   auto* d = static_cast<__nv_bfloat16*>(dst);
   if (w.scales_dtype == kF16) {
-    DequantInt4Kernel<__half><<<GridFor(words), 256, 0, S(s)>>>(w, d, words);
+    LaunchKernel(DequantInt4Kernel<__half>, GridFor(words), 256, 0, S(s), w, d, words);
   } else if (w.scales_dtype == kF32) {
-    DequantInt4Kernel<float><<<GridFor(words), 256, 0, S(s)>>>(w, d, words);
+    LaunchKernel(DequantInt4Kernel<float>, GridFor(words), 256, 0, S(s), w, d, words);
   } else {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -792,7 +800,8 @@ int LaunchDequantInt4(const Int4Tiled& w, void* dst, Stream s) {
 
 int LaunchGatherToBf16(const float* x, int64_t xs, int64_t rows, int64_t k, const int32_t* perm, void* dst, Stream s) {
   if (rows * k == 0) return 0;
-  GatherToBf16Kernel<<<GridFor(rows * k), 256, 0, S(s)>>>(x, xs, rows, k, perm, static_cast<__nv_bfloat16*>(dst));
+  LaunchKernel(GatherToBf16Kernel, GridFor(rows * k), 256, 0, S(s), x, xs, rows, k, perm,
+               static_cast<__nv_bfloat16*>(dst));
   return Done();
 }
 

@@ -1,9 +1,23 @@
 #include "backend/cuda/kernel_options.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
+#include "backend/cuda/launcher.h"
+
 namespace fathom::cuda {
+
+namespace {
+std::atomic<bool> g_programmatic_launch{true};
+}  // namespace
+
+void SetProgrammaticLaunch(bool on) {
+  g_programmatic_launch.store(on, std::memory_order_relaxed);
+}
+bool ProgrammaticLaunch() {
+  return g_programmatic_launch.load(std::memory_order_relaxed);
+}
 
 KernelOptions KernelOptions::FromEnvironment() {
   const auto set = [](const char* name) { return std::getenv(name) != nullptr; };
@@ -21,6 +35,7 @@ KernelOptions KernelOptions::FromEnvironment() {
   if (const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS")) o.moe_mma_tokens = std::atoll(v);
   if (const char* v = std::getenv("FATHOM_CUDA_INT4_GEMM_TOKENS")) o.int4_gemm_tokens = std::atoll(v);
   o.profile = set("FATHOM_CUDA_PROFILE");
+  o.pdl = !set("FATHOM_CUDA_NO_PDL");
   return o;
 }
 

@@ -38,6 +38,8 @@
 //                                                               reads it). 256: every decode graph's batch
 // FATHOM_CUDA_PROFILE                profile           false    every launch timed with CUDA events (ProfileReport);
 //                                                               no CUDA graphs then
+// FATHOM_CUDA_NO_PDL                 pdl               true     false: kernels launched without programmatic
+//                                                               dependent launch (launch.cuh; process-wide)
 #pragma once
 
 #include <cstdint>
@@ -61,6 +63,7 @@ struct KernelOptions {
   int64_t moe_mma_tokens = kDefaultMoeMmaTokens;
   int64_t int4_gemm_tokens = kDefaultInt4GemmTokens;
   bool profile = false;
+  bool pdl = true;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

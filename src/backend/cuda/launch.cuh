@@ -1,9 +1,14 @@
-// Host-side helpers of the launchers in the .cu files: the stream cast, grid sizes, and the launch's error code.
-// Include from .cu files only (launcher.h is the host-facing side).
+// The launch of every kernel and its kernel-side counterpart, with the helpers of the launchers in the .cu files: the
+// stream cast, grid sizes, and the launch's error code. Include from .cu files only (launcher.h is the host-facing
+// side).
 //
+//   __global__ void FooKernel(const float* x, int64_t cols, float* out) {
+//     PdlPrologue();                      // first, in every kernel
+//     ...
+//   }
 //   int LaunchFoo(const float* x, int64_t rows, int64_t cols, float* out, Stream s) {
 //     if (rows == 0) return 0;
-//     FooKernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(x, cols, out);
+//     LaunchKernel(FooKernel, RowBlocks(rows, cols), 256, 0, S(s), x, cols, out);
 //     return Done();
 //   }
 #pragma once
@@ -11,10 +16,42 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/launcher.h"
 
 namespace fathom::cuda {
+
+// Programmatic dependent launch (Hopper). LaunchKernel gives every kernel the launch attribute that lets it be
+// scheduled while the kernel before it in the stream is still running (unless SetProgrammaticLaunch(false):
+// KernelOptions::pdl), and every kernel starts with PdlPrologue(). Its griddepcontrol.wait returns once the kernels
+// before are complete and their writes visible (at once for a launch without the attribute), so nothing of a kernel
+// runs early but its launch and block scheduling; then launch_dependents lets the next kernel's blocks be scheduled
+// in turn. So the gap between two kernels of a step, a few microseconds of launch latency, overlaps the first one's
+// run. A kernel without the prologue must not be launched through LaunchKernel.
+__device__ __forceinline__ void PdlPrologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, s>>>(args...) with the programmatic-launch attribute (above). Errors as a launch's:
+// Done() reads them.
+template <typename... P, typename... A>
+void LaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = ProgrammaticLaunch() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
 
 // The last launch's error (cudaSuccess: 0).
 inline int Done() {

@@ -14,6 +14,11 @@ namespace fathom::cuda {
 
 using Stream = void*;  // cudaStream_t
 
+// Whether kernels are launched with programmatic dependent launch (launch.cuh): process-wide, set by CudaBackend from
+// KernelOptions::pdl. On by default.
+void SetProgrammaticLaunch(bool on);
+bool ProgrammaticLaunch();
+
 // One layer's K or V cache: [blocks, block_size, heads, dim] of f32, f16, bf16 or f8 e4m3, with these strides. An f8
 // cache has float32 scales [blocks, block_size, heads, dim / group] (model/backend.h's KvLayerView): value i of a row
 // is e4m3 * scale[i / group].

@@ -23,6 +23,7 @@ template <typename TW, typename TB>
 __global__ void LinearKernel(const float* x, int64_t xs, int64_t n, int64_t in, const TW* w, int64_t ws, int64_t m,
                              const float* scale, int64_t ss, int64_t bn, int64_t bk, const TB* bias, float* out,
                              int64_t os, int64_t x_hs, int64_t w_hs, int64_t o_hs) {
+  PdlPrologue();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   x += blockIdx.z * x_hs;
   out += blockIdx.z * o_hs;
@@ -113,6 +114,7 @@ __device__ __forceinline__ void GemvAccumulateF8(const uint4& raw, float scale, 
 template <int kT, typename TB>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GemvFanOutKernel(const float* x, int64_t xs, int64_t n, int64_t in, GemvParts parts) {
+  PdlPrologue();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int pi = 0;
   while (pi + 1 < parts.count && static_cast<int64_t>(blockIdx.x) >= parts.first_block[pi + 1]) ++pi;
@@ -179,6 +181,7 @@ template <int kT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     HeadGemvBf16Kernel(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_t in, const void* w, int64_t m,
                        float* out, int64_t os0, int64_t os1) {
+  PdlPrologue();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp, h = blockIdx.y;
   const int64_t t0 = static_cast<int64_t>(blockIdx.z) * kT;
@@ -207,10 +210,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <int kT, typename TB>
 void LaunchFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvParts& g, cudaStream_t s) {
   dim3 grid(static_cast<unsigned>(g.first_block[g.count]), static_cast<unsigned>((n + kT - 1) / kT));
-  GemvFanOutKernel<kT, TB><<<grid, kGemvWarps * 32, 0, s>>>(x, xs, n, in, g);
+  LaunchKernel(GemvFanOutKernel<kT, TB>, grid, kGemvWarps * 32, 0, s, x, xs, n, in, g);
 }
 
 __global__ void ToBf16Kernel(const float* x, int64_t xs, int64_t cols, __nv_bfloat16* out) {
+  PdlPrologue();
   const int64_t cb = (cols + blockDim.x - 1) / blockDim.x, r = blockIdx.x / cb;
   const int64_t i = static_cast<int64_t>(blockIdx.x % cb) * blockDim.x + threadIdx.x;
   if (i < cols) out[r * cols + i] = __float2bfloat16_rn(x[r * xs + i]);
@@ -218,6 +222,7 @@ __global__ void ToBf16Kernel(const float* x, int64_t xs, int64_t cols, __nv_bflo
 
 template <typename TB>
 __global__ void AddBiasKernel(float* out, int64_t os, const TB* bias, int64_t cols) {
+  PdlPrologue();
   const int64_t cb = (cols + blockDim.x - 1) / blockDim.x, r = blockIdx.x / cb;
   const int64_t i = static_cast<int64_t>(blockIdx.x % cb) * blockDim.x + threadIdx.x;
   if (i < cols) out[r * os + i] += Load(bias, i);
@@ -231,8 +236,8 @@ int LaunchLinearKernel(dim3 grid, int warps, const float* x, int64_t xs, int64_t
     using TW = decltype(w_tag);
     return DispatchFloat(bias != nullptr ? bd : kF32, [&](auto b_tag) {
       using TB = decltype(b_tag);
-      LinearKernel<TW, TB><<<grid, warps * 32, 0, s>>>(x, xs, n, in, static_cast<const TW*>(w), ws, m, scale, ss, bn,
-                                                       bk, static_cast<const TB*>(bias), out, os, x_hs, w_hs, o_hs);
+      LaunchKernel(LinearKernel<TW, TB>, grid, warps * 32, 0, s, x, xs, n, in, static_cast<const TW*>(w), ws, m, scale,
+                   ss, bn, bk, static_cast<const TB*>(bias), out, os, x_hs, w_hs, o_hs);
       return Done();
     });
   });
@@ -272,9 +277,9 @@ int LaunchHeadLinear(const float* x, int64_t xs0, int64_t xs1, int64_t n, int64_
   if (wd == kBF16 && aligned && n <= 8) {  // decode: one 16-byte-load GEMV per head
     const dim3 grid(Blocks(m, kGemvWarps), static_cast<unsigned>(heads), 1);
     if (n == 1) {
-      HeadGemvBf16Kernel<1><<<grid, kGemvWarps * 32, 0, S(s)>>>(x, xs0, xs1, n, in, w, m, out, os0, os1);
+      LaunchKernel(HeadGemvBf16Kernel<1>, grid, kGemvWarps * 32, 0, S(s), x, xs0, xs1, n, in, w, m, out, os0, os1);
     } else {
-      HeadGemvBf16Kernel<8><<<grid, kGemvWarps * 32, 0, S(s)>>>(x, xs0, xs1, n, in, w, m, out, os0, os1);
+      LaunchKernel(HeadGemvBf16Kernel<8>, grid, kGemvWarps * 32, 0, S(s), x, xs0, xs1, n, in, w, m, out, os0, os1);
     }
     return Done();
   }
@@ -332,7 +337,7 @@ int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const Ge
 
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s) {
   if (rows == 0) return 0;
-  ToBf16Kernel<<<RowBlocks(rows, cols), 256, 0, S(s)>>>(x, xs, cols, static_cast<__nv_bfloat16*>(out));
+  LaunchKernel(ToBf16Kernel, RowBlocks(rows, cols), 256, 0, S(s), x, xs, cols, static_cast<__nv_bfloat16*>(out));
   return Done();
 }
 
@@ -340,7 +345,7 @@ int LaunchAddBias(float* out, int64_t os, const void* bias, int bd, int64_t rows
   if (rows == 0) return 0;
   return DispatchFloat(bd, [&](auto tag) {
     using TB = decltype(tag);
-    AddBiasKernel<TB><<<RowBlocks(rows, cols), 256, 0, S(s)>>>(out, os, static_cast<const TB*>(bias), cols);
+    LaunchKernel(AddBiasKernel<TB>, RowBlocks(rows, cols), 256, 0, S(s), out, os, static_cast<const TB*>(bias), cols);
     return Done();
   });
 }

@@ -30,6 +30,11 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* src, int src_b
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(src_bytes) : "memory");
 }
+// 4 bytes global -> shared (through L1: a scale read by several warps); src_bytes 0 fills zeros.
+__device__ __forceinline__ void CpAsync4(void* smem, const void* src, int src_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(addr), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }

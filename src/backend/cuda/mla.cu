@@ -38,6 +38,7 @@ static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp 
 template <typename T>
 __global__ void __launch_bounds__(kMlaWarps * 32)
     MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
+  PdlPrologue();
   extern __shared__ __align__(16) unsigned char mla_smem[];
   T* sk = reinterpret_cast<T*>(mla_smem);                               // [kMlaTile][kMlaRow]: the tile's latent rows
   T* sq = sk + kMlaTile * kMlaRow;                                      // [kMlaHeads][kMlaRow]
@@ -236,6 +237,7 @@ constexpr int kCtxWarps = 4, kCtxMaxV = 256;
 // One warp per (token, head): keys 0 .. position of the token's sequence in order, an online softmax, the values
 // accumulated in registers (v_dim / 32 per lane).
 __global__ void __launch_bounds__(kCtxWarps * 32) MlaContextAttentionKernel(MlaContextArgs a) {
+  PdlPrologue();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t t = blockIdx.x, h = static_cast<int64_t>(blockIdx.y) * kCtxWarps + threadIdx.x / 32;
   if (h >= a.heads) return;
@@ -295,6 +297,7 @@ bool MlaContextMmaFits(const MlaContextArgs& a) {
 }
 
 __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaContextArgs a) {
+  PdlPrologue();
   extern __shared__ __align__(16) unsigned char ctx_smem[];
   __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(ctx_smem);  // [kCtxTile][kCtxQRow]: Q rows
   __nv_bfloat16* sk = sq + kCtxTile * kCtxQRow;                    // [kCtxTile][kCtxQRow]: the tile's keys
@@ -481,8 +484,8 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
   const cudaError_t e = f16 ? attr_f16 : attr_bf16;
   if (e != cudaSuccess) return static_cast<int>(e);
-  kernel<<<dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)), kMlaWarps * 32,
-           kMlaSmemBytes, S(s)>>>(a, chunk, chunks, part_m, part_l, part_acc);
+  LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)),
+               kMlaWarps * 32, kMlaSmemBytes, S(s), a, chunk, chunks, part_m, part_l, part_acc);
   return Done();
 }
 
@@ -496,13 +499,13 @@ int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s) {
     if (attr != cudaSuccess) return static_cast<int>(attr);
     // Blocks for every query tile there can be; those past the last one return at once.
     const int64_t tiles = a.n / kCtxTile + a.num_seqs;
-    MlaContextMmaKernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)), kCtxMmaWarps * 32,
-                          kCtxSmemBytes, S(s)>>>(a);
+    LaunchKernel(MlaContextMmaKernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)),
+                 kCtxMmaWarps * 32, kCtxSmemBytes, S(s), a);
     return Done();
   }
   if (a.v_dim > kCtxMaxV) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((a.heads + kCtxWarps - 1) / kCtxWarps));
-  MlaContextAttentionKernel<<<grid, kCtxWarps * 32, 0, S(s)>>>(a);
+  LaunchKernel(MlaContextAttentionKernel, grid, kCtxWarps * 32, 0, S(s), a);
   return Done();
 }
 

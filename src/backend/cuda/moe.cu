@@ -7,6 +7,7 @@
 #include "backend/cuda/dtype.cuh"
 #include "backend/cuda/fp8.cuh"
 #include "backend/cuda/int4.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe.h"
@@ -56,6 +57,7 @@ __device__ void WarpTopK(const float* v, int32_t n, int32_t k, int32_t* out, int
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteKernel(const float* logits, int64_t ls, int64_t n, const float* bias, moe_route::Params p, int32_t* ids,
                    float* weights) {
+  PdlPrologue();
   extern __shared__ float scratch[];
   __shared__ float group_value[kRouteWarps][moe_route::kMaxGroups];
   __shared__ int32_t
@@ -120,7 +122,7 @@ struct MoeWorkspace {
   int32_t* sorted_pair;  // [pairs]: the pair (t * top_k + j) at each sorted position
   int32_t* pair_pos;     // [pairs]: the sorted position of each pair
   float* h;  // [pairs, inter]: silu(gate) * up (float32 for the GEMVs, bf16 for the tensor-core and 4-bit paths)
-  float* y;              // [pairs, hidden]: the expert outputs
+  float* y;  // [pairs, hidden]: the expert outputs
   // The tensor-core and 4-bit paths only (null otherwise):
   __nv_bfloat16* xs;   // [pairs, hidden]: each pair's input row in sorted order, rounded to bf16
   int32_t tile_rows;   // the rows of a tile: kMmaSmallM or kMmaM (4-bit: 8, 32 or 64)
@@ -220,6 +222,7 @@ __device__ int32_t BlockExclusiveScan(int32_t v, int32_t* total) {
 // Needs experts <= blockDim.x.
 __global__ void __launch_bounds__(1024)
     MoeSortKernel(const int32_t* ids, int32_t pairs, int32_t experts, MoeWorkspace w) {
+  PdlPrologue();
   __shared__ int32_t count[moe_route::kMaxExperts];
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
   for (int32_t e = tid; e < experts; e += blockDim.x) count[e] = 0;
@@ -362,6 +365,7 @@ __device__ __forceinline__ float PieceScale(const float* row, int64_t k) {
 // kT pairs of the expert and writes h = silu(gate . x) * (up . x) for them.
 template <int kT, bool kF8>
 __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   ExpertRow x;
   if (!FindExpertRow(w, a.inter, &x)) return;
   const uint4 *gw = WeightRow<kF8>(a, 0, x, a.hidden), *uw = WeightRow<kF8>(a, 1, x, a.hidden);
@@ -410,6 +414,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeGateUpKernel(MoeExpertsArgs
 // Block (active expert slot, tile of kMoeWarps rows of down): y = down . h for the expert's pairs.
 template <int kT, bool kF8>
 __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   ExpertRow x;
   if (!FindExpertRow(w, a.hidden, &x)) return;
   const uint4* dw = WeightRow<kF8>(a, 2, x, a.inter);
@@ -446,6 +451,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) MoeDownKernel(MoeExpertsArgs a
 // then two grouped GEMMs over tiles of one expert's pairs (TileRows rows): H = silu(Xs Wg^T) * (Xs Wu^T) (bf16), then
 // Y = H Wd^T (float32), and the same combine as the GEMV path.
 __global__ void MoeGatherBf16Kernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   const int64_t pos = blockIdx.x;
   const float* x = a.x + static_cast<int64_t>(w.sorted_pair[pos] / a.top_k) * a.xs;
   __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(w.xs + pos * a.hidden);
@@ -479,6 +485,7 @@ constexpr int MmaSmemBytes(bool gate_up, int bm, bool f8) {
 // straight from shared memory (F8PairToBf16), rounded to bf16.
 template <bool kGateUp, int kBM, bool kF8>
 __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   constexpr int kMmaRow = kMmaK + 8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kMT = kBM == kMmaM ? 2 : 1;      // m16 tiles per warp
@@ -625,8 +632,8 @@ int LaunchMmaAs(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, di
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
   }();
   if (attr != cudaSuccess) return static_cast<int>(attr);
-  MoeMmaKernel<true, kBM, kF8><<<gate_up, kMmaThreads, kGateUpSmem, st>>>(a, w);
-  MoeMmaKernel<false, kBM, kF8><<<down, kMmaThreads, kDownSmem, st>>>(a, w);
+  LaunchKernel(MoeMmaKernel<true, kBM, kF8>, gate_up, kMmaThreads, kGateUpSmem, st, a, w);
+  LaunchKernel(MoeMmaKernel<false, kBM, kF8>, down, kMmaThreads, kDownSmem, st, a, w);
   return 0;
 }
 template <int kBM>
@@ -665,6 +672,7 @@ struct I4Stage {
 template <bool kGateUp, int NT, typename TS, bool kChunkGroup>
 __global__ void __launch_bounds__(I4Stage<NT>::kThreads, I4Stage<NT>::kMinBlocks)
     MoeInt4Kernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   using St = I4Stage<NT>;
   constexpr int kMats = kGateUp ? 2 : 1;
   __shared__ __align__(16) __nv_bfloat16 xsm[St::kTok * St::kPitch];
@@ -740,10 +748,10 @@ template <int NT, typename TS, bool kChunkGroup>
 void LaunchInt4As(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, cudaStream_t st) {
   using St = I4Stage<NT>;
   constexpr int64_t kRows = 16 * St::kRowWarps;
-  MoeInt4Kernel<true, NT, TS, kChunkGroup>
-      <<<dim3(tiles, static_cast<unsigned>((a.inter + kRows - 1) / kRows)), St::kThreads, 0, st>>>(a, w);
-  MoeInt4Kernel<false, NT, TS, kChunkGroup>
-      <<<dim3(tiles, static_cast<unsigned>((a.hidden + kRows - 1) / kRows)), St::kThreads, 0, st>>>(a, w);
+  LaunchKernel(MoeInt4Kernel<true, NT, TS, kChunkGroup>,
+               dim3(tiles, static_cast<unsigned>((a.inter + kRows - 1) / kRows)), St::kThreads, 0, st, a, w);
+  LaunchKernel(MoeInt4Kernel<false, NT, TS, kChunkGroup>,
+               dim3(tiles, static_cast<unsigned>((a.hidden + kRows - 1) / kRows)), St::kThreads, 0, st, a, w);
 }
 template <int NT>
 void LaunchInt4Scales(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, cudaStream_t st) {
@@ -769,6 +777,7 @@ void LaunchInt4(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned tiles, 
 // independent of one another (a serial chain of dependent loads per column took 19 us at batch 1).
 constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads) MoeCombineKernel(MoeExpertsArgs a, MoeWorkspace w) {
+  PdlPrologue();
   __shared__ int64_t row[moe_route::kMaxTopK];
   __shared__ float weight[moe_route::kMaxTopK];
   const int64_t t = blockIdx.x, k = a.top_k;
@@ -787,10 +796,10 @@ __global__ void __launch_bounds__(kCombineThreads) MoeCombineKernel(MoeExpertsAr
 
 template <int kT, bool kF8>
 void LaunchGroupedAs(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned slots, cudaStream_t s) {
-  MoeGateUpKernel<kT, kF8>
-      <<<dim3(slots, static_cast<unsigned>((a.inter + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
-  MoeDownKernel<kT, kF8>
-      <<<dim3(slots, static_cast<unsigned>((a.hidden + kMoeWarps - 1) / kMoeWarps)), kMoeWarps * 32, 0, s>>>(a, w);
+  LaunchKernel(MoeGateUpKernel<kT, kF8>, dim3(slots, static_cast<unsigned>((a.inter + kMoeWarps - 1) / kMoeWarps)),
+               kMoeWarps * 32, 0, s, a, w);
+  LaunchKernel(MoeDownKernel<kT, kF8>, dim3(slots, static_cast<unsigned>((a.hidden + kMoeWarps - 1) / kMoeWarps)),
+               kMoeWarps * 32, 0, s, a, w);
 }
 template <int kT>
 void LaunchGrouped(const MoeExpertsArgs& a, const MoeWorkspace& w, unsigned slots, cudaStream_t s) {
@@ -810,8 +819,8 @@ int LaunchMoeRoute(const float* logits, int64_t ls, int64_t n, const float* bias
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const size_t smem = static_cast<size_t>(kRouteWarps) * 2 * static_cast<size_t>(p.n_experts) * sizeof(float);
-  MoeRouteKernel<<<static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem,
-                   static_cast<cudaStream_t>(s)>>>(logits, ls, n, bias, p, ids, weights);
+  LaunchKernel(MoeRouteKernel, static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem,
+               static_cast<cudaStream_t>(s), logits, ls, n, bias, p, ids, weights);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -844,12 +853,12 @@ int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
   int64_t total = 0;
   const MoeWorkspace w = Carve(a, workspace, &total);
   cudaStream_t st = static_cast<cudaStream_t>(s);
-  MoeSortKernel<<<1, 1024, 0, st>>>(a.ids, static_cast<int32_t>(pairs), static_cast<int32_t>(a.n_experts), w);
+  LaunchKernel(MoeSortKernel, 1, 1024, 0, st, a.ids, static_cast<int32_t>(pairs), static_cast<int32_t>(a.n_experts), w);
   if (a.int4) {
-    MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, st>>>(a, w);
+    LaunchKernel(MoeGatherBf16Kernel, static_cast<unsigned>(pairs), 128, 0, st, a, w);
     LaunchInt4(a, w, static_cast<unsigned>(MaxTiles(a)), st);  // blocks past num_tiles return at once
   } else if (a.tensor_cores) {
-    MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, st>>>(a, w);
+    LaunchKernel(MoeGatherBf16Kernel, static_cast<unsigned>(pairs), 128, 0, st, a, w);
     // Blocks for every tile there can be; those past num_tiles return at once.
     const unsigned tiles = static_cast<unsigned>(MaxTiles(a));
     const dim3 gate_up(tiles, static_cast<unsigned>(a.inter / kMmaN)),
@@ -869,9 +878,10 @@ int LaunchMoeExperts(const MoeExpertsArgs& a, void* workspace, Stream s) {
       LaunchGrouped<8>(a, w, slots, st);
     }
   }
-  MoeCombineKernel<<<dim3(static_cast<unsigned>(a.n),
-                          static_cast<unsigned>((a.hidden + kCombineThreads - 1) / kCombineThreads)),
-                     kCombineThreads, 0, st>>>(a, w);
+  LaunchKernel(
+      MoeCombineKernel,
+      dim3(static_cast<unsigned>(a.n), static_cast<unsigned>((a.hidden + kCombineThreads - 1) / kCombineThreads)),
+      kCombineThreads, 0, st, a, w);
   return static_cast<int>(cudaGetLastError());
 }
 

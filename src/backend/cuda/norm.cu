@@ -15,6 +15,7 @@ namespace {
 template <typename TW>
 __global__ void RmsNormKernel(float* x, int64_t xs, const float* add, int64_t as, const TW* w, float eps, float* out,
                               int64_t os, int64_t cols) {
+  PdlPrologue();
   const int64_t r = blockIdx.x;
   float* xr = x + r * xs;
   float ss = 0.0f;
@@ -35,6 +36,7 @@ __global__ void RmsNormKernel(float* x, int64_t xs, const float* add, int64_t as
 template <int kPer, typename TW>
 __global__ void __launch_bounds__(512) RmsNormVecKernel(float* x, int64_t xs, const float* add, int64_t as, const TW* w,
                                                         float eps, float* out, int64_t os, int64_t cols) {
+  PdlPrologue();
   const int64_t r = blockIdx.x, nv = cols / 4;
   float4* xr = reinterpret_cast<float4*>(x + r * xs);
   const float4* ar = add != nullptr ? reinterpret_cast<const float4*>(add + r * as) : nullptr;
@@ -88,17 +90,17 @@ int LaunchRmsNorm(float* x, int64_t xs, const float* add, int64_t as, const void
         (add == nullptr || (as % 4 == 0 && a16(add))) && nv <= 8 * 512) {
       const unsigned g = static_cast<unsigned>(rows);
       if (nv <= 512) {
-        RmsNormVecKernel<1, TW><<<g, 512, 0, S(s)>>>(x, xs, add, as, wt, eps, out, os, cols);
+        LaunchKernel(RmsNormVecKernel<1, TW>, g, 512, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
       } else if (nv <= 1024) {
-        RmsNormVecKernel<2, TW><<<g, 512, 0, S(s)>>>(x, xs, add, as, wt, eps, out, os, cols);
+        LaunchKernel(RmsNormVecKernel<2, TW>, g, 512, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
       } else if (nv <= 2048) {
-        RmsNormVecKernel<4, TW><<<g, 512, 0, S(s)>>>(x, xs, add, as, wt, eps, out, os, cols);
+        LaunchKernel(RmsNormVecKernel<4, TW>, g, 512, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
       } else {
-        RmsNormVecKernel<8, TW><<<g, 512, 0, S(s)>>>(x, xs, add, as, wt, eps, out, os, cols);
+        LaunchKernel(RmsNormVecKernel<8, TW>, g, 512, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
       }
       return Done();
     }
-    RmsNormKernel<TW><<<static_cast<unsigned>(rows), 256, 0, S(s)>>>(x, xs, add, as, wt, eps, out, os, cols);
+    LaunchKernel(RmsNormKernel<TW>, static_cast<unsigned>(rows), 256, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
     return Done();
   });
 }

@@ -15,6 +15,7 @@ namespace fathom::cuda {
 namespace {
 
 __global__ void RopeCosSinKernel(const int32_t* pos, const float* inv, int64_t half, float scale, float* c, float* s) {
+  PdlPrologue();
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = static_cast<float>(pos[t]) * inv[i];
@@ -26,6 +27,7 @@ __global__ void RopeCosSinKernel(const int32_t* pos, const float* inv, int64_t h
 
 __global__ void ApplyRopeKernel(float* x, int64_t heads, int64_t s0, int64_t s1, const float* c, const float* s,
                                 int64_t half, bool interleaved) {
+  PdlPrologue();
   const int64_t t = blockIdx.x;
   for (int64_t k = threadIdx.x; k < heads * half; k += blockDim.x) {
     const int64_t h = k / half, i = k % half;
@@ -40,6 +42,7 @@ __global__ void ApplyRopeKernel(float* x, int64_t heads, int64_t s0, int64_t s1,
 template <typename TC>
 __global__ void WriteCacheKernel(const float* src, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                                  const int32_t* slots, int64_t bs, CacheView c) {
+  PdlPrologue();
   TC* const cache = static_cast<TC*>(c.data);
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -57,6 +60,7 @@ __global__ void WriteCacheKernel(const float* src, int64_t heads, int64_t dim, i
 // says whatever the compiler flags (the _rn intrinsics), so the bits agree.
 __global__ void WriteCacheF8Kernel(const float* src, int64_t heads, int64_t dim, int64_t s0, int64_t s1,
                                    const int32_t* slots, int64_t bs, CacheView c) {
+  PdlPrologue();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;  // a padding row: no cache write
@@ -80,6 +84,7 @@ __global__ void WriteCacheF8Kernel(const float* src, int64_t heads, int64_t dim,
 
 template <typename TC>
 __global__ void RopeWriteCacheKernel(RopeWriteArgs a) {
+  PdlPrologue();
   TC* const k_cache = static_cast<TC*>(a.k_cache.data);
   TC* const v_cache = static_cast<TC*>(a.v_cache.data);
   const int64_t t = blockIdx.x, h = blockIdx.y;
@@ -122,14 +127,14 @@ __global__ void RopeWriteCacheKernel(RopeWriteArgs a) {
 int LaunchRopeCosSin(const int32_t* pos, int64_t n, const float* inv, int64_t half, float scale, float* c, float* sn,
                      Stream s) {
   if (n == 0) return 0;
-  RopeCosSinKernel<<<static_cast<unsigned>(n), 64, 0, S(s)>>>(pos, inv, half, scale, c, sn);
+  LaunchKernel(RopeCosSinKernel, static_cast<unsigned>(n), 64, 0, S(s), pos, inv, half, scale, c, sn);
   return Done();
 }
 
 int LaunchApplyRope(float* x, int64_t n, int64_t heads, int64_t s0, int64_t s1, const float* c, const float* sn,
                     int64_t half, bool interleaved, Stream s) {
   if (n == 0) return 0;
-  ApplyRopeKernel<<<static_cast<unsigned>(n), 128, 0, S(s)>>>(x, heads, s0, s1, c, sn, half, interleaved);
+  LaunchKernel(ApplyRopeKernel, static_cast<unsigned>(n), 128, 0, S(s), x, heads, s0, s1, c, sn, half, interleaved);
   return Done();
 }
 
@@ -138,12 +143,12 @@ int LaunchWriteCache(const float* src, int64_t n, int64_t heads, int64_t dim, in
   if (n == 0) return 0;
   if (c.dtype == kF8) {
     if (!CacheScalesFit(c, dim)) return static_cast<int>(cudaErrorInvalidValue);
-    WriteCacheF8Kernel<<<static_cast<unsigned>(n), 128, 0, S(s)>>>(src, heads, dim, s0, s1, slots, bs, c);
+    LaunchKernel(WriteCacheF8Kernel, static_cast<unsigned>(n), 128, 0, S(s), src, heads, dim, s0, s1, slots, bs, c);
     return Done();
   }
   return DispatchFloat(c.dtype, [&](auto tag) {
     using TC = decltype(tag);
-    WriteCacheKernel<TC><<<static_cast<unsigned>(n), 128, 0, S(s)>>>(src, heads, dim, s0, s1, slots, bs, c);
+    LaunchKernel(WriteCacheKernel<TC>, static_cast<unsigned>(n), 128, 0, S(s), src, heads, dim, s0, s1, slots, bs, c);
     return Done();
   });
 }
@@ -153,8 +158,8 @@ int LaunchRopeWriteCache(const RopeWriteArgs& a, Stream s) {
   if (a.v != nullptr && a.v_cache.dtype != a.k_cache.dtype) return static_cast<int>(cudaErrorInvalidValue);
   return DispatchFloat(a.k_cache.dtype, [&](auto tag) {
     using TC = decltype(tag);
-    RopeWriteCacheKernel<TC>
-        <<<dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + a.kv_heads)), 64, 0, S(s)>>>(a);
+    LaunchKernel(RopeWriteCacheKernel<TC>,
+                 dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + a.kv_heads)), 64, 0, S(s), a);
     return Done();
   });
 }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/sampling.h"
 #include "core/philox.h"
 
@@ -265,6 +266,7 @@ __device__ int32_t InverseCdf(const float* x, int64_t vocab, Kept kept, double t
 __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(float* logits, int64_t ls, int64_t vocab, const SampleRowSpec* specs, const LogitAdjust* adjust,
                      float* saved, SampledToken* out) {
+  PdlPrologue();
   __shared__ SampleShared sh;
   const SampleRowSpec sp = specs[blockIdx.x];
   float* x = logits + static_cast<int64_t>(blockIdx.x) * ls;
@@ -370,6 +372,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void CurandPhiloxKernel(const uint32_t* c, const uint32_t* k, int64_t n, uint32_t* r) {
+  PdlPrologue();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const uint4 a = curand_Philox4x32_10(make_uint4(c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]),
@@ -390,6 +393,7 @@ __device__ __forceinline__ void ArgMaxPick(float& v, int64_t& i, float ov, int64
 }
 
 __global__ void ArgMaxKernel(const float* x, int64_t xs, int64_t cols, int32_t* ids) {
+  PdlPrologue();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * xs;
   float best = -INFINITY;
   int64_t best_i = cols;  // loses every tie against a real index
@@ -439,6 +443,7 @@ __global__ void ArgMaxKernel(const float* x, int64_t xs, int64_t cols, int32_t* 
 // written (the allowed ones are not even read).
 __global__ void MaskLogitsKernel(float* logits, int64_t ls, int64_t vocab, const int32_t* rows, const uint32_t* masks,
                                  int64_t words, int64_t chunks) {
+  PdlPrologue();
   const int64_t b = blockIdx.x;
   const int64_t i = b / chunks;
   const int64_t t = (b - i * chunks) * 256 + threadIdx.x;
@@ -453,28 +458,29 @@ int LaunchMaskLogits(float* logits, int64_t ls, int64_t vocab, const int32_t* ro
                      const uint32_t* masks, int64_t words, Stream s) {
   if (n_rows == 0 || vocab == 0) return 0;
   const int64_t chunks = (vocab + 255) / 256;
-  MaskLogitsKernel<<<static_cast<unsigned>(n_rows * chunks), 256, 0, static_cast<cudaStream_t>(s)>>>(
-      logits, ls, vocab, rows, masks, words, chunks);
+  LaunchKernel(MaskLogitsKernel, static_cast<unsigned>(n_rows * chunks), 256, 0, static_cast<cudaStream_t>(s), logits,
+               ls, vocab, rows, masks, words, chunks);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchSampleRows(float* logits, int64_t ls, int64_t rows, int64_t vocab, const SampleRowSpec* specs,
                      const LogitAdjust* adjust, float* saved, SampledToken* out, Stream s) {
   if (rows == 0) return 0;
-  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(s)>>>(logits, ls, vocab, specs,
-                                                                                               adjust, saved, out);
+  LaunchKernel(SampleRowsKernel, static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(s), logits, ls,
+               vocab, specs, adjust, saved, out);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchArgMax(const float* x, int64_t xs, int64_t rows, int64_t cols, int32_t* ids, Stream s) {
   if (rows == 0) return 0;
-  ArgMaxKernel<<<static_cast<unsigned>(rows), 1024, 0, static_cast<cudaStream_t>(s)>>>(x, xs, cols, ids);
+  LaunchKernel(ArgMaxKernel, static_cast<unsigned>(rows), 1024, 0, static_cast<cudaStream_t>(s), x, xs, cols, ids);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchCurandPhilox(const uint32_t* c, const uint32_t* k, int64_t n, uint32_t* r, Stream s) {
   if (n == 0) return 0;
-  CurandPhiloxKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(s)>>>(c, k, n, r);
+  LaunchKernel(CurandPhiloxKernel, static_cast<unsigned>((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(s), c, k,
+               n, r);
   return static_cast<int>(cudaGetLastError());
 }
 

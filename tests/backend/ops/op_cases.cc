@@ -1556,6 +1556,7 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 64, false, BF16, kDecode}, "no_gqa_attention", kBf16Attention},
       {{8, 2, 64, 64, false, F32, kDecode}, "no_gqa_attention", kF32},
       {{8, 2, 64, 64, false, BF16, kMixed}, "no_split_attention", kF32},
+      {{8, 2, 64, 64, false, BF16, kOddBlocks}, "default", kBf16Attention},   // a 16-key tile spans three blocks
       {{4, 4, 128, 128, false, F32, kDecode}, "default", kF32},               // MHA
       {{4, 2, 96, 96, false, BF16, kDecode}, "default", kF32},                // no packed kernel for head_dim 96
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // MLA: 16 heads a block
@@ -1586,6 +1587,7 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, BF16, kBatchDecode}, "no_split_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, F8, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kWideDecode}, "default", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, BF16, kOddBlocks}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "no_mma_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kBf16Attention, kGpu},
