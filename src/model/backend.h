@@ -151,6 +151,16 @@ class Backend {
   // out = silu(gate) * up.   gate, up, out [n, d]
   virtual void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
 
+  // out = silu(gate) * up, then out W^T + b: a gated MLP's down projection with its input. `gate` may be overwritten
+  // (the default computes the product into it). The GPU can round the product to bf16 straight into its GEMM's input
+  // (KernelOptions::fused_silu_staging), the same values the two ops give.
+  //   gate, up [n, inter]; out [n, w.out_features()]
+  virtual void SiluMulLinear(const TensorView& gate, const TensorView& up, const LinearWeight& w,
+                             const TensorView& out) {
+    SiluMul(gate, up, gate);
+    Linear(gate, w, out);
+  }
+
   // cos/sin tables for the batch: angle = positions[t] * inv_freq[i]; cos, sin [n, rot_dim / 2], times `scale`.
   virtual void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
                           const TensorView& sin) = 0;

@@ -35,8 +35,7 @@ StatusOr<GatedMlp> GatedMlp::Bind(const WeightStore& w, Backend& be, const std::
 void GatedMlp::Forward(Backend& be, const TensorView& x, const TensorView& g, const TensorView& u,
                        const TensorView& out) const {
   be.LinearFanOut(x, gate_up, std::array<TensorView, 2>{g, u});
-  be.SiluMul(g, u, g);
-  be.Linear(g, down, out);
+  be.SiluMulLinear(g, u, down, out);
 }
 
 void GatedMlp::Forward(Backend& be, const TensorView& x, const TensorView& out) const {
@@ -167,8 +166,7 @@ Status MoeBlock::Forward(Backend& be, const TensorView& x, const TensorView& out
     be.LinearFanOut(x, std::array<LinearWeight, 3>{router, shared->gate_up[0], shared->gate_up[1]},
                     std::array<TensorView, 3>{logits.view(), g.view(), u.view()});
     be.MoeRoute(logits, router_bias, route, ids, w);
-    be.SiluMul(g, u, g);
-    be.Linear(g, shared->down, out);
+    be.SiluMulLinear(g, u, shared->down, out);
   } else {
     be.Linear(x, router, logits);
     be.MoeRoute(logits, router_bias, route, ids, w);

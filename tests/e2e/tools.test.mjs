@@ -91,8 +91,11 @@ test('a named tool_choice, streamed: deltas in OpenAI shape that join into one c
 const deepseekCall = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n' +
                      '\\{"city": "(Paris|Rome)", "unit": "c"\\}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>';
 
+// max_tokens in the tests below covers each regex's text byte by byte (196 and 283 bytes): the random model may spell
+// the text, the markers' fullwidth characters included, in single-byte tokens, and a shorter limit then ends it at
+// 'length' now and then.
 test('tool_choice auto parses the calls the model writes, streamed and not', async () => {
-  const r = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 120,
+  const r = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 256,
                                                   guided_regex: 'Checking\\. ' + deepseekCall});
   const m = r.choices[0].message;
   assert.equal(r.choices[0].finish_reason, 'tool_calls');
@@ -100,7 +103,7 @@ test('tool_choice auto parses the calls the model writes, streamed and not', asy
   assert.equal(m.tool_calls.length, 1);
   assert.equal(m.tool_calls[0].function.name, 'get_weather');
   assert.match(m.tool_calls[0].function.arguments, /^\{"city": "(Paris|Rome)", "unit": "c"\}$/);
-  const s = await collect(await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 120,
+  const s = await collect(await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 256,
                                                                 stream: true, guided_regex: deepseekCall}));
   assert.equal(s.finish, 'tool_calls');
   assert.equal(s.content, '');
@@ -118,11 +121,11 @@ test('parallel_tool_calls false keeps the first of several calls', async () => {
   const two = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n\\{"zone": "UTC"\\}' +
               '\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n' +
               '\\{"zone": "CET"\\}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>';
-  const all = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 150,
+  const all = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 320,
                                                     guided_regex: two});
   assert.deepEqual(all.choices[0].message.tool_calls.map((c) => c.function.arguments),
                    ['{"zone": "UTC"}', '{"zone": "CET"}']);
-  const one = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 150,
+  const one = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 320,
                                                     guided_regex: two, parallel_tool_calls: false});
   assert.deepEqual(one.choices[0].message.tool_calls.map((c) => c.function.arguments), ['{"zone": "UTC"}']);
 });

@@ -31,6 +31,9 @@ struct AttentionArgs {
   int64_t block_size;
   int64_t max_seq_len;
   float scale;
+  // The tensor-core kernel's chunks (KernelOptions::attention_one_chunk_waves): a grid of token x KV-head blocks that
+  // fills this many waves of resident blocks or more keeps each token's keys in one chunk; 0: the wave rule always.
+  int64_t one_chunk_waves = 0;
 };
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.

@@ -318,13 +318,15 @@ void LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, f
 
 // Keys per block: the blocks (token x KV head x chunk) should fill whole waves of the GPU's resident blocks, so that
 // the last wave does not leave most multiprocessors idle. The fewest chunks whose waves are at least 90% full win;
-// where even one-tile chunks make less than one wave, one-tile chunks (the most blocks).
+// where even one-tile chunks make less than one wave, one-tile chunks (the most blocks). With a.one_chunk_waves = N >
+// 0, a grid that fills N waves with one chunk a token keeps it (no merge, each block's fixed costs once).
 int64_t MmaAttentionChunk(const AttentionArgs& a, int sm_count) {
   constexpr int64_t kStep = kMmaWarps * kMmaTile;
   const int64_t len = std::max<int64_t>(a.max_seq_len, 1);
   const int64_t most = (len + kStep - 1) / kStep;
   const int64_t base = std::max<int64_t>(a.n * a.kv_heads, 1);
   const int64_t slots = std::max<int64_t>(sm_count, 1) * InstanceOf(a).blocks_per_sm;
+  if (a.one_chunk_waves > 0 && base >= a.one_chunk_waves * slots) return most * kStep;
   for (int64_t c = 1; c < most; ++c) {
     const int64_t chunk = ((len + c - 1) / c + kStep - 1) / kStep * kStep;
     const int64_t blocks = base * ((len + chunk - 1) / chunk);

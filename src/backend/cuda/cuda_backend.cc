@@ -663,6 +663,7 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.block_size = meta.block_size;
   a.max_seq_len = meta.max_seq_len;
   a.scale = scale;
+  a.one_chunk_waves = options_.attention_one_chunk_waves;
   // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
   // (token, head).
   const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(

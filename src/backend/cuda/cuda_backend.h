@@ -77,6 +77,8 @@ class CudaBackend final : public Backend {
   void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void AddInPlace(const TensorView& a, const TensorView& b) override;
   void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void SiluMulLinear(const TensorView& gate, const TensorView& up, const LinearWeight& w,
+                     const TensorView& out) override;
   void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
                   const TensorView& sin) override;
   void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) override;

@@ -26,14 +26,16 @@ __global__ void AddKernel(float* a, int64_t as, const float* b, int64_t bs, int6
   if (i < cols) a[r * as + i] += b[r * bs + i];
 }
 
-__global__ void SiluMulKernel(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os,
-                              int64_t cols) {
+// silu(gate) * up, one expression for both outputs: float32 (SiluMul), or that float rounded to nearest even into bf16
+// (SiluMulToBf16, the down projection's cuBLASLt input).
+template <typename TO>
+__global__ void SiluMulKernel(const float* g, int64_t gs, const float* u, int64_t us, TO* o, int64_t os, int64_t cols) {
   PdlPrologue();
   const int64_t cb = (cols + blockDim.x - 1) / blockDim.x, r = blockIdx.x / cb;
   const int64_t i = static_cast<int64_t>(blockIdx.x % cb) * blockDim.x + threadIdx.x;
   if (i < cols) {
     const float gv = g[r * gs + i];
-    o[r * os + i] = gv / (1.0f + expf(-gv)) * u[r * us + i];
+    Store(o, r * os + i, gv / (1.0f + expf(-gv)) * u[r * us + i]);
   }
 }
 
@@ -91,7 +93,15 @@ int LaunchAddInPlace(float* a, int64_t as, const float* b, int64_t bs, int64_t r
 int LaunchSiluMul(const float* g, int64_t gs, const float* u, int64_t us, float* o, int64_t os, int64_t rows,
                   int64_t cols, Stream s) {
   if (rows == 0) return 0;
-  LaunchKernel(SiluMulKernel, RowBlocks(rows, cols), 256, 0, S(s), g, gs, u, us, o, os, cols);
+  LaunchKernel(SiluMulKernel<float>, RowBlocks(rows, cols), 256, 0, S(s), g, gs, u, us, o, os, cols);
+  return Done();
+}
+
+int LaunchSiluMulToBf16(const float* g, int64_t gs, const float* u, int64_t us, int64_t rows, int64_t cols, void* out,
+                        Stream s) {
+  if (rows == 0) return 0;
+  LaunchKernel(SiluMulKernel<__nv_bfloat16>, RowBlocks(rows, cols), 256, 0, S(s), g, gs, u, us,
+               static_cast<__nv_bfloat16*>(out), cols, cols);
   return Done();
 }
 

@@ -16,6 +16,10 @@ int LaunchAddInPlace(float* a, int64_t a_stride, const float* b, int64_t b_strid
 
 int LaunchSiluMul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out, int64_t o_stride,
                   int64_t rows, int64_t cols, Stream s);
+// out (contiguous bf16 [rows, cols]) = LaunchSiluMul's float product rounded to nearest even: the down projection's
+// cuBLASLt input without the float32 product in between (CudaBackend::SiluMulLinear).
+int LaunchSiluMulToBf16(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows,
+                        int64_t cols, void* out, Stream s);
 
 // Dummy weights (model/weights.cc, FillDummy): element i of `out` (dtype f32, f16, bf16, f8 e4m3 or i32; n elements)
 // is `constant_bits` when has_constant, else from r = SplitMix64(key + i): (2u - 1) * scale with u = (r >> 40) / 2^24,

@@ -36,6 +36,11 @@ KernelOptions KernelOptions::FromEnvironment() {
   if (const char* v = std::getenv("FATHOM_CUDA_INT4_GEMM_TOKENS")) o.int4_gemm_tokens = std::atoll(v);
   o.profile = set("FATHOM_CUDA_PROFILE");
   o.pdl = !set("FATHOM_CUDA_NO_PDL");
+  if (const char* v = std::getenv("FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES")) {
+    o.attention_one_chunk_waves = std::atoll(v);
+  }
+  if (const char* v = std::getenv("FATHOM_CUDA_GEMV_PREFETCH_BYTES")) o.gemv_prefetch_bytes = std::atoll(v);
+  if (const char* v = std::getenv("FATHOM_CUDA_FUSED_SILU")) o.fused_silu_staging = std::string_view(v) == "1";
   return o;
 }
 

@@ -40,6 +40,17 @@
 //                                                               no CUDA graphs then
 // FATHOM_CUDA_NO_PDL                 pdl               true     false: kernels launched without programmatic
 //                                                               dependent launch (launch.cuh; process-wide)
+// FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES=N                      the tensor-core attention kernel keeps one chunk of
+//                                    attention_one_chunk_waves  keys a token when its grid fills N waves of resident
+//                                                      0 (off)  blocks without splitting (N as std::atoll reads it);
+//                                                               0: the wave rule always (attention_mma.cu)
+// FATHOM_CUDA_GEMV_PREFETCH_BYTES=N  gemv_prefetch_bytes  0     each GEMV warp takes the first N bytes of its weight
+//                                                      (off)    row into L2 before waiting on the kernel before
+//                                                               (linear.h); 0: none
+// FATHOM_CUDA_FUSED_SILU=1           fused_silu_staging false   SiluMulLinear on cuBLASLt rounds silu(gate) * up to
+//                                                               bf16 straight into the GEMM's input (one pass, no
+//                                                               float32 product; the same values); only "1" turns it
+//                                                               on
 #pragma once
 
 #include <cstdint>
@@ -64,6 +75,9 @@ struct KernelOptions {
   int64_t int4_gemm_tokens = kDefaultInt4GemmTokens;
   bool profile = false;
   bool pdl = true;
+  int64_t attention_one_chunk_waves = 0;
+  int64_t gemv_prefetch_bytes = 0;
+  bool fused_silu_staging = false;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

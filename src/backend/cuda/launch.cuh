@@ -29,6 +29,8 @@ namespace fathom::cuda {
 // runs early but its launch and block scheduling; then launch_dependents lets the next kernel's blocks be scheduled
 // in turn. So the gap between two kernels of a step, a few microseconds of launch latency, overlaps the first one's
 // run. A kernel without the prologue must not be launched through LaunchKernel.
+// A kernel may do work before the prologue that reads nothing an earlier kernel writes (addresses from its
+// parameters, L2 prefetches of weights: the GEMV's `prefetch_bytes`).
 __device__ __forceinline__ void PdlPrologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

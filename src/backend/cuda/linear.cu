@@ -60,6 +60,7 @@ struct GemvParts {
   GemvPart p[kMaxGemvParts];
   int64_t first_block[kMaxGemvParts + 1];
   int count;
+  int prefetch_lines;  // 128-byte lines of each weight row taken into L2 before the kernel waits on the one before
 };
 constexpr int kGemvWarps = 8;
 // Blocks per SM that keep every SM busy twice over: below kGemvFillPerSm * sm_count blocks, the GEMV takes one token
@@ -114,13 +115,19 @@ __device__ __forceinline__ void GemvAccumulateF8(const uint4& raw, float scale, 
 template <int kT, typename TB>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GemvFanOutKernel(const float* x, int64_t xs, int64_t n, int64_t in, GemvParts parts) {
-  PdlPrologue();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int pi = 0;
   while (pi + 1 < parts.count && static_cast<int64_t>(blockIdx.x) >= parts.first_block[pi + 1]) ++pi;
   const GemvPart& p = parts.p[pi];
   const int64_t r = (static_cast<int64_t>(blockIdx.x) - parts.first_block[pi]) * kGemvWarps + warp;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
+  if (r < p.m && parts.prefetch_lines > 0 && blockIdx.y == 0) {  // while the kernel before still runs (PDL)
+    const int64_t bytes = p.scale != nullptr ? 1 : 2;
+    const char* row = static_cast<const char*>(p.w) + r * p.w_stride * bytes;
+    const int64_t lines = min(static_cast<int64_t>(parts.prefetch_lines), (in * bytes + 127) / 128);
+    for (int64_t l = lane; l < lines; l += 32) PrefetchL2(row + l * 128);
+  }
+  PdlPrologue();
   if (r >= p.m) return;
   const int64_t tn = min(static_cast<int64_t>(kT), n - t0);
   const float* xt = x + t0 * xs;
@@ -247,7 +254,7 @@ int LaunchLinearKernel(dim3 grid, int warps, const float* x, int64_t xs, int64_t
 
 int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* w, int wd, int64_t ws, int64_t m,
                  const float* scale, int64_t ss, int64_t bn, int64_t bk, const void* bias, int bd, float* out,
-                 int64_t os, bool generic, int sm_count, Stream s) {
+                 int64_t os, bool generic, int sm_count, Stream s, int prefetch_bytes) {
   if (n == 0 || m == 0) return 0;
   constexpr int kWarps = 8;
   dim3 grid(Blocks(m, kWarps), static_cast<unsigned>((n + kTok - 1) / kTok));
@@ -262,7 +269,9 @@ int LaunchLinear(const float* x, int64_t xs, int64_t n, int64_t in, const void* 
       part.block_n = bn;
       part.block_k = bk;
     }
-    if (GemvFanOutFits(x, xs, n, in, part)) return LaunchGemvFanOut(x, xs, n, in, &part, 1, sm_count, s);
+    if (GemvFanOutFits(x, xs, n, in, part)) {
+      return LaunchGemvFanOut(x, xs, n, in, &part, 1, sm_count, s, prefetch_bytes);
+    }
   }
   return LaunchLinearKernel(grid, kWarps, x, xs, n, in, w, wd, ws, m, scale, ss, bn, bk, bias, bd, out, os, 0, 0, 0,
                             S(s));
@@ -299,11 +308,12 @@ bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const Gem
 }
 
 int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, int sm_count,
-                     Stream s) {
+                     Stream s, int prefetch_bytes) {
   if (n == 0 || count <= 0) return 0;
   if (count > kMaxGemvParts) return static_cast<int>(cudaErrorInvalidValue);
   GemvParts g{};
   g.count = count;
+  g.prefetch_lines = prefetch_bytes > 0 ? (prefetch_bytes + 127) / 128 : 0;
   int64_t blocks = 0;
   int bias_dtype = -1;  // the parts' biases share one dtype
   for (int i = 0; i < count; ++i) {

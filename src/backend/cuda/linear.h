@@ -16,10 +16,12 @@ namespace fathom::cuda {
 
 // out[t, r] = sum_c x[t, c] * W[r, c] (* scale_inv[r / bn, c / bk] for f8) + bias[r]. W f32, f16, bf16 or f8 e4m3
 // (w_dtype); bias (or null) f32, f16 or bf16. bf16 and f8 weights with 16-byte aligned rows take the GEMV
-// (LaunchGemvFanOut, whose grid is sized by sm_count) unless `generic` forces the generic kernel.
+// (LaunchGemvFanOut, whose grid is sized by sm_count; prefetch_bytes as there) unless `generic` forces the generic
+// kernel.
 int LaunchLinear(const float* x, int64_t x_stride, int64_t n, int64_t in, const void* w, int w_dtype, int64_t w_stride,
                  int64_t m, const float* scale_inv, int64_t scale_stride, int64_t bn, int64_t bk, const void* bias,
-                 int bias_dtype, float* out, int64_t out_stride, bool generic, int sm_count, Stream s);
+                 int bias_dtype, float* out, int64_t out_stride, bool generic, int sm_count, Stream s,
+                 int prefetch_bytes = 0);
 
 // out[t, h, r] = sum_c x[t, h, c] * W[h, r, c] for every head h: x [n, heads, in] strides (xs0, xs1, 1); W f32, f16
 // or bf16 [heads, m, in] contiguous; out [n, heads, m] strides (os0, os1, 1).
@@ -47,9 +49,11 @@ struct GemvPart {
 constexpr int kMaxGemvParts = 4;
 bool GemvFanOutFits(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart& part);
 // sm_count: the GPU's multiprocessors. Batches of more than 8 tokens take one token per warp where fewer than two
-// blocks per SM would run otherwise (a token's result is the same either way).
+// blocks per SM would run otherwise (a token's result is the same either way). prefetch_bytes > 0 (KernelOptions::
+// gemv_prefetch_bytes): each warp first takes that many bytes of its weight row into L2, before it waits on the
+// kernel before (launch.cuh), so the weight stream starts while that kernel finishes; results are the same.
 int LaunchGemvFanOut(const float* x, int64_t xs, int64_t n, int64_t in, const GemvPart* parts, int count, int sm_count,
-                     Stream s);
+                     Stream s, int prefetch_bytes = 0);
 
 // out (contiguous bf16 [rows, cols]) = x (float32, row stride xs), rounded to nearest even.
 int LaunchToBf16(const float* x, int64_t xs, int64_t rows, int64_t cols, void* out, Stream s);

@@ -7,6 +7,7 @@
 #include <array>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/elementwise.h"
 #include "backend/cuda/linear.h"
 
 namespace fathom {
@@ -29,6 +30,24 @@ void CheckFormat(const LinearWeight& w) {
 bool CudaBackend::UseCublasLt(int64_t n, const LinearWeight& w) const {
   return n > 8 && w.format == LinearFormat::kDense && w.weight.dtype() == DType::kBF16 && !options_.f32_gemm &&
          !w.float32_inputs && gemm_ != nullptr;
+}
+
+void CudaBackend::SiluMulLinear(const TensorView& gate, const TensorView& up, const LinearWeight& w,
+                                const TensorView& out) {
+  const int64_t n = gate.dim(0), k = gate.dim(1);
+  if (!options_.fused_silu_staging || !UseCublasLt(n, w) || w.in_features() != k || gate.stride(1) != 1 ||
+      up.stride(1) != 1) {
+    Backend::SiluMulLinear(gate, up, w, out);
+    return;
+  }
+  // silu(gate) * up rounded to bf16 straight into the GEMM's staged input: no float32 product written and read back.
+  void* xb = Workspace(static_cast<size_t>(n * k) * 2);
+  if (xb == nullptr) return;
+  Launch("SiluMulToBf16", [&] {
+    return cuda::LaunchSiluMulToBf16(gate.data<float>(), gate.stride(0), up.data<float>(), up.stride(0), n, k, xb,
+                                     stream_);
+  });
+  GemmFromStaged(xb, n, k, w, out);
 }
 
 void* CudaBackend::StageBf16(const TensorView& x) {
@@ -93,10 +112,10 @@ void CudaBackend::Linear(const TensorView& x, const LinearWeight& w, const Tenso
     return;
   }
   Launch("Linear", [&] {
-    return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
-                              nullptr, 0, w.block_n, w.block_k, w.bias.empty() ? nullptr : w.bias.raw(),
-                              w.bias.empty() ? 0 : Dt(w.bias), out.data<float>(), out.stride(0),
-                              options_.generic_linear, sm_count_, stream_);
+    return cuda::LaunchLinear(
+        x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m, nullptr, 0, w.block_n,
+        w.block_k, w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias), out.data<float>(),
+        out.stride(0), options_.generic_linear, sm_count_, stream_, static_cast<int>(options_.gemv_prefetch_bytes));
   });
 }
 
@@ -149,7 +168,7 @@ void CudaBackend::LinearFanOut(const TensorView& x, std::span<const LinearWeight
   }
   Launch("LinearFanOut", [&] {
     return cuda::LaunchGemvFanOut(x.data<float>(), x.stride(0), n, k, parts.data(), static_cast<int>(ws.size()),
-                                  sm_count_, stream_);
+                                  sm_count_, stream_, static_cast<int>(options_.gemv_prefetch_bytes));
   });
 }
 

@@ -51,7 +51,8 @@ void CudaBackend::LinearFp8Block(const TensorView& x, const LinearWeight& w, con
     return cuda::LaunchLinear(x.data<float>(), x.stride(0), n, k, w.weight.raw(), Dt(w.weight), w.weight.stride(0), m,
                               w.scale_inv.data<float>(), w.scale_inv.stride(0), w.block_n, w.block_k,
                               w.bias.empty() ? nullptr : w.bias.raw(), w.bias.empty() ? 0 : Dt(w.bias),
-                              out.data<float>(), out.stride(0), options_.generic_linear, sm_count_, stream_);
+                              out.data<float>(), out.stride(0), options_.generic_linear, sm_count_, stream_,
+                              static_cast<int>(options_.gemv_prefetch_bytes));
   });
 }
 

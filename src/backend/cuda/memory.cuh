@@ -25,6 +25,12 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   return r;
 }
 
+// The 128-byte line at p into L2 (no registers, no wait). L2 is where every write lands, so a prefetch never leaves a
+// stale copy: it may run before the kernel that writes p has finished.
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // 16 bytes global -> shared without the registers; src_bytes 0 fills zeros.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* src, int src_bytes) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

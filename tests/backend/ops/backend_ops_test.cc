@@ -90,13 +90,20 @@ TEST(OpTableTest, CoversEveryBackendOp) {
   for (const OpCase& c : AllOpCases()) {
     if (!c.gpu_only) small.insert(c.op);
   }
-  for (const char* op :
-       {"Embedding",  "RmsNorm",        "AddRmsNorm",     "Linear",        "LinearFanOut",
-        "HeadLinear", "AddInPlace",     "SiluMul",        "RopeCosSin",    "ApplyRope",
-        "WriteKv",    "RopeWriteKv",    "PagedAttention", "GatherContext", "MlaContextAttention",
-        "GatherRows", "ScatterAddRows", "MoeRoute",       "MoeExperts",    "ArgMax",
-        "SampleRows", "MaskLogits",     "Copy",           "CopyOnDevice",  "CopyFromHost+CopyToHost+Upload",
-        "FillDummy"}) {
+  for (const char* op : {"Embedding",     "RmsNorm",
+                         "AddRmsNorm",    "Linear",
+                         "LinearFanOut",  "HeadLinear",
+                         "AddInPlace",    "SiluMul",
+                         "SiluMulLinear", "RopeCosSin",
+                         "ApplyRope",     "WriteKv",
+                         "RopeWriteKv",   "PagedAttention",
+                         "GatherContext", "MlaContextAttention",
+                         "GatherRows",    "ScatterAddRows",
+                         "MoeRoute",      "MoeExperts",
+                         "ArgMax",        "SampleRows",
+                         "MaskLogits",    "Copy",
+                         "CopyOnDevice",  "CopyFromHost+CopyToHost+Upload",
+                         "FillDummy"}) {
     EXPECT_EQ(small.count(op), 1u) << op;
   }
 }

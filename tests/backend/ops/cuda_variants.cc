@@ -23,6 +23,12 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.gqa_attention = false;
   } else if (variant == "no_mma_attention") {
     o.mma_attention = false;
+  } else if (variant == "fused_silu") {
+    o.fused_silu_staging = true;  // SiluMulLinear's product rounded to bf16 into the GEMM's input
+  } else if (variant == "gemv_prefetch") {
+    o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
+  } else if (variant == "attention_one_chunk") {
+    o.attention_one_chunk_waves = 1;  // one chunk of keys a token wherever that fills a wave
   } else if (variant == "no_mla_attention") {
     o.mla_attention = false;
   } else if (variant == "mla_context_plain") {

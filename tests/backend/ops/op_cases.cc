@@ -396,6 +396,36 @@ struct LinearCase {
   }
 };
 
+// SiluMulLinear: silu(gate) * up through a dense down projection [out, inter], gate and up the halves of one fused
+// [n, 2 inter] gate_up output (strided views, as GatedMlp passes them).
+struct SiluMulLinearCase {
+  int64_t n, inter, out;
+  DType w;
+  bool bias = false;
+  std::string Op() const { return "SiluMulLinear"; }
+  std::string Shape() const {
+    return fmt::format("n={} inter={} out={} (gate, up: halves of [n, 2 inter])", n, inter, out);
+  }
+  std::string DTypes() const {
+    return fmt::format("x=f32 w={}{}", Name(w), bias ? fmt::format(" bias={}", Name(w)) : "");
+  }
+  double Bytes() const { return WeightBytes(w, out, inter) + 4.0 * static_cast<double>(n * (2 * inter + out)); }
+  double Flops() const { return 2.0 * static_cast<double>(n) * static_cast<double>(inter * out); }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const TensorView gu = s->Random(F32, {n, 2 * inter}, 1, 3.0f);  // [n, 2 inter]: gate | up
+    const TensorView gate = gu.Slice(1, 0, inter), up = gu.Slice(1, inter, 2 * inter);
+    const LinearWeight lw = s->Weight(w, out, inter, 2, bias);  // [out, inter]
+    const TensorView y = s->Zeros(F32, {n, out});               // [n, out]
+    s->op = [&be, gate, up, lw, y] {
+      be.SiluMulLinear(gate, up, lw, y);
+      return OkStatus();
+    };
+    s->Output("y", y);
+    return s;
+  }
+};
+
 // A random 4-bit layer [out, in] in its checkpoint's layout (format/int4_linear.cc): AWQ or GPTQ (v1 zeros), groups
 // of `group` inputs, GPTQ act-order (g_idx the groups of a random order); random codes and zeros, f16 scales in
 // [0.001, 0.02). Not yet prepared.
@@ -1424,6 +1454,9 @@ std::vector<OpCase> BuildCases() {
       {{1, 3584, 18944, BF16}, "default", kF32, kGpu},
       {{1, 18944, 3584, BF16}, "default", kF32, kGpu},
       {{1, 18944, 3584, BF16}, "generic_linear", kF32, kGpu},
+      {{1, 18944, 3584, BF16}, "gemv_prefetch", kF32, kGpu},
+      {{1, 3584, 3584, BF16}, "default", kF32, kGpu},
+      {{1, 3584, 3584, BF16}, "gemv_prefetch", kF32, kGpu},
       {{8, 3584, 18944, BF16}, "default", kF32, kGpu},
       {{1, 3584, 152064, BF16}, "default", kF32, kGpu},
       {{1, 3584, 152064, F16}, "default", kF32, kGpu},  // an AWQ Qwen-7B's f16 lm_head on the GEMV
@@ -1443,6 +1476,16 @@ std::vector<OpCase> BuildCases() {
       {{512, 16384, 7168, F8}, "fp8_gemm", kW8a8, kGpu},
   };
   Add(c, linear_rows);
+  const Row<SiluMulLinearCase> silu_linear_rows[] = {
+      {{3, 64, 32, BF16}, "default", kF32},              // the GEMV (decode sizes)
+      {{16, 256, 64, BF16, true}, "default", kBf16},     // cuBLASLt on staged bf16 inputs
+      {{16, 256, 64, BF16, true}, "fused_silu", kBf16},  // the product rounded to bf16 straight into the staging
+      {{16, 256, 64, F32}, "fused_silu", kF32},          // f32 weights: not cuBLASLt, the two ops
+      {{512, 18944, 3584, BF16}, "default", kBf16, kGpu},
+      {{512, 18944, 3584, BF16}, "fused_silu", kBf16, kGpu},
+      {{64, 18944, 3584, BF16}, "fused_silu", kBf16, kGpu},
+  };
+  Add(c, silu_linear_rows);
   constexpr LinearFormat kAwq = LinearFormat::kAwq, kGptq = LinearFormat::kGptq;
   const Row<Int4LinearCase> int4_rows[] = {
       // the W4A16 tensor-core kernel (bf16 inputs), its float32 twin, and the generic kernel on unfit shapes
@@ -1479,6 +1522,9 @@ std::vector<OpCase> BuildCases() {
       {{1, 3584, qwen_gate_up}, "default", kF32, kGpu},
       {{512, 3584, qwen_qkv, true}, "default", kBf16, kGpu},
       {{1, 7168, {{1536, F8}, {576, F8}}}, "default", kF32, kGpu},  // V3's q_a and kv_a
+      {{1, 3584, qwen_qkv, true}, "gemv_prefetch", kF32, kGpu},
+      {{1, 7168, {{1536, F8}, {576, F8}}}, "gemv_prefetch", kF32, kGpu},
+      {{2, 256, qkv, true}, "gemv_prefetch", kF32},
   };
   Add(c, fan_out_rows);
   const Row<HeadLinearCase> head_linear_rows[] = {
@@ -1588,6 +1634,9 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, F8, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kWideDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kOddBlocks}, "default", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, BF16, kWideDecode}, "attention_one_chunk", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, F8, kWideDecode}, "attention_one_chunk", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, BF16, kRealPrefill}, "attention_one_chunk", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "no_mma_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kBf16Attention, kGpu},
@@ -1722,9 +1771,21 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 12> kVariants = {
-    "default",          "generic_linear",   "f32_gemm",         "fp8_gemm",          "gemm_tune", "no_split_attention",
-    "no_gqa_attention", "no_mma_attention", "no_mla_attention", "mla_context_plain", "host_moe",  "moe_gemv"};
+constexpr std::array<std::string_view, 15> kVariants = {"default",
+                                                        "generic_linear",
+                                                        "f32_gemm",
+                                                        "fp8_gemm",
+                                                        "gemm_tune",
+                                                        "no_split_attention",
+                                                        "no_gqa_attention",
+                                                        "no_mma_attention",
+                                                        "no_mla_attention",
+                                                        "mla_context_plain",
+                                                        "host_moe",
+                                                        "moe_gemv",
+                                                        "attention_one_chunk",
+                                                        "gemv_prefetch",
+                                                        "fused_silu"};
 
 }  // namespace
 
