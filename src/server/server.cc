@@ -754,7 +754,8 @@ void OpenAiServer::BeginDrain() {
 
 bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
-  while (active_->load() > 0) {
+  const bool handoff = options_.handoff_on_drain && draining_.load();
+  while (active_->load() > 0 || (handoff && http_.open_connections() > 0)) {
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

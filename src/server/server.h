@@ -128,7 +128,9 @@ class OpenAiServer {
   void BeginDrain();
   bool draining() const { return draining_.load(); }
   int64_t active_requests() const { return active_->load(); }
-  // Waits until no generation request is active or `timeout` passes; true when idle.
+  // Waits until no generation request is active or `timeout` passes; true when idle. Draining with a shared port
+  // (handoff_on_drain), idle also needs every public connection closed: one taken from the backlog, or a keep-alive
+  // one, can still bring a request that this process must serve, so its engines stay up until then.
   bool WaitIdle(std::chrono::duration<double> timeout) const;
   void Stop();
   int64_t open_connections() const {
