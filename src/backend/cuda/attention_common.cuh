@@ -135,11 +135,11 @@ inline void LaunchGroup(GroupKernel k64, GroupKernel k128, int warps, const Atte
 
 // The tensor-core kernel (attention_mma.cu): its conditions (16-bit caches with rows 16-byte aligned or f8 caches with
 // a scale per row, head dim 64 or 128, groups of up to 8), its chunk size, and its launch (the partial states as
-// GqaAttentionKernel's).
+// GqaAttentionKernel's; non-zero: the cudaError_t of raising the shared-memory limit, and nothing launched).
 bool MmaAttentionFits(const AttentionArgs& a);
 // Keys per block, a multiple of kMmaWarps * kMmaTile, chosen for whole waves of sm_count multiprocessors.
 int64_t MmaAttentionChunk(const AttentionArgs& a, int sm_count);
-void LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa,
-                        cudaStream_t s);
+int LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa,
+                       cudaStream_t s);
 
 }  // namespace fathom::cuda

@@ -316,7 +316,8 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
       const int err = LaunchMlaDecode(a, chunk, chunks, part_m, part_l, part_acc, s);
       if (err != 0) return err;
     } else if (kind == SplitAttentionKind::kMma) {
-      LaunchMmaAttention(a, chunk, chunks, part_m, part_l, part_acc, S(s));
+      const int err = LaunchMmaAttention(a, chunk, chunks, part_m, part_l, part_acc, S(s));
+      if (err != 0) return err;
     } else if (a.k.dtype == kF32) {
       LaunchGqa<float>(a, chunk, chunks, part_m, part_l, part_acc, S(s));
     } else if (a.k.dtype == kF16) {

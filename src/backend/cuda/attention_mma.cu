@@ -256,22 +256,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   FinishGroupChunk<kMmaWarps, true>(a, t, kvh, group, c, chunks, kD, sm_m, sm_l, sm_acc, part_m, part_l, part_acc);
 }
 
-// The kernel instance for a cache dtype and head dim, its shared memory set up once (dynamic bytes over the 48 KiB
-// default, the carveout at its largest), and how many of its blocks a multiprocessor holds.
+// The kernel instance for a cache dtype and head dim, its dynamic shared memory (over the 48 KiB default; set on each
+// device by Prepare, with the carveout at its largest), and how many of its blocks a multiprocessor holds (queried
+// once, on the first device that launches it: the GPUs of one process are the same model).
 struct MmaInstance {
   GroupKernel kernel;
   int smem;
   int blocks_per_sm;
+  int Prepare() const { return EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem, true); }
 };
 
 template <typename TC, int kD>
 const MmaInstance& Instance() {
   static const MmaInstance inst = [] {
     MmaInstance m{MmaAttentionKernel<TC, kD>, MmaSmem<TC, kD>::kBytes, 1};
-    cudaFuncSetAttribute(m.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m.smem);
-    cudaFuncSetAttribute(m.kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, m.kernel, kMmaWarps * 32, m.smem) == cudaSuccess && n > 0) {
+    if (m.Prepare() == 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, m.kernel, kMmaWarps * 32, m.smem) == cudaSuccess && n > 0) {
       m.blocks_per_sm = n;
     }
     cudaGetLastError();  // an attribute refused shows at the launch
@@ -309,11 +310,13 @@ bool MmaAttentionFits(const AttentionArgs& a) {
   return true;
 }
 
-void LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa,
-                        cudaStream_t s) {
+int LaunchMmaAttention(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* pm, float* pl, float* pa,
+                       cudaStream_t s) {
   const MmaInstance& m = InstanceOf(a);
+  if (const int e = m.Prepare(); e != 0) return e;
   const dim3 grid(static_cast<unsigned>(a.n * a.kv_heads), static_cast<unsigned>(chunks));
   LaunchKernel(m.kernel, grid, kMmaWarps * 32, static_cast<size_t>(m.smem), s, a, chunk, chunks, pm, pl, pa);
+  return 0;
 }
 
 // Keys per block: the blocks (token x KV head x chunk) should fill whole waves of the GPU's resident blocks, so that

@@ -72,9 +72,8 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
   return DispatchFloatOrF8(a.k.dtype, [&](auto tag) {
     using T = decltype(tag);
     if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(PagedAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-      if (e != cudaSuccess) return static_cast<int>(e);
+      const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(PagedAttentionKernel<T>), static_cast<int>(smem));
+      if (e != 0) return e;
     }
     LaunchKernel(PagedAttentionKernel<T>, static_cast<unsigned>(a.n * a.heads), 128, smem, S(s), a);
     return Done();

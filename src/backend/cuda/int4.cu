@@ -627,16 +627,17 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 1 << 16)));
 }
 
-// Blocks of one kernel instantiation that fit on a multiprocessor with its shared memory (set up once: the
-// attribute for more than 48 KiB, then the occupancy query, which costs more than a launch).
+// Blocks of one kernel instantiation that fit on a multiprocessor with its shared memory: the attribute for more than
+// 48 KiB is set on each device (kernel_attr.h), the occupancy query, which costs more than a launch, runs once (the
+// GPUs of one process are the same model). 0: the attribute was refused.
 template <typename TS, bool kChunkGroup, int NT, typename XT>
 int MmaBlocksPerSm() {
-  static const int per_sm = [] {
-    const auto kernel = Int4MmaKernel<TS, kChunkGroup, NT, XT>;
-    constexpr int kBytes = MmaStage<NT>::kSmemBytes;
+  const auto kernel = Int4MmaKernel<TS, kChunkGroup, NT, XT>;
+  constexpr int kBytes = MmaStage<NT>::kSmemBytes;
+  if (EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes) != 0) return 0;
+  static const int per_sm = [&] {
     int blocks = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kMmaWarps * 32, kBytes) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kMmaWarps * 32, kBytes) != cudaSuccess) {
       cudaGetLastError();
       return 0;
     }

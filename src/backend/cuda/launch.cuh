@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backend/cuda/kernel_attr.h"
 #include "backend/cuda/launcher.h"
 
 namespace fathom::cuda {

@@ -477,13 +477,8 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
   if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
   const bool f16 = a.k.dtype == kF16;
   const auto kernel = f16 ? MlaAttentionKernel<__half> : MlaAttentionKernel<__nv_bfloat16>;
-  // Once per kernel (a call costs microseconds of host time on every decode layer otherwise).
-  static const cudaError_t attr_f16 =
-      cudaFuncSetAttribute(MlaAttentionKernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
-  static const cudaError_t attr_bf16 = cudaFuncSetAttribute(MlaAttentionKernel<__nv_bfloat16>,
-                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kMlaSmemBytes);
-  const cudaError_t e = f16 ? attr_f16 : attr_bf16;
-  if (e != cudaSuccess) return static_cast<int>(e);
+  // The shared-memory limit on this device (a lookup after the first launch there: kernel_attr.h).
+  if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), kMlaSmemBytes); e != 0) return e;
   LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)),
                kMlaWarps * 32, kMlaSmemBytes, S(s), a, chunk, chunks, part_m, part_l, part_acc);
   return Done();
@@ -494,9 +489,8 @@ int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s) {
   if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
   // The tensor-core kernel where its tiles fit (`mma`: KernelOptions::mla_context_mma), else the plain float32 one.
   if (mma && MlaContextMmaFits(a)) {
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(MlaContextMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtxSmemBytes);
-    if (attr != cudaSuccess) return static_cast<int>(attr);
+    const int attr = EnsureDynamicSmem(reinterpret_cast<const void*>(MlaContextMmaKernel), kCtxSmemBytes);
+    if (attr != 0) return attr;
     // Blocks for every query tile there can be; those past the last one return at once.
     const int64_t tiles = a.n / kCtxTile + a.num_seqs;
     LaunchKernel(MlaContextMmaKernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)),

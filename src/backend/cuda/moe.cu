@@ -619,19 +619,14 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MoeExpertsArgs a, Mo
   }
 }
 
-// The two grouped GEMMs of the tensor-core path (the shared-memory limit raised once per kernel).
+// The two grouped GEMMs of the tensor-core path (the shared-memory limit raised once per kernel and device).
 template <int kBM, bool kF8>
 int LaunchMmaAs(const MoeExpertsArgs& a, const MoeWorkspace& w, dim3 gate_up, dim3 down, cudaStream_t st) {
   constexpr int kGateUpSmem = MmaSmemBytes(true, kBM, kF8);
   constexpr int kDownSmem = MmaSmemBytes(false, kBM, kF8);
-  static const cudaError_t attr = [] {
-    const cudaError_t e =
-        cudaFuncSetAttribute(MoeMmaKernel<true, kBM, kF8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGateUpSmem);
-    return e != cudaSuccess ? e
-                            : cudaFuncSetAttribute(MoeMmaKernel<false, kBM, kF8>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem);
-  }();
-  if (attr != cudaSuccess) return static_cast<int>(attr);
+  int attr = EnsureDynamicSmem(reinterpret_cast<const void*>(MoeMmaKernel<true, kBM, kF8>), kGateUpSmem);
+  if (attr == 0) attr = EnsureDynamicSmem(reinterpret_cast<const void*>(MoeMmaKernel<false, kBM, kF8>), kDownSmem);
+  if (attr != 0) return attr;
   LaunchKernel(MoeMmaKernel<true, kBM, kF8>, gate_up, kMmaThreads, kGateUpSmem, st, a, w);
   LaunchKernel(MoeMmaKernel<false, kBM, kF8>, down, kMmaThreads, kDownSmem, st, a, w);
   return 0;
