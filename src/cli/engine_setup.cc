@@ -239,6 +239,7 @@ class JobAbortingGroup final : public CommGroup {
     inner_->Abort(why);
     world_.Abort(why);
   }
+  Status Poll() override { return inner_->Poll(); }
 
  private:
   std::unique_ptr<CommGroup> inner_;

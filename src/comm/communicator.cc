@@ -43,6 +43,12 @@ Communicator& SingleRank() {
   return comm;
 }
 
+std::chrono::milliseconds CollectiveTimeout() {
+  const char* v = std::getenv("FATHOM_COLLECTIVE_TIMEOUT_S");
+  const double s = v != nullptr && *v != '\0' ? std::atof(v) : 300.0;
+  return std::chrono::milliseconds(static_cast<int64_t>(s > 0 ? s * 1000 : 300000));
+}
+
 bool LaunchedByMpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
     const char* v = std::getenv(var);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string_view>
 
@@ -56,12 +57,15 @@ class Communicator {
 };
 
 // The state a group of ranks shares: Abort breaks every rank's collectives, those in progress and later ones, with
-// `why` (a rank that failed must not leave its peers waiting at a collective).
+// `why` (a rank that failed must not leave its peers waiting at a collective). Poll, from any thread (the
+// tensor-parallel step watchdog's), reports an error the transport found on its own since (NCCL's asynchronous
+// errors: a peer gone, a network failure), which the caller then aborts the group with.
 class CommGroup {
  public:
   virtual ~CommGroup() = default;
   virtual int64_t size() const = 0;
   virtual void Abort(const Status& why) = 0;
+  virtual Status Poll() { return OkStatus(); }
 };
 
 // One rank: every collective is the identity.
@@ -80,6 +84,11 @@ class SingleRankCommunicator final : public Communicator {
 
 // A process-wide single-rank communicator, for callers that run one rank.
 Communicator& SingleRank();
+
+// How long a rank may wait for its peers, at a collective or for a whole tensor-parallel step, before the group is
+// aborted: $FATHOM_COLLECTIVE_TIMEOUT_S (seconds, fractions allowed), default 300 (a first step's compilation or a
+// large load can be slow).
+std::chrono::milliseconds CollectiveTimeout();
 
 // True when mpirun (or another PMI launcher) started this process among two or more (comm/mpi.h), whether or not
 // this build has MPI.

@@ -95,9 +95,7 @@ StatusOr<MpiWorld*> MpiWorld::Get() {
 }
 
 std::chrono::milliseconds MpiWorld::DefaultTimeout() {
-  const char* v = std::getenv("FATHOM_COLLECTIVE_TIMEOUT_S");
-  const double s = v != nullptr && *v != '\0' ? std::atof(v) : 300.0;
-  return std::chrono::milliseconds(static_cast<int64_t>(s > 0 ? s * 1000 : 300000));
+  return CollectiveTimeout();
 }
 
 Status MpiWorld::Wait(void* request, std::chrono::milliseconds timeout, const char* what) {

@@ -33,8 +33,7 @@ class MpiWorld {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // Seconds a collective may wait for its peers: $FATHOM_COLLECTIVE_TIMEOUT_S, default 300 (a first step's
-  // compilation or a large load can be slow).
+  // Seconds a collective may wait for its peers: CollectiveTimeout() ($FATHOM_COLLECTIVE_TIMEOUT_S, default 300).
   static std::chrono::milliseconds DefaultTimeout();
 
   // `bytes` of `root` reach every process (their size too). timeout zero: wait as long as it takes (a worker between

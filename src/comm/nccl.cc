@@ -22,6 +22,7 @@ struct NcclApi {
   decltype(&ncclCommInitAll) CommInitAll = nullptr;
   decltype(&ncclCommDestroy) CommDestroy = nullptr;
   decltype(&ncclCommAbort) CommAbort = nullptr;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError = nullptr;
   decltype(&ncclAllReduce) AllReduce = nullptr;
   decltype(&ncclAllGather) AllGather = nullptr;
   decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
@@ -57,6 +58,7 @@ NcclApi LoadApi() {
   sym(api.CommInitAll, "ncclCommInitAll");
   sym(api.CommDestroy, "ncclCommDestroy");
   sym(api.CommAbort, "ncclCommAbort");
+  sym(api.CommGetAsyncError, "ncclCommGetAsyncError");
   sym(api.AllReduce, "ncclAllReduce");
   sym(api.AllGather, "ncclAllGather");
   sym(api.GetUniqueId, "ncclGetUniqueId");
@@ -227,6 +229,20 @@ std::unique_ptr<Communicator> NcclGroup::Rank(int64_t rank) {
 Status NcclGroup::broken() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_;
+}
+
+Status NcclGroup::Poll() {
+  std::shared_lock<std::shared_mutex> calls(calls_mu_);  // no Abort frees the communicators meanwhile
+  if (!broken().ok()) return OkStatus();                 // aborted already: nothing more to report
+  for (const RankState& r : ranks_) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t got = Api().CommGetAsyncError(static_cast<ncclComm_t>(r.comm), &async);
+    if (got != ncclSuccess) return NcclStatus(got, "asynchronous error query");
+    if (async != ncclSuccess && async != ncclInProgress) {
+      return NcclStatus(async, fmt::format("communicator on cuda:{}", r.device).c_str());
+    }
+  }
+  return OkStatus();
 }
 
 void NcclGroup::Abort(const Status& why) {

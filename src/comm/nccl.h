@@ -49,6 +49,9 @@ class NcclGroup final : public CommGroup {
   // which must outlive it.
   std::unique_ptr<Communicator> Rank(int64_t rank);
   void Abort(const Status& why) override;
+  // An asynchronous error of any of this process's communicators (ncclCommGetAsyncError: a peer process gone, a
+  // network failure), which NCCL reports only when asked.
+  Status Poll() override;
 
  private:
   friend class NcclRankCommunicator;

@@ -24,6 +24,10 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!accepting_) return UnavailableError("the engine is shutting down");
+    if (!failed_.ok()) {
+      return UnavailableError(
+          fmt::format("the engine has failed and takes no more requests (restart the server): {}", failed_.message()));
+    }
     if (request.id.empty()) request.id = fmt::format("req-{}", next_id_++);
     if (live_ids_.count(request.id) != 0) {
       return AlreadyExistsError(fmt::format("request '{}' already exists", request.id));
@@ -69,6 +73,11 @@ EngineStats Engine::Stats() const {
 Status Engine::last_error() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_error_;
+}
+
+Status Engine::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
 }
 
 void Engine::Shutdown(ShutdownMode mode, const std::string& reason) {
@@ -138,6 +147,12 @@ void Engine::Loop() {
       }
     }
     if (!step.ok()) FATHOM_LOG_ERROR("engine step failed: {}", step.ToString());
+    Status broken = step.ok() ? OkStatus() : core_->model_broken();
+    if (!broken.ok()) {
+      // For good: every live request ends now with the cause, rather than one failed step at a time.
+      broken = UnavailableError(fmt::format("the model can run no more steps: {}", broken.message()));
+      core_->FailAll(broken);
+    }
     const std::vector<std::string> finished = core_->TakeFinishedIds();
     const bool idle = !core_->HasUnfinished();
     {
@@ -146,6 +161,10 @@ void Engine::Loop() {
       stats_ = core_->Stats();
       published_waiting_ = stats_.num_waiting;
       if (!step.ok() && last_error_.ok()) last_error_ = step;
+      if (!broken.ok() && failed_.ok()) {
+        failed_ = broken;
+        FATHOM_LOG_ERROR("the engine has failed and takes no more requests: {}", broken.message());
+      }
       if (stop && idle && inbox_.empty()) return;
     }
     if (step_observer_ && stats_.num_steps != steps_before) step_observer_(core_->Stats());

@@ -12,6 +12,8 @@
 //
 // Submit fails at once with kResourceExhausted "queue full" when --max-queue-len requests wait, and with
 // kInvalidArgument for requests that can never run; later failures (queue timeout, abort) arrive on the stream.
+// A model that breaks for good (Model::broken: a tensor-parallel rank failed or hung) fails the engine: the live
+// requests end with that error, and Submit answers kUnavailable from then on; failed() reports it (/health).
 #pragma once
 
 #include <atomic>
@@ -53,6 +55,8 @@ class Engine {
   const EngineConfig& config() const { return core_->config(); }
   // The first model error, if any (the requests of that step failed with it; the engine keeps going).
   Status last_error() const;
+  // Why the engine can run no more requests (its model broke for good); OK while it can.
+  Status failed() const;
 
  private:
   void Loop();
@@ -67,6 +71,7 @@ class Engine {
   int32_t published_waiting_ = 0;
   EngineStats stats_;
   Status last_error_;
+  Status failed_;
   int64_t next_id_ = 0;
   bool accepting_ = true;
   bool stop_ = false;

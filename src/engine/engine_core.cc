@@ -372,10 +372,18 @@ bool EngineCore::Abort(const std::string& id, const Status& reason) {
 }
 
 void EngineCore::AbortAll(const Status& reason) {
+  EndAll(FinishReason::kAbort, reason);
+}
+
+void EngineCore::FailAll(const Status& error) {
+  EndAll(FinishReason::kError, error);
+}
+
+void EngineCore::EndAll(FinishReason reason, const Status& status) {
   std::vector<std::string> ids;
   for (const auto& [id, r] : requests_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  for (const std::string& id : ids) Abort(id, reason);
+  for (const std::string& id : ids) FailRequest(id, reason, status);
 }
 
 void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) {

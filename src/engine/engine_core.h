@@ -110,8 +110,12 @@ class EngineCore {
   // Returns false for an unknown id.
   bool Abort(const std::string& id, const Status& reason);
   void AbortAll(const Status& reason);
+  // Finishes every live request with FinishReason::kError and `error` (the model broke for good).
+  void FailAll(const Status& error);
   // One scheduling + forward + sampling step. A model error fails the requests of the step and is returned.
   Status Step();
+  // Non-OK once the model can run no more steps (Model::broken: a tensor-parallel group aborted).
+  Status model_broken() const { return model_.broken(); }
 
   bool HasUnfinished() const { return !requests_.empty(); }
   int32_t num_waiting() const { return sched_.num_waiting(); }
@@ -131,6 +135,7 @@ class EngineCore {
   void EmitToken(const std::string& sample_id, const SampleResult& r);
   void FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler);
   void FailRequest(const std::string& request_id, FinishReason reason, const Status& status);
+  void EndAll(FinishReason reason, const Status& status);
   RequestOutput BaseOutput(const SampleState& s) const;
 
   // One logits row of a step and the sample that reads it.

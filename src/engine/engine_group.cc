@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <span>
 
 #include "core/check.h"
@@ -99,7 +100,10 @@ StatusOr<EngineGroup::Placed> EngineGroup::Submit(EngineRequest request) {
       options_.policy == PlacementPolicy::kPrefix ? BlockHashes(request) : std::vector<uint64_t>();
   const size_t n = replicas_.size();
   std::vector<int32_t> load(n);
-  for (size_t i = 0; i < n; ++i) load[i] = replicas_[i]->num_live();
+  for (size_t i = 0; i < n; ++i) {
+    // A failed replica is never the least loaded (its failure empties it) and is tried last.
+    load[i] = replicas_[i]->failed().ok() ? replicas_[i]->num_live() : std::numeric_limits<int32_t>::max();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The least loaded replica, ties broken in turn from the cursor so that an idle group spreads its requests.
@@ -118,7 +122,7 @@ StatusOr<EngineGroup::Placed> EngineGroup::Submit(EngineRequest request) {
       size_t best = least;
       for (size_t k = 0; k < n; ++k) {
         const size_t i = (next_ + k) % n;
-        if (load[i] > load[least] + options_.balance_slack) continue;  // too busy to keep its affinity
+        if (load[i] > static_cast<int64_t>(load[least]) + options_.balance_slack) continue;  // too busy, or failed
         const int32_t m = records_[i].Match(hashes);
         if (m > best_match || (m == best_match && m > 0 && load[i] < load[best])) {
           best_match = m;
@@ -158,9 +162,18 @@ StatusOr<EngineGroup::Placed> EngineGroup::Submit(EngineRequest request) {
       return placed;
     }
     last = stream.status();
-    if (last.code() != StatusCode::kResourceExhausted) break;
+    // Full, or failed (or shutting down: then every replica is): the next replica may take it.
+    if (last.code() != StatusCode::kResourceExhausted && last.code() != StatusCode::kUnavailable) break;
   }
   return last;
+}
+
+Status EngineGroup::failed() const {
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const Status f = replicas_[i]->failed();
+    if (!f.ok()) return replicas_.size() == 1 ? f : f.WithContext(fmt::format("replica {}", i));
+  }
+  return OkStatus();
 }
 
 Status EngineGroup::Abort(const std::string& id, const std::string& reason) {

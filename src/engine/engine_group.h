@@ -54,12 +54,13 @@ class EngineGroup {
   struct Placed {
     std::shared_ptr<RequestStream> stream;
     int32_t replica = 0;
-    // "single", "prefix", "least_loaded", "round_robin", or "overflow" (the chosen replica's queue was full)
+    // "single", "prefix", "least_loaded", "round_robin", or "overflow" (the chosen replica's queue was full, or it
+    // has failed)
     const char* reason = "";
     int32_t matched_blocks = 0;  // prefix: the blocks of the prompt the router expects the replica to hold
   };
-  // Places and submits. When the chosen replica's queue is full, the others are tried, least loaded first; the
-  // errors are Engine::Submit's.
+  // Places and submits. A failed replica (Engine::failed) is placed last; when the chosen replica's queue is full or
+  // it has failed, the others are tried, least loaded first; the errors are Engine::Submit's.
   StatusOr<Placed> Submit(EngineRequest request);
   // Aborts a live request on whichever replica holds it; kNotFound when none does.
   Status Abort(const std::string& id, const std::string& reason = "aborted by the client");
@@ -73,6 +74,8 @@ class EngineGroup {
   // The replicas' stats summed (counts and totals; kv_usage and the hit ratio over all blocks and lookups; the
   // last step's fields from replica 0).
   EngineStats Stats() const;
+  // The first failed replica's reason (Engine::failed), naming it; OK while every replica can take requests.
+  Status failed() const;
   // Requests placed on each replica since the start.
   std::vector<int64_t> placements() const;
 

@@ -2,14 +2,25 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+
 #include "core/logging.h"
 #include "obs/trace.h"
 
 namespace fathom {
 
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::unique_ptr<CommGroup> group,
                                                                            std::vector<Rank> ranks,
-                                                                           std::unique_ptr<StepChannel> remote) {
+                                                                           std::unique_ptr<StepChannel> remote,
+                                                                           std::chrono::milliseconds step_timeout) {
   FATHOM_CHECK(group != nullptr && !ranks.empty() && static_cast<int64_t>(ranks.size()) <= group->size(),
                "{} ranks for a group of {}", ranks.size(), group == nullptr ? 0 : group->size());
   FATHOM_CHECK(ranks[0].comm != nullptr, "rank 0 has no communicator");
@@ -27,12 +38,18 @@ StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::
     }
   }
   return std::unique_ptr<TensorParallelModel>(
-      new TensorParallelModel(std::move(group), std::move(ranks), std::move(remote)));
+      new TensorParallelModel(std::move(group), std::move(ranks), std::move(remote), step_timeout));
 }
 
 TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks,
-                                         std::unique_ptr<StepChannel> remote)
-    : group_(std::move(group)), ranks_(std::move(ranks)), caches_(ranks_.size()), remote_(std::move(remote)) {
+                                         std::unique_ptr<StepChannel> remote, std::chrono::milliseconds step_timeout)
+    : group_(std::move(group)),
+      ranks_(std::move(ranks)),
+      caches_(ranks_.size()),
+      remote_(std::move(remote)),
+      step_timeout_(step_timeout),
+      running_(new std::atomic<bool>[ranks_.size()]) {
+  for (size_t r = 0; r < ranks_.size(); ++r) running_[r].store(false);
   threads_.resize(ranks_.size());
   for (size_t r = 1; r < ranks_.size(); ++r) {
     Backend* be = ranks_[r].backend.get();
@@ -42,9 +59,18 @@ TensorParallelModel::TensorParallelModel(std::unique_ptr<CommGroup> group, std::
       FATHOM_CHECK(s.ok(), "tensor-parallel rank {}: {}", r, s.ToString());
     });
   }
+  if (step_timeout_.count() > 0) watchdog_ = std::thread([this] { Watch(); });
 }
 
 TensorParallelModel::~TensorParallelModel() {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+  }
   if (remote_ != nullptr && broken_.ok()) {
     const Status s = remote_->Send(StepMessage::Stop());
     if (!s.ok()) FATHOM_LOG_WARN("telling the other tensor-parallel processes to stop: {}", s.ToString());
@@ -100,8 +126,48 @@ Status TensorParallelModel::SendRemote(const StepMessage& m) {
   return broken_;
 }
 
+Status TensorParallelModel::watch_error() {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  return watch_error_;
+}
+
+void TensorParallelModel::Watch() {
+  obs::SetTraceThreadName("tp watchdog");
+  // A quarter of the timeout between looks (at most a second): a step is aborted within 1.25 timeouts.
+  const auto period = std::clamp<std::chrono::milliseconds>(step_timeout_ / 4, std::chrono::milliseconds(5),
+                                                            std::chrono::milliseconds(1000));
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_stop_) {
+    watch_cv_.wait_for(lock, period);
+    const int64_t start = step_start_ns_.load();
+    if (watch_stop_ || !watch_error_.ok() || start == 0) continue;
+    lock.unlock();
+    Status why = group_->Poll();
+    const auto ran = std::chrono::nanoseconds(NowNs() - start);
+    if (why.ok() && ran > step_timeout_ && step_start_ns_.load() == start) {
+      std::string running;
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        if (running_[r].load()) running += fmt::format("{}{}", running.empty() ? "" : ", ", ranks_[r].comm->rank());
+      }
+      why = DeadlineExceededError(fmt::format(
+          "a tensor-parallel step ran past {} s (FATHOM_COLLECTIVE_TIMEOUT_S): a rank is stuck in a collective or a "
+          "kernel, or a peer is gone; ranks of this process still running: {}; the group was aborted",
+          static_cast<double>(step_timeout_.count()) / 1000.0, running.empty() ? "none" : running));
+    } else if (!why.ok()) {
+      why = why.WithContext("the tensor-parallel group's transport failed during a step; the group was aborted");
+    }
+    if (!why.ok()) {
+      FATHOM_LOG_ERROR("{}", why.ToString());
+      group_->Abort(why);
+    }
+    lock.lock();
+    if (!why.ok() && watch_error_.ok()) watch_error_ = why;
+  }
+}
+
 Status TensorParallelModel::Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
   if (!broken_.ok()) return broken_;
+  if (Status w = watch_error(); !w.ok()) return broken_ = w;
   FATHOM_RETURN_IF_ERROR(EnsureCaches(kv));
   if (remote_ != nullptr) {
     FATHOM_RETURN_IF_ERROR(SendRemote(StepMessage::Forward(batch, kv.num_blocks(), kv.block_size(), kv.dtype())));
@@ -109,15 +175,23 @@ Status TensorParallelModel::Forward(const ForwardBatch& batch, KvCache& kv, Tens
   const size_t n = ranks_.size();
   std::vector<Status> status(n);
   std::vector<Tensor> unused(n);  // the other ranks' logits (the same as rank 0's)
+  for (size_t r = 0; r < n; ++r) running_[r].store(true);
+  step_start_ns_.store(NowNs());  // the watchdog's clock starts
   for (size_t r = 1; r < n; ++r) {
     threads_[r]->Submit([this, r, &batch, &status, &unused] {
       status[r] = ranks_[r].model->Forward(batch, caches_[r], &unused[r]);
+      running_[r].store(false);
       if (!status[r].ok()) group_->Abort(status[r].WithContext(fmt::format("tensor-parallel rank {}", r)));
     });
   }
   status[0] = ranks_[0].model->Forward(batch, kv, logits);
+  running_[0].store(false);
   if (!status[0].ok()) group_->Abort(status[0].WithContext("tensor-parallel rank 0"));
   for (size_t r = 1; r < n; ++r) threads_[r]->Wait();
+  step_start_ns_.store(0);
+  // The watchdog's abort is the cause of whatever the ranks returned (or of nothing: an aborted NCCL kernel just
+  // ends, and the ranks' results are garbage).
+  if (Status w = watch_error(); !w.ok()) return broken_ = w;
   for (size_t r = 0; r < n; ++r) {
     if (status[r].ok()) continue;
     // The first failing rank's own error, or the abort that another rank's failure made (which names that rank).

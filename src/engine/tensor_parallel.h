@@ -9,7 +9,11 @@
 //   FATHOM_ASSIGN_OR_RETURN(auto core, EngineCore::Create(*tp, engine_backend, config, text));
 //
 // A rank's failure fails the step on every rank (the group is aborted, so no rank waits at a collective) and every
-// later step with the same error: the model is then unusable, as a failed GPU would leave it. The group is a
+// later step with the same error: the model is then unusable, as a failed GPU would leave it (broken()). A watchdog
+// thread does the same for a step that never ends: past the step timeout (CollectiveTimeout(),
+// $FATHOM_COLLECTIVE_TIMEOUT_S) it aborts the group, which ends NCCL's kernels waiting for a rank that will never come
+// (NCCL has no timeout of its own), and the step fails with DEADLINE_EXCEEDED naming the ranks still running; while a
+// step runs it also polls the group for the transport's asynchronous errors (CommGroup::Poll). The group is a
 // LocalGroup on the CPU (the test double) or an NcclGroup on GPUs (one device per rank; each rank's thread makes its
 // backend's device current). A group of one rank may run on device only (a captured graph), through rank 0's model;
 // larger groups run eagerly until graphs are captured per rank.
@@ -19,8 +23,13 @@
 // ranks; each other process runs RunTensorParallelWorker over its ranks until process 0's model is destroyed.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -39,9 +48,10 @@ class TensorParallelModel final : public Model {
   };
   // This process's ranks, consecutive (ranks[0] is rank 0 in process 0). Every rank's model must have ranks[0]'s
   // config and KV cache spec. `remote`: process 0's channel to the other processes of a multi-process layout.
-  static StatusOr<std::unique_ptr<TensorParallelModel>> Create(std::unique_ptr<CommGroup> group,
-                                                               std::vector<Rank> ranks,
-                                                               std::unique_ptr<StepChannel> remote = nullptr);
+  // `step_timeout`: the watchdog's limit on one step's forward pass (zero: no watchdog).
+  static StatusOr<std::unique_ptr<TensorParallelModel>> Create(
+      std::unique_ptr<CommGroup> group, std::vector<Rank> ranks, std::unique_ptr<StepChannel> remote = nullptr,
+      std::chrono::milliseconds step_timeout = CollectiveTimeout());
   ~TensorParallelModel() override;
 
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
@@ -55,6 +65,7 @@ class TensorParallelModel final : public Model {
   Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override;
   void set_run_options(const ModelRunOptions& options) override;
   double collective_seconds() const override { return ranks_[0].comm->stats().seconds; }
+  Status broken() const override { return broken_; }  // the engine's thread, like Forward
   bool SupportsForwardOnDevice() const override {
     return size() == 1 && remote_ == nullptr && ranks_[0].model->SupportsForwardOnDevice();
   }
@@ -63,8 +74,12 @@ class TensorParallelModel final : public Model {
   Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) override;
 
  private:
-  TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks, std::unique_ptr<StepChannel> remote);
+  TensorParallelModel(std::unique_ptr<CommGroup> group, std::vector<Rank> ranks, std::unique_ptr<StepChannel> remote,
+                      std::chrono::milliseconds step_timeout);
   Status EnsureCaches(const KvCache& kv);
+  // The watchdog's thread: while a step runs, polls the group and aborts it past step_timeout_.
+  void Watch();
+  Status watch_error();
   // Sends `m` to the other processes (if any); a failure breaks the model.
   Status SendRemote(const StepMessage& m);
 
@@ -75,6 +90,15 @@ class TensorParallelModel final : public Model {
   std::unique_ptr<StepChannel> remote_;
   std::vector<DeviceMemoryInfo> remote_memory_;
   Status broken_;
+
+  const std::chrono::milliseconds step_timeout_;
+  std::atomic<int64_t> step_start_ns_{0};         // the running step's start (steady clock); 0: none runs
+  std::unique_ptr<std::atomic<bool>[]> running_;  // [size] ranks inside this step's forward pass
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;  // guarded by watch_mu_
+  Status watch_error_;       // guarded by watch_mu_: why the watchdog aborted the group
+  std::thread watchdog_;     // last: started once the rest is built
 };
 
 // The loop of a process other than 0 in a multi-process layout: runs what process 0 sends on this process's ranks

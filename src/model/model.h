@@ -104,6 +104,10 @@ class Model {
   // 0 for one rank.
   virtual double collective_seconds() const { return 0.0; }
 
+  // Non-OK once the model can run no more steps (a tensor-parallel group aborted: a rank failed, hung past its
+  // watchdog, or lost its peer): every later Forward returns this error, and the engine reports itself failed.
+  virtual Status broken() const { return OkStatus(); }
+
   // The engine's block copies before a step: on `kv` (the engine's cache, on `backend`) and on any cache the model
   // keeps itself (a tensor-parallel model's other ranks).
   virtual Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {

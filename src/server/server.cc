@@ -883,6 +883,11 @@ void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
   if (path == "/health") {
     if (!ready_.load()) return json_reply(503, {{"status", "loading"}});
     if (draining_.load()) return json_reply(503, {{"status", "draining"}});
+    // An engine whose model broke for good (a tensor-parallel rank failed or hung) serves nothing more: the probe
+    // fails, so that the orchestrator restarts the process.
+    if (const Status failed = model_.engines != nullptr ? model_.engines->failed() : OkStatus(); !failed.ok()) {
+      return json_reply(503, {{"status", "failed"}, {"error", failed.message()}});
+    }
     return json_reply(200, {{"status", "ok"}});
   }
   if (path == "/metrics" && metrics_handler_) {

@@ -46,6 +46,9 @@ ServerMetrics::ServerMetrics() {
                                    "Prefix-cache hit tokens over looked-up tokens, last 60 s", replica_device);
   replica_info_ = &registry_.AddGauge("fathom_replica_info", "1 per engine replica: its device and placement policy",
                                       {"replica", "device", "policy"});
+  engine_failed_ = &registry_.AddGauge(
+      "fathom_engine_failed", "1 when the replica's model broke for good (a tensor-parallel rank failed or hung)",
+      replica_device);
   prompt_tokens_ = &registry_.AddCounter("fathom_prompt_tokens_total", "Prompt tokens of finished requests").Get();
   generation_tokens_ =
       &registry_.AddCounter("fathom_generation_tokens_total", "Generated tokens of finished requests").Get();
@@ -131,6 +134,10 @@ void ServerMetrics::AttachEngines(const EngineGroup* engines) {
         return static_cast<double>(s.num_blocks - s.num_free_blocks);
       });
       hit_ratio_->SetCallback(labels, [r] { return r->WindowHitRatio(); });
+      engine_failed_->SetCallback(labels, [this, i] {
+        const EngineGroup* g = engines_.load();
+        return g != nullptr && i < g->size() && !g->replica(i).failed().ok() ? 1.0 : 0.0;
+      });
       replica_info_
           ->WithLabels({std::to_string(i), engines->device(i), std::string(PlacementPolicyName(engines->policy()))})
           .Set(1);

@@ -88,6 +88,7 @@ class ServerMetrics {
   obs::GaugeFamily* kv_blocks_used_;
   obs::GaugeFamily* hit_ratio_;
   obs::GaugeFamily* replica_info_;
+  obs::GaugeFamily* engine_failed_;
   obs::CounterFamily* rejected_;
   obs::Counter* oom_;
   obs::CounterFamily* structured_;

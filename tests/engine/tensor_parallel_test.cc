@@ -6,15 +6,20 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "comm/local_group.h"
+#include "engine/engine.h"
 #include "engine/engine_core.h"
+#include "engine/engine_group.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
@@ -29,6 +34,23 @@ class FailingCpuBackend : public CpuBackend {
   Status Synchronize() override {
     return fail ? InternalError("injected failure on this rank") : CpuBackend::Synchronize();
   }
+};
+
+// A rank's model that can be made to take `delay_ms` before its forward pass (a kernel that does not end, for a
+// watchdog shorter than the delay).
+class SlowModel final : public Model {
+ public:
+  explicit SlowModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  KvCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
+  Status Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+    return inner_->Forward(batch, kv, logits);
+  }
+  std::atomic<int> delay_ms{0};
+
+ private:
+  std::unique_ptr<Model> inner_;
 };
 
 // Process 0's step messages to a worker, through memory (in place of MPI broadcasts), encoded and decoded as they
@@ -95,8 +117,9 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
     golden_ = std::move(g).value();
   }
 
-  // The model at `tp` ranks: rank 0 on rank0_, the others on backends of their own (rank r's is backends_[r]).
-  std::unique_ptr<Model> Load(int64_t tp) {
+  // The model at `tp` ranks: rank 0 on rank0_, the others on backends of their own (rank r's is backends_[r]); rank
+  // 1's model is slow_, and the step watchdog's limit `step_timeout`.
+  std::unique_ptr<Model> Load(int64_t tp, std::chrono::milliseconds step_timeout = CollectiveTimeout()) {
     LoadOptions opts;
     opts.show_progress = false;
     if (tp == 1) {
@@ -118,8 +141,13 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
       auto m = LoadModel(dir_, cfg_, opts, r == 0 ? rank0_ : *rank.backend, *rank.comm);
       FATHOM_CHECK(m.ok(), "{}", m.status().ToString());
       rank.model = std::move(m).value();
+      if (r == 1) {
+        auto slow = std::make_unique<SlowModel>(std::move(rank.model));
+        slow_ = slow.get();
+        rank.model = std::move(slow);
+      }
     }
-    auto tpm = TensorParallelModel::Create(std::move(group), std::move(ranks));
+    auto tpm = TensorParallelModel::Create(std::move(group), std::move(ranks), nullptr, step_timeout);
     FATHOM_CHECK(tpm.ok(), "{}", tpm.status().ToString());
     return std::move(tpm).value();
   }
@@ -172,6 +200,7 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
   testing::GoldenSet golden_;
   CpuBackend rank0_;
   std::vector<FailingCpuBackend*> backends_;
+  SlowModel* slow_ = nullptr;
 };
 
 TEST_P(TensorParallelEngineTest, RanksGiveTheTokensOfOneRank) {
@@ -210,6 +239,89 @@ TEST_P(TensorParallelEngineTest, ARankThatFailsFailsTheStepAndEveryLaterOne) {
   const Status again = (*core)->Step();
   EXPECT_NE(again.message().find("injected failure on this rank"), std::string::npos) << again.ToString();
   EXPECT_TRUE(s2->finished());
+}
+
+// A rank that does not finish its step (here: 1.2 s, for a watchdog of 300 ms) fails the step with DEADLINE_EXCEEDED
+// once the watchdog aborts the group, rather than hold the others at a collective (on GPUs: NCCL kernels that never
+// end). The model stays broken. Without the watchdog this step would succeed: the group's own timeout is 20 s.
+TEST_P(TensorParallelEngineTest, TheWatchdogAbortsAStepThatDoesNotEnd) {
+  std::unique_ptr<Model> split = Load(2, std::chrono::milliseconds(300));
+  auto core = EngineCore::Create(*split, rank0_, Config(), nullptr);
+  ASSERT_TRUE(core.ok());
+  SamplingParams p;
+  p.max_tokens = 4;
+  p.ignore_eos = true;
+  auto s = std::make_shared<RequestStream>("a", 1);
+  ASSERT_TRUE((*core)->AddRequest({.id = "a", .prompt = golden_.cases[0].input_ids, .sampling = p}, s).ok());
+  slow_->delay_ms = 1200;
+  const Status failed = (*core)->Step();
+  EXPECT_EQ(failed.code(), StatusCode::kDeadlineExceeded) << failed.ToString();
+  EXPECT_NE(failed.message().find("FATHOM_COLLECTIVE_TIMEOUT_S"), std::string::npos) << failed.ToString();
+  EXPECT_NE(failed.message().find("still running: 0, 1"), std::string::npos) << failed.ToString();
+  EXPECT_TRUE(s->finished());
+  EXPECT_EQ(split->broken().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*core)->model_broken().code(), StatusCode::kDeadlineExceeded);
+  // Broken for good: the next step fails at once with the same cause.
+  slow_->delay_ms = 0;
+  auto s2 = std::make_shared<RequestStream>("b", 1);
+  ASSERT_TRUE((*core)->AddRequest({.id = "b", .prompt = golden_.cases[1].input_ids, .sampling = p}, s2).ok());
+  const Status again = (*core)->Step();
+  EXPECT_EQ(again.code(), StatusCode::kDeadlineExceeded) << again.ToString();
+  EXPECT_TRUE(s2->finished());
+}
+
+// An engine whose model broke for good fails: its live requests end with the error (not one step at a time), Submit
+// answers UNAVAILABLE, and an EngineGroup places every request on the replica that still works and names the failed
+// one (what /health and fathom_engine_failed report).
+TEST_P(TensorParallelEngineTest, ABrokenModelFailsItsEngineAndTheGroupPlacesElsewhere) {
+  std::unique_ptr<Model> whole = Load(1);
+  std::unique_ptr<Model> split = Load(2);
+  auto broken_core = EngineCore::Create(*split, rank0_, Config(), nullptr);
+  auto healthy_core = EngineCore::Create(*whole, rank0_, Config(), nullptr);
+  ASSERT_TRUE(broken_core.ok() && healthy_core.ok());
+  Engine broken(std::move(broken_core).value());
+  Engine healthy(std::move(healthy_core).value());
+  SamplingParams p;
+  p.max_tokens = 4;
+  p.ignore_eos = true;
+  backends_[1]->fail = true;
+  std::vector<std::shared_ptr<RequestStream>> first;
+  for (int i = 0; i < 3; ++i) {
+    auto stream = broken.Submit({.prompt = golden_.cases[static_cast<size_t>(i)].input_ids, .sampling = p});
+    ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+    first.push_back(*stream);
+  }
+  for (auto& stream : first) {
+    RequestOutput out;
+    while (stream->Next(&out)) {
+    }
+    EXPECT_EQ(out.finish_reason, FinishReason::kError);
+    EXPECT_NE(out.status.message().find("injected failure on this rank"), std::string::npos) << out.status.ToString();
+  }
+  for (int i = 0; i < 500 && broken.failed().ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_FALSE(broken.failed().ok());
+  EXPECT_EQ(broken.failed().code(), StatusCode::kUnavailable);
+  EXPECT_NE(broken.failed().message().find("tensor-parallel rank 1"), std::string::npos) << broken.failed().ToString();
+  const auto refused = broken.Submit({.prompt = golden_.cases[0].input_ids, .sampling = p});
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("the engine has failed"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(healthy.failed().ok());
+
+  for (const PlacementPolicy policy :
+       {PlacementPolicy::kRoundRobin, PlacementPolicy::kLeastLoaded, PlacementPolicy::kPrefix}) {
+    EngineGroup group({&broken, &healthy}, {.policy = policy});
+    EXPECT_NE(group.failed().message().find("replica 0"), std::string::npos) << group.failed().ToString();
+    for (int i = 0; i < 3; ++i) {
+      auto placed = group.Submit({.prompt = golden_.cases[static_cast<size_t>(i)].input_ids, .sampling = p});
+      ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+      EXPECT_EQ(placed->replica, 1);
+      RequestOutput out;
+      while (placed->stream->Next(&out)) {
+      }
+      EXPECT_EQ(out.finish_reason, FinishReason::kLength) << out.status.ToString();
+    }
+  }
+  EXPECT_TRUE(EngineGroup({&healthy}).failed().ok());
 }
 
 // Two "processes" (threads here, with a queue for MPI): process 0's model holds rank 0 and sends each step, block

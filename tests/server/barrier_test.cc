@@ -2,38 +2,16 @@
 // the server goes on answering.
 #include <gtest/gtest.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
+#include "loopback.h"
 #include "server/server.h"
 #include "server/server_metrics.h"
 
 namespace fathom::server {
 namespace {
-
-// One HTTP/1.1 exchange over loopback (Connection: close), the raw response text.
-std::string Exchange(uint16_t port, const std::string& request) {
-  namespace asio = boost::asio;
-  asio::io_context ioc;
-  asio::ip::tcp::socket sock(ioc);
-  sock.connect({asio::ip::make_address("127.0.0.1"), port});
-  asio::write(sock, asio::buffer(request));
-  std::string out;
-  boost::system::error_code ec;
-  char buf[4096];
-  for (;;) {
-    const size_t n = sock.read_some(asio::buffer(buf), ec);
-    out.append(buf, n);
-    if (ec) break;
-  }
-  return out;
-}
 
 TEST(ExceptionBarrierTest, AThrowingHandlerAnswers500AndTheServerStaysUp) {
   ServerOptions o;
