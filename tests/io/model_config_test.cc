@@ -48,7 +48,8 @@ TEST(ModelConfigTest, ReferenceFixtures) {
 TEST(ModelConfigTest, RealConfigs) {
   for (const char* name :
        {"deepseek-coder-1.3b-instruct", "deepseek-coder-6.7b-instruct", "deepseek-r1-distill-llama-8b",
-        "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-v2-lite", "deepseek-v3"}) {
+        "deepseek-r1-distill-llama-70b", "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b",
+        "deepseek-v2-lite", "deepseek-v3"}) {
     auto c = LoadModelConfig(testing::DataDir() + "/configs/" + name + ".json");
     EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
   }
@@ -64,6 +65,15 @@ TEST(ModelConfigTest, RealConfigs) {
   auto r1 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-r1-distill-llama-8b.json");
   ASSERT_TRUE(r1.ok());
   EXPECT_EQ(r1->rope.type, RopeType::kLlama3);
+  // The 70B distill's shape (the multi-GPU runs' dense model): its public config's sizes on the 8B's file.
+  auto r70 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-r1-distill-llama-70b.json");
+  ASSERT_TRUE(r70.ok());
+  EXPECT_EQ(r70->hidden_size, 8192);
+  EXPECT_EQ(r70->num_layers, 80);
+  EXPECT_EQ(r70->num_heads, 64);
+  EXPECT_EQ(r70->num_kv_heads, 8);
+  EXPECT_EQ(r70->intermediate_size, 28672);
+  EXPECT_EQ(r70->vocab_size, 128256);
 }
 
 TEST(ModelConfigTest, RopeParametersV5Form) {

@@ -7,7 +7,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
+#include "model/moe.h"
+#include "model/registry.h"
 
 namespace fathom::testing {
 
@@ -195,6 +198,31 @@ size_t ExpectGreedyAloneEqualsTogether(Model& model, Backend& backend, const std
     }
   }
   return compared;
+}
+
+StatusOr<std::vector<float>> RouteMargins(const std::string& model_dir, const ModelConfig& cfg,
+                                          const std::vector<int32_t>& tokens) {
+  CpuBackend cpu;
+  LoadOptions opts;
+  opts.show_progress = false;
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_dir, cfg, opts, cpu));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int32_t blocks = static_cast<int32_t>((n + 15) / 16);
+  FATHOM_ASSIGN_OR_RETURN(auto kv, KvCache::Allocate(cpu, model->kv_cache_spec(), DType::kF32, blocks, 16));
+  std::vector<float> margin(static_cast<size_t>(n), INFINITY);
+  const SelectionMarginObserver observer = [&](int64_t t, float m) {
+    if (t < n) margin[static_cast<size_t>(t)] = std::min(margin[static_cast<size_t>(t)], m);
+  };
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = i;
+  ForwardBatch b(16);
+  b.AddSequence(tokens, 0, table, LogitsMode::kLast);
+  Tensor logits;
+  SetSelectionMarginObserver(&observer);
+  const Status st = model->Forward(b, kv, &logits);
+  SetSelectionMarginObserver(nullptr);
+  FATHOM_RETURN_IF_ERROR(st);
+  return margin;
 }
 
 }  // namespace fathom::testing

@@ -85,4 +85,15 @@ GreedyRun GreedyTogether(Model& model, Backend& backend, const std::vector<std::
 size_t ExpectGreedyAloneEqualsTogether(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& prompts,
                                        size_t steps, int64_t vocab, float min_margin = 0.1f);
 
+// The bf16 rule's router noise for MoE fixtures: a position whose expert choice, in some layer of the float32 CPU
+// reference, has a SelectionMargin (model/moe.h) below this is one where bf16 rounding (of GEMM inputs, or of a
+// tensor-parallel all-reduce's order) may swap experts and move that token's logits by O(1) (deepseek-v3-tiny case3
+// position 17: experts 11 and 5 within 0.0068, |dlogit| 1.93 when swapped). Such positions are left out of the
+// logit checks, and |dlogit| is bounded only before the first of them (later tokens attend to the moved one).
+constexpr float kRouteNoise = 1.0f / 128;
+// [position]: the smallest SelectionMargin over the layers of the fixture in `model_dir` for `tokens` in one
+// prefill, in the float32 CPU reference (INFINITY for a dense model).
+StatusOr<std::vector<float>> RouteMargins(const std::string& model_dir, const ModelConfig& cfg,
+                                          const std::vector<int32_t>& tokens);
+
 }  // namespace fathom::testing

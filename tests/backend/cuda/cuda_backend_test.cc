@@ -901,42 +901,18 @@ StatusOr<GpuFixture> LoadFixture(const std::string& name, CudaBackend& gpu) {
 using testing::Margin;
 
 // The bf16 rule for MoE fixtures. The dense rule asks for top-1 agreement only where the oracle's margin is above 0.1,
-// and for equal greedy tokens up to the first low-margin step. A router has margins too: an expert choice that a
-// bf16 ulp at 1.0 (2^-7) could change is one that bf16 rounding may swap, and a swapped expert moves that token's
-// logits by O(1) (deepseek-v3-tiny, case3 position 17: experts 11 and 5 within 0.0068, |dlogit| 1.93 when swapped;
-// the CPU reference swaps them too when its GEMM inputs are rounded to bf16). So in bf16 a MoE fixture's positions
-// whose expert choice, in some layer of the float32 CPU reference (the prompt followed by the oracle's greedy
-// tokens), has a SelectionMargin below kRouteNoise are left out of the logit checks, |dlogit| is bounded only before
-// the first such position (later tokens attend to the moved one), and greedy tokens are compared up to it.
-constexpr float kRouteNoise = 1.0f / 128;
+// and for equal greedy tokens up to the first low-margin step. A router has margins too (testing::kRouteNoise): in
+// bf16 a MoE fixture's positions whose expert choice is within bf16 noise in the float32 CPU reference (the prompt
+// followed by the oracle's greedy tokens) are left out of the logit checks, |dlogit| is bounded only before the
+// first such position, and greedy tokens are compared up to it.
+using testing::kRouteNoise;
 // The same for W8A8 linears, whose FP8 activations put about 2.5% rms error on each linear's output (against bf16's
 // 0.3%): on the H200, deepseek-v3-fp8-tiny case3 swapped experts at positions 49 and 75, whose margins are above 2^-7,
 // and moved those tokens' logits by about 5.
 constexpr float kRouteNoiseW8a8 = 1.0f / 16;
-// [position]: the smallest SelectionMargin over the layers, in the float32 CPU reference.
 StatusOr<std::vector<float>> RouteMargins(const std::string& fixture, const ModelConfig& cfg,
                                           const std::vector<int32_t>& tokens) {
-  CpuBackend cpu;
-  LoadOptions opts;
-  opts.show_progress = false;
-  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(testing::ModelDir(fixture), cfg, opts, cpu));
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int32_t blocks = static_cast<int32_t>((n + 15) / 16);
-  FATHOM_ASSIGN_OR_RETURN(auto kv, KvCache::Allocate(cpu, model->kv_cache_spec(), DType::kF32, blocks, 16));
-  std::vector<float> margin(static_cast<size_t>(n), INFINITY);
-  const SelectionMarginObserver observer = [&](int64_t t, float m) {
-    if (t < n) margin[static_cast<size_t>(t)] = std::min(margin[static_cast<size_t>(t)], m);
-  };
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  std::iota(table.begin(), table.end(), 0);
-  ForwardBatch b(16);
-  b.AddSequence(tokens, 0, table, LogitsMode::kLast);
-  Tensor logits;
-  SetSelectionMarginObserver(&observer);
-  const Status st = model->Forward(b, kv, &logits);
-  SetSelectionMarginObserver(nullptr);
-  FATHOM_RETURN_IF_ERROR(st);
-  return margin;
+  return testing::RouteMargins(testing::ModelDir(fixture), cfg, tokens);
 }
 
 TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
