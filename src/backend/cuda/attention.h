@@ -1,9 +1,9 @@
-// Paged attention over the KV cache: one block per (token, head) for prefill-sized batches (attention_prefill.cu), and
-// the split-K (flash-decoding) kernels for decode and small batches: per (token, head) chunks of 64 keys and the merge
-// of their partial states (attention_decode.cu), the GQA-packed kernel that serves a KV head's query heads at once
-// (attention_decode.cu), its tensor-core form for 16-bit caches (attention_mma.cu), and MLA's kernel over the latent
-// cache (mla.h). The host chooses the split kernel (ChooseSplitAttention) and passes it to the launchers, which follow
-// launcher.h.
+// Paged attention over the KV cache: for prefill-sized batches one block per (token, head), or flash-attention tiles
+// on tensor cores (attention_prefill.cu); for decode and small batches the split-K (flash-decoding) kernels: per
+// (token, head) chunks of 64 keys and the merge of their partial states (attention_decode.cu), the GQA-packed kernel
+// that serves a KV head's query heads at once (attention_decode.cu), its tensor-core form for 16-bit caches
+// (attention_mma.cu), and MLA's kernel over the latent cache (mla.h). The host chooses the split kernel
+// (ChooseSplitAttention) and passes it to the launchers, which follow launcher.h.
 //
 //   const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(a, {});   // every kernel allowed
 //   void* ws = ...;  // cuda::SplitAttentionWorkspaceBytes(a, kind, sm_count) bytes
@@ -38,6 +38,14 @@ struct AttentionArgs {
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.
 int LaunchPagedAttention(const AttentionArgs& a, Stream s);
+
+// Prefill on tensor cores (flash-attention tiles): a block per 64 consecutive query rows of a sequence and query head,
+// each K/V tile of the paged cache read once for those rows. Its conditions: 16-bit caches (bf16, f16) with rows
+// 16-byte aligned, k_dim == v_dim of 64 or 128, q rows 16-byte aligned. Off by default
+// (KernelOptions::prefill_mma_attention) until measured; the backend takes it for batches of 16 or more query rows a
+// sequence on average.
+bool PrefillMmaAttentionFits(const AttentionArgs& a);
+int LaunchPrefillMmaAttention(const AttentionArgs& a, Stream s);
 
 // The split kernels: MLA's (576/512 dims, one KV head, 16-bit cache: mla.h), the tensor-core one (k_dim == v_dim of
 // 64 or 128, 16-bit caches with 16-byte aligned rows or f8 caches with a scale per row, heads / kv_heads <= 8), the

@@ -1,4 +1,7 @@
-// The prefill-sized paged attention kernel (attention.h's LaunchPagedAttention).
+// The prefill-sized paged attention kernels (attention.h): LaunchPagedAttention's one block per (token, head), and
+// LaunchPrefillMmaAttention's flash-attention tiles on tensor cores.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -6,8 +9,11 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/flash_tile.cuh"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/memory.cuh"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/reduce.cuh"
 
 namespace fathom::cuda {
@@ -61,7 +67,122 @@ __global__ void PagedAttentionKernel(AttentionArgs a) {
   }
 }
 
+// Prefill attention on tensor cores, flash-attention style (MlaContextMmaKernel's scheme, on the paged cache): a block
+// takes 64 consecutive query rows of one sequence and one query head (4 warps x 16 rows) and walks the keys of that
+// head's KV head in tiles of 64, from key 0 to its last row's position, so each K/V tile is read once for 64 rows
+// (the split kernels read a token's keys once per token). Q, pre-scaled by scale * log2 e and rounded to the cache's
+// 16-bit type, stays in registers as mma A fragments; each tile's K and V rows land in shared memory by cp.async
+// straight from the cache blocks; S = Q K^T and O += P V by mma.m16n8k16 (P from S's accumulators, V's fragments by
+// ldmatrix.trans), with an online softmax per row and the causal mask at each row's position.
+constexpr int kPfRows = 64, kPfKeys = 64, kPfWarps = 4;
+template <int kD>
+struct PfSmem {
+  static constexpr int kRow = kD + 8;  // shared row stride (elements): 16 bytes of padding against bank conflicts
+  static constexpr int kBytes = (kPfRows + 2 * kPfKeys) * kRow * 2;  // Q, K and V tiles of 16-bit values
+};
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kPfWarps * 32) PrefillMmaAttentionKernel(AttentionArgs a) {
+  PdlPrologue();
+  constexpr int kRow = PfSmem<kD>::kRow;
+  extern __shared__ __align__(16) unsigned char pf_smem[];
+  T* sq = reinterpret_cast<T*>(pf_smem);  // [kPfRows][kRow]: Q rows
+  T* sk = sq + kPfRows * kRow;            // [kPfKeys][kRow]: the tile's keys
+  T* sv = sk + kPfKeys * kRow;            // [kPfKeys][kRow]: the tile's values
+  // This block's sequence and query tile; blocks past the last tile return.
+  int64_t s = 0, tile = blockIdx.x;
+  for (;;) {
+    if (s >= a.num_seqs) return;
+    const int64_t q_len = a.query_start[s + 1] - a.query_start[s];
+    const int64_t tiles = (q_len + kPfRows - 1) / kPfRows;
+    if (tile < tiles) break;
+    tile -= tiles;
+    ++s;
+  }
+  const int64_t h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
+  const int64_t row0 = a.query_start[s] + tile * kPfRows;
+  const int64_t rows = min(static_cast<int64_t>(kPfRows), static_cast<int64_t>(a.query_start[s + 1]) - row0);
+  const int64_t last_pos = a.positions[row0 + rows - 1];
+  const int32_t* table = a.block_tables + a.block_table_start[s];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tq = lane % 4;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = a.scale * kLog2e;
+  StageQ<T, kPfRows, kD>(a.q, a.q_s0, a.q_s1, row0, rows, h, qscale, sq, kRow);
+  __syncthreads();
+  uint32_t qf[kD / 16][4];
+  int64_t pos[2];  // this thread's rows' positions (g and g + 8 of the warp's 16)
+  LoadQRows<T, kD / 16>(sq, kRow, a.positions, row0, rows, last_pos, warp, lane, qf, pos);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kD / 8][4] = {};
+  const T* kc = static_cast<const T*>(a.k.data);
+  const T* vc = static_cast<const T*>(a.v.data);
+  constexpr int kPieces = kD / 8;  // 16-byte pieces of a row
+  const int32_t bs = static_cast<int32_t>(a.block_size);
+  for (int64_t kb = 0; kb <= last_pos; kb += kPfKeys) {
+    __syncthreads();  // the previous tile is consumed
+    for (int i = tid; i < 2 * kPfKeys * kPieces; i += blockDim.x) {
+      const bool is_v = i >= kPfKeys * kPieces;
+      const int e = is_v ? i - kPfKeys * kPieces : i;
+      const int r = e / kPieces, col = (e % kPieces) * 8;
+      const int64_t j = kb + r;
+      const CacheView& c = is_v ? a.v : a.k;
+      const T* src = is_v ? vc : kc;
+      if (j <= last_pos) {  // 32-bit division: the 64-bit one is a long emulated sequence
+        const int32_t jj = static_cast<int32_t>(j);
+        src += static_cast<int64_t>(table[jj / bs]) * c.s0 + static_cast<int64_t>(jj % bs) * c.s1 + kvh * c.s2 + col;
+      }
+      CpAsync16((is_v ? sv : sk) + r * kRow + col, src, j <= last_pos ? 16 : 0);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncthreads();
+    float sc[kPfKeys / 8][4] = {};  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
+    TileScores<T, kD / 16, kPfKeys>(qf, sk, kRow, lane, sc);
+#pragma unroll
+    for (int nt = 0; nt < kPfKeys / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (kb + nt * 8 + 2 * tq + (e & 1) > pos[e / 2]) sc[nt][e] = -INFINITY;  // causal
+      }
+    }
+    uint32_t pa[kPfKeys / 16][4];  // P as A fragments, 16 keys each
+    TileSoftmax<T, kPfKeys, kD / 8>(sc, m, l, o, pa);
+    TileAccumulatePv<T, kPfKeys, kD / 8>(pa, sv, kRow, lane, o);
+  }
+  FinishRows<kD / 8>(l, o, a.out + (row0 + warp * 16) * a.o_s0 + h * a.o_s1, a.o_s0, rows - warp * 16, lane);
+}
+
+template <typename T, int kD>
+int LaunchPrefillMma(const AttentionArgs& a, cudaStream_t s) {
+  const auto kernel = PrefillMmaAttentionKernel<T, kD>;
+  constexpr int kBytes = PfSmem<kD>::kBytes;
+  if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes); e != 0) return e;
+  // Blocks for every query tile there can be (a sequence's last tile may be partial); those past the last return.
+  const int64_t tiles = a.n / kPfRows + a.num_seqs;
+  LaunchKernel(kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.heads)), kPfWarps * 32, kBytes, s, a);
+  return Done();
+}
+
 }  // namespace
+
+bool PrefillMmaAttentionFits(const AttentionArgs& a) {
+  if (a.k_dim != a.v_dim || (a.k_dim != 64 && a.k_dim != 128)) return false;
+  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0) return false;
+  if (a.k.dtype != a.v.dtype || (a.k.dtype != kF16 && a.k.dtype != kBF16)) return false;
+  for (const CacheView* c : {&a.k, &a.v}) {
+    if (c->s0 % 8 != 0 || c->s1 % 8 != 0 || c->s2 % 8 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(c->data) % 16 != 0) return false;
+  }
+  return a.q_s0 % 4 == 0 && a.q_s1 % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
+}
+
+int LaunchPrefillMmaAttention(const AttentionArgs& a, Stream s) {
+  if (a.n == 0) return 0;
+  if (!PrefillMmaAttentionFits(a) || a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  const bool f16 = a.k.dtype == kF16;
+  if (a.k_dim == 64) return f16 ? LaunchPrefillMma<__half, 64>(a, S(s)) : LaunchPrefillMma<__nv_bfloat16, 64>(a, S(s));
+  return f16 ? LaunchPrefillMma<__half, 128>(a, S(s)) : LaunchPrefillMma<__nv_bfloat16, 128>(a, S(s));
+}
 
 int LaunchPagedAttention(const AttentionArgs& a, Stream s) {
   if (a.n == 0) return 0;

@@ -664,6 +664,12 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.max_seq_len = meta.max_seq_len;
   a.scale = scale;
   a.one_chunk_waves = options_.attention_one_chunk_waves;
+  // Prefill batches (16 or more query rows a sequence on average) on the tensor-core prefill kernel where it fits
+  // (KernelOptions::prefill_mma_attention): each K/V tile read once for 64 query rows.
+  if (options_.prefill_mma_attention && a.n >= 16 * a.num_seqs && cuda::PrefillMmaAttentionFits(a)) {
+    Launch("PrefillMmaAttention", [&] { return cuda::LaunchPrefillMmaAttention(a, stream_); });
+    return;
+  }
   // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
   // (token, head).
   const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(

@@ -51,6 +51,10 @@
 //                                                               bf16 straight into the GEMM's input (one pass, no
 //                                                               float32 product; the same values); only "1" turns it
 //                                                               on
+// FATHOM_CUDA_PREFILL_MMA_ATTENTION=1 prefill_mma_attention    batches of 16 or more query rows a sequence (on
+//                                                     false    average) take the tensor-core flash-attention prefill
+//                                                              kernel where it fits (attention.h); only "1" turns it
+//                                                              on
 #pragma once
 
 #include <cstdint>
@@ -78,6 +82,7 @@ struct KernelOptions {
   int64_t attention_one_chunk_waves = 0;
   int64_t gemv_prefetch_bytes = 0;
   bool fused_silu_staging = false;
+  bool prefill_mma_attention = false;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

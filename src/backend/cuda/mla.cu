@@ -9,6 +9,7 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/flash_tile.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
 #include "backend/cuda/mla.h"
@@ -317,36 +318,16 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   const int64_t rows = min(static_cast<int64_t>(kCtxTile), static_cast<int64_t>(a.query_start[s + 1]) - row0);
   const int64_t len = a.seq_lens[s];
   const int64_t last_pos = min(static_cast<int64_t>(a.positions[row0 + rows - 1]), len - 1);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tq = lane % 4;
   constexpr float kLog2e = 1.4426950408889634f;
   const float qscale = a.scale * kLog2e;
-  for (int e = tid; e < kCtxTile * (kCtxQK / 4); e += blockDim.x) {
-    const int r = e / (kCtxQK / 4), d = (e % (kCtxQK / 4)) * 4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < rows) v = *reinterpret_cast<const float4*>(a.q + (row0 + r) * a.qs0 + h * a.qs1 + d);
-    __nv_bfloat16* dst = sq + r * kCtxQRow + d;
-    dst[0] = __float2bfloat16(v.x * qscale);
-    dst[1] = __float2bfloat16(v.y * qscale);
-    dst[2] = __float2bfloat16(v.z * qscale);
-    dst[3] = __float2bfloat16(v.w * qscale);
-  }
+  StageQ<__nv_bfloat16, kCtxTile, kCtxQK>(a.q, a.qs0, a.qs1, row0, rows, h, qscale, sq, kCtxQRow);
   __syncthreads();
   uint32_t qf[kCtxQK / 16][4];
-#pragma unroll
-  for (int kt = 0; kt < kCtxQK / 16; ++kt) {
-    LdMatrixX4(qf[kt], sq + (warp * 16 + (lane & 15)) * kCtxQRow + kt * 16 + (lane >> 4) * 8, false);
-  }
-  // Positions of this thread's two rows (g and g + 8 of the warp's 16); rows past the tile take the last one's.
-  int64_t pos[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t r = warp * 16 + g + 8 * i;
-    pos[i] = r < rows ? static_cast<int64_t>(a.positions[row0 + r]) : last_pos;
-  }
+  int64_t pos[2];  // this thread's rows' positions (g and g + 8 of the warp's 16)
+  LoadQRows<__nv_bfloat16, kCtxQK / 16>(sq, kCtxQRow, a.positions, row0, rows, last_pos, warp, lane, qf, pos);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[kCtxV / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < kCtxV / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float o[kCtxV / 8][4] = {};
   for (int64_t kb = 0; kb <= last_pos; kb += kCtxTile) {
     __syncthreads();  // the previous tile is consumed
     for (int e = tid; e < kCtxTile * ((kCtxQK + kCtxV) / 4); e += blockDim.x) {
@@ -370,86 +351,21 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
       dst[3] = __float2bfloat16(v.w);
     }
     __syncthreads();
-    float sc[kCtxTile / 8][4];  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
-#pragma unroll
-    for (int nt = 0; nt < kCtxTile / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < kCtxQK / 16; ++kt) {
-#pragma unroll
-      for (int nt = 0; nt < kCtxTile / 8; ++nt) {
-        const __nv_bfloat16* kr = sk + (nt * 8 + g) * kCtxQRow + kt * 16 + 2 * tq;
-        Mma16816<__nv_bfloat16>(sc[nt], qf[kt], *reinterpret_cast<const uint32_t*>(kr),
-                                *reinterpret_cast<const uint32_t*>(kr + 8));
-      }
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    float sc[kCtxTile / 8][4] = {};  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
+    TileScores<__nv_bfloat16, kCtxQK / 16, kCtxTile>(qf, sk, kCtxQRow, lane, sc);
 #pragma unroll
     for (int nt = 0; nt < kCtxTile / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
         const int64_t key = kb + nt * 8 + 2 * tq + (e & 1);
-        if (key > pos[i] || key >= len) sc[nt][e] = -INFINITY;
-        tile_max[i] = fmaxf(tile_max[i], sc[nt][e]);
+        if (key > pos[e / 2] || key >= len) sc[nt][e] = -INFINITY;
       }
-    }
-    float cf[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      const float nm = fmaxf(m[i], tile_max[i]);  // finite: key 0 is in every row's first tile
-      cf[i] = exp2f(m[i] - nm);
-      m[i] = nm;
-      l[i] *= cf[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kCtxV / 8; ++nt) {
-      o[nt][0] *= cf[0];
-      o[nt][1] *= cf[0];
-      o[nt][2] *= cf[1];
-      o[nt][3] *= cf[1];
     }
     uint32_t pa[kCtxTile / 16][4];  // P as A fragments, 16 keys each
-#pragma unroll
-    for (int nt = 0; nt < kCtxTile / 8; ++nt) {
-      const float p0 = exp2f(sc[nt][0] - m[0]), p1 = exp2f(sc[nt][1] - m[0]);
-      const float p2 = exp2f(sc[nt][2] - m[1]), p3 = exp2f(sc[nt][3] - m[1]);
-      l[0] += p0 + p1;
-      l[1] += p2 + p3;
-      const int kt = nt / 2, half = nt % 2;
-      pa[kt][2 * half] = Pack2(__float2bfloat16(p0), __float2bfloat16(p1));
-      pa[kt][2 * half + 1] = Pack2(__float2bfloat16(p2), __float2bfloat16(p3));
-    }
-#pragma unroll
-    for (int kt = 0; kt < kCtxTile / 16; ++kt) {
-#pragma unroll
-      for (int nt = 0; nt < kCtxV / 8; nt += 2) {
-        uint32_t vf[4];
-        LdMatrixX4(vf, sv + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kCtxVRow + nt * 8 + ((lane >> 4) & 1) * 8,
-                   true);
-        Mma16816<__nv_bfloat16>(o[nt], pa[kt], vf[0], vf[1]);
-        Mma16816<__nv_bfloat16>(o[nt + 1], pa[kt], vf[2], vf[3]);
-      }
-    }
+    TileSoftmax<__nv_bfloat16, kCtxTile, kCtxV / 8>(sc, m, l, o, pa);
+    TileAccumulatePv<__nv_bfloat16, kCtxTile, kCtxV / 8>(pa, sv, kCtxVRow, lane, o);
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t r = warp * 16 + g + 8 * i;
-    if (r >= rows) continue;
-    float* out = a.out + (row0 + r) * a.os0 + h * a.os1;
-    const float inv = 1.0f / l[i];
-#pragma unroll
-    for (int nt = 0; nt < kCtxV / 8; ++nt) {
-      out[nt * 8 + 2 * tq] = o[nt][2 * i] * inv;
-      out[nt * 8 + 2 * tq + 1] = o[nt][2 * i + 1] * inv;
-    }
-  }
+  FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
 // MLA's decode chunks aim at about two waves of blocks (two fit an SM): 4 blocks per SM in all.

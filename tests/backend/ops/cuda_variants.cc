@@ -27,6 +27,8 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.fused_silu_staging = true;  // SiluMulLinear's product rounded to bf16 into the GEMM's input
   } else if (variant == "gemv_prefetch") {
     o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
+  } else if (variant == "prefill_mma_attention") {
+    o.prefill_mma_attention = true;  // prefill batches on the tensor-core flash-attention kernel
   } else if (variant == "attention_one_chunk") {
     o.attention_one_chunk_waves = 1;  // one chunk of keys a token wherever that fills a wave
   } else if (variant == "no_mla_attention") {

@@ -261,6 +261,7 @@ const Batch kWideDecode = SameSeqs("decode", 256, 1023, 1);      // Qwen-7B's 25
 const Batch kBatchLongDecode = SameSeqs("decode", 64, 4095, 1);  // the MLA targets' 64 sequences x 4k
 const Batch kOddBlocks{"decode", {37, 100, 5}, {1, 1, 1}, 6};    // blocks of 6: a 4-key step spans two blocks
 const Batch kRealPrefill{"prefill", {0, 1024}, {512, 512}};
+const Batch kOddPrefill{"prefill", {0, 7}, {70, 33}, 6};  // blocks of 6 under 64-key tiles, partial query tiles
 
 // Positive float32 scales of an FP8 KV cache, uniform in [0.25, 2) / 448: dequantized values within about +-2.
 Tensor RandomKvScales(const std::vector<int64_t>& shape, uint32_t seed) {
@@ -1602,7 +1603,14 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 64, false, BF16, kDecode}, "no_gqa_attention", kBf16Attention},
       {{8, 2, 64, 64, false, F32, kDecode}, "no_gqa_attention", kF32},
       {{8, 2, 64, 64, false, BF16, kMixed}, "no_split_attention", kF32},
-      {{8, 2, 64, 64, false, BF16, kOddBlocks}, "default", kBf16Attention},   // a 16-key tile spans three blocks
+      {{8, 2, 64, 64, false, BF16, kOddBlocks}, "default", kBf16Attention},  // a 16-key tile spans three blocks
+      // the tensor-core prefill kernel: whole prompts and a chunk after a cached prefix, f16, blocks of 6, and a
+      // mixed batch (under 16 rows a sequence: the split kernels, as by default)
+      {{8, 2, 64, 64, false, BF16, kPrefill}, "prefill_mma_attention", kBf16Attention},
+      {{8, 2, 64, 64, false, F16, kPrefill}, "prefill_mma_attention", kBf16Attention},
+      {{8, 2, 64, 64, false, BF16, kOddPrefill}, "prefill_mma_attention", kBf16Attention},
+      {{8, 2, 64, 64, false, BF16, kMixed}, "prefill_mma_attention", kBf16Attention},
+      {{4, 4, 128, 128, false, BF16, kOddPrefill}, "prefill_mma_attention", kBf16Attention},
       {{4, 4, 128, 128, false, F32, kDecode}, "default", kF32},               // MHA
       {{4, 2, 96, 96, false, BF16, kDecode}, "default", kF32},                // no packed kernel for head_dim 96
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // MLA: 16 heads a block
@@ -1637,6 +1645,8 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, BF16, kWideDecode}, "attention_one_chunk", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "attention_one_chunk", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kRealPrefill}, "attention_one_chunk", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, BF16, kRealPrefill}, "prefill_mma_attention", kBf16Attention, kGpu},
+      {{32, 8, 128, 128, false, F16, kRealPrefill}, "prefill_mma_attention", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "no_mma_attention", kF32, kGpu},
       {{28, 4, 128, 128, false, F8, kRealMixed}, "default", kBf16Attention, kGpu},
@@ -1771,7 +1781,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 15> kVariants = {"default",
+constexpr std::array<std::string_view, 16> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1785,7 +1795,8 @@ constexpr std::array<std::string_view, 15> kVariants = {"default",
                                                         "moe_gemv",
                                                         "attention_one_chunk",
                                                         "gemv_prefetch",
-                                                        "fused_silu"};
+                                                        "fused_silu",
+                                                        "prefill_mma_attention"};
 
 }  // namespace
 
