@@ -81,6 +81,19 @@ case "$part" in
     done
     # shellcheck disable=SC2086
     fits 2 && bench "llama8b-tp2-b64-256" $llama -tp 2 --batch-size 64,256
+    # The all-reduce's device time per step (fathom's own collective figure is the host's enqueue time on GPUs): NCCL's
+    # kernels in an Nsight Systems trace of the tp = 2 batch-1 run, where nsys exists.
+    if fits 2 && command -v nsys >/dev/null; then
+      log "nsys: llama8b tp 2 batch 1"
+      # shellcheck disable=SC2086
+      nsys profile -o "$out/llama8b-tp2-b1" --force-overwrite true --trace cuda,nvtx \
+        "$bin/fathom" bench --offline --device cuda --load-format dummy $llama -tp 2 --batch-size 1 --output-len 32 \
+        >"$out/nsys-run.log" 2>&1
+      nsys stats --report cuda_gpu_kern_sum --format csv "$out/llama8b-tp2-b1.nsys-rep" 2>/dev/null |
+        grep -iE 'nccl|Name' >"$out/llama8b-tp2-b1-nccl-kernels.csv"
+      rm -f "$out"/*.nsys-rep "$out"/*.sqlite
+      log "nsys: done"
+    fi
     log "nccl_allreduce.py"
     # A decode step's all-reduce: n tokens x 4096 hidden, float32 (fathom's activations): 1, 64 and 256 tokens.
     python3 "$here/nccl_allreduce.py" --ranks 2,4 --elements 4096,262144,1048576 --dtypes float32,bfloat16 \

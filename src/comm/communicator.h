@@ -85,9 +85,9 @@ class SingleRankCommunicator final : public Communicator {
 // A process-wide single-rank communicator, for callers that run one rank.
 Communicator& SingleRank();
 
-// How long a rank may wait for its peers, at a collective or for a whole tensor-parallel step, before the group is
-// aborted: $FATHOM_COLLECTIVE_TIMEOUT_S (seconds, fractions allowed), default 300 (a first step's compilation or a
-// large load can be slow).
+// How long a rank may wait for its peers, at a collective or in a tensor-parallel step that makes no progress, before
+// the group is aborted: $FATHOM_COLLECTIVE_TIMEOUT_S (seconds, fractions allowed), default 300 (a first step's
+// compilation or a large load can be slow).
 std::chrono::milliseconds CollectiveTimeout();
 
 // True when mpirun (or another PMI launcher) started this process among two or more (comm/mpi.h), whether or not

@@ -133,25 +133,36 @@ Status TensorParallelModel::watch_error() {
 
 void TensorParallelModel::Watch() {
   obs::SetTraceThreadName("tp watchdog");
-  // A quarter of the timeout between looks (at most a second): a step is aborted within 1.25 timeouts.
+  // A quarter of the timeout between looks (at most a second): a stall is caught within 1.25 timeouts.
   const auto period = std::clamp<std::chrono::milliseconds>(step_timeout_ / 4, std::chrono::milliseconds(5),
                                                             std::chrono::milliseconds(1000));
+  // Progress: the step's start, then every collective this process's ranks complete (on the CPU a meeting of the
+  // ranks, on GPUs an enqueue), so that a long step that keeps moving (a large model on CPU ranks) is not cut short.
+  int64_t seen_start = 0, seen_calls = -1, progress_ns = 0;
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_stop_) {
     watch_cv_.wait_for(lock, period);
     const int64_t start = step_start_ns_.load();
     if (watch_stop_ || !watch_error_.ok() || start == 0) continue;
     lock.unlock();
+    int64_t calls = 0;
+    for (const Rank& r : ranks_) calls += r.comm->stats().calls;
+    const int64_t now = NowNs();
+    if (start != seen_start || calls != seen_calls) {
+      progress_ns = start != seen_start ? start : now;
+      seen_start = start;
+      seen_calls = calls;
+    }
     Status why = group_->Poll();
-    const auto ran = std::chrono::nanoseconds(NowNs() - start);
-    if (why.ok() && ran > step_timeout_ && step_start_ns_.load() == start) {
+    if (why.ok() && std::chrono::nanoseconds(now - progress_ns) > step_timeout_ && step_start_ns_.load() == start) {
       std::string running;
       for (size_t r = 0; r < ranks_.size(); ++r) {
         if (running_[r].load()) running += fmt::format("{}{}", running.empty() ? "" : ", ", ranks_[r].comm->rank());
       }
       why = DeadlineExceededError(fmt::format(
-          "a tensor-parallel step ran past {} s (FATHOM_COLLECTIVE_TIMEOUT_S): a rank is stuck in a collective or a "
-          "kernel, or a peer is gone; ranks of this process still running: {}; the group was aborted",
+          "a tensor-parallel step made no progress (no collective completed) for {} s (FATHOM_COLLECTIVE_TIMEOUT_S): "
+          "a rank is stuck in a collective or a kernel, or a peer is gone; ranks of this process still running: {}; "
+          "the group was aborted",
           static_cast<double>(step_timeout_.count()) / 1000.0, running.empty() ? "none" : running));
     } else if (!why.ok()) {
       why = why.WithContext("the tensor-parallel group's transport failed during a step; the group was aborted");

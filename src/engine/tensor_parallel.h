@@ -10,10 +10,11 @@
 //
 // A rank's failure fails the step on every rank (the group is aborted, so no rank waits at a collective) and every
 // later step with the same error: the model is then unusable, as a failed GPU would leave it (broken()). A watchdog
-// thread does the same for a step that never ends: past the step timeout (CollectiveTimeout(),
-// $FATHOM_COLLECTIVE_TIMEOUT_S) it aborts the group, which ends NCCL's kernels waiting for a rank that will never come
-// (NCCL has no timeout of its own), and the step fails with DEADLINE_EXCEEDED naming the ranks still running; while a
-// step runs it also polls the group for the transport's asynchronous errors (CommGroup::Poll). The group is a
+// thread does the same for a step that stalls: when no collective of this process's ranks completes for the step
+// timeout (CollectiveTimeout(), $FATHOM_COLLECTIVE_TIMEOUT_S) it aborts the group, which ends NCCL's kernels waiting
+// for a rank that will never come (NCCL has no timeout of its own), and the step fails with DEADLINE_EXCEEDED naming
+// the ranks still running; while a step runs it also polls the group for the transport's asynchronous errors
+// (CommGroup::Poll). The group is a
 // LocalGroup on the CPU (the test double) or an NcclGroup on GPUs (one device per rank; each rank's thread makes its
 // backend's device current). A group of one rank may run on device only (a captured graph), through rank 0's model;
 // larger groups run eagerly until graphs are captured per rank.
@@ -48,7 +49,7 @@ class TensorParallelModel final : public Model {
   };
   // This process's ranks, consecutive (ranks[0] is rank 0 in process 0). Every rank's model must have ranks[0]'s
   // config and KV cache spec. `remote`: process 0's channel to the other processes of a multi-process layout.
-  // `step_timeout`: the watchdog's limit on one step's forward pass (zero: no watchdog).
+  // `step_timeout`: the watchdog's limit on a step's time without progress (zero: no watchdog).
   static StatusOr<std::unique_ptr<TensorParallelModel>> Create(
       std::unique_ptr<CommGroup> group, std::vector<Rank> ranks, std::unique_ptr<StepChannel> remote = nullptr,
       std::chrono::milliseconds step_timeout = CollectiveTimeout());

@@ -53,6 +53,28 @@ class SlowModel final : public Model {
   std::unique_ptr<Model> inner_;
 };
 
+// A rank's communicator whose collectives each take `delay_ms` longer (a slow but moving step).
+class SlowCommunicator final : public Communicator {
+ public:
+  SlowCommunicator(std::unique_ptr<Communicator> inner, int delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
+  std::string_view name() const override { return inner_->name(); }
+  const ParallelConfig& parallel() const override { return inner_->parallel(); }
+
+ protected:
+  Status DoAllReduceSum(const TensorView& buf) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    return inner_->AllReduceSum(buf);
+  }
+  Status DoAllGather(const TensorView& buf) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    return inner_->AllGather(buf);
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  int delay_ms_;
+};
+
 // Process 0's step messages to a worker, through memory (in place of MPI broadcasts), encoded and decoded as they
 // would travel.
 class QueueChannel final : public StepChannel {
@@ -119,7 +141,8 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
 
   // The model at `tp` ranks: rank 0 on rank0_, the others on backends of their own (rank r's is backends_[r]); rank
   // 1's model is slow_, and the step watchdog's limit `step_timeout`.
-  std::unique_ptr<Model> Load(int64_t tp, std::chrono::milliseconds step_timeout = CollectiveTimeout()) {
+  std::unique_ptr<Model> Load(int64_t tp, std::chrono::milliseconds step_timeout = CollectiveTimeout(),
+                              int collective_delay_ms = 0) {
     LoadOptions opts;
     opts.show_progress = false;
     if (tp == 1) {
@@ -133,6 +156,8 @@ class TensorParallelEngineTest : public ::testing::TestWithParam<std::string> {
     for (int64_t r = 0; r < tp; ++r) {
       auto& rank = ranks[static_cast<size_t>(r)];
       rank.comm = group->Rank(r);
+      if (collective_delay_ms > 0)
+        rank.comm = std::make_unique<SlowCommunicator>(std::move(rank.comm), collective_delay_ms);
       if (r > 0) {
         auto be = std::make_unique<FailingCpuBackend>();
         backends_[static_cast<size_t>(r)] = be.get();
@@ -268,6 +293,29 @@ TEST_P(TensorParallelEngineTest, TheWatchdogAbortsAStepThatDoesNotEnd) {
   const Status again = (*core)->Step();
   EXPECT_EQ(again.code(), StatusCode::kDeadlineExceeded) << again.ToString();
   EXPECT_TRUE(s2->finished());
+}
+
+// A step that keeps moving is not cut short: every collective takes 120 ms, so the step takes well over the 300 ms
+// limit, but a collective completes every 120 ms (the watchdog's limit is on a stall, not on the step).
+TEST_P(TensorParallelEngineTest, TheWatchdogLetsASlowStepThatMovesFinish) {
+  std::unique_ptr<Model> whole = Load(1);
+  std::unique_ptr<Model> split = Load(2, std::chrono::milliseconds(300), /*collective_delay_ms=*/120);
+  for (Model* m : {whole.get(), split.get()}) {
+    auto core = EngineCore::Create(*m, rank0_, Config(), nullptr);
+    ASSERT_TRUE(core.ok());
+    SamplingParams p;
+    p.max_tokens = 1;
+    auto s = std::make_shared<RequestStream>("a", 1);
+    ASSERT_TRUE((*core)->AddRequest({.id = "a", .prompt = golden_.cases[0].input_ids, .sampling = p}, s).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status step = (*core)->Step();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(step.ok()) << step.ToString();
+    if (m == split.get()) {
+      EXPECT_GT(took, 0.3) << "the step must outlast the watchdog's limit for this test to mean much";
+    }
+  }
+  EXPECT_TRUE(split->broken().ok());
 }
 
 // An engine whose model broke for good fails: its live requests end with the error (not one step at a time), Submit

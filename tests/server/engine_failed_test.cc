@@ -36,7 +36,7 @@ class BreakingModel final : public Model {
     return {.num_layers = 1, .num_kv_heads = 1, .k_dim = 4, .v_dim = 4, .v_in_k = false};
   }
   Status Forward(const ForwardBatch& /*batch*/, KvCache& /*kv*/, Tensor* /*logits*/) override {
-    broken_ = DeadlineExceededError("a tensor-parallel step ran past 300 s (injected)");
+    broken_ = DeadlineExceededError("a tensor-parallel step made no progress for 300 s (injected)");
     return broken_;
   }
   Status broken() const override { return broken_; }
@@ -88,7 +88,8 @@ TEST(EngineFailedTest, HealthAndTheGaugeReportAFailedEngine) {
   ASSERT_EQ(health.rfind("HTTP/1.1 503 ", 0), 0u) << health;
   const nlohmann::json body = nlohmann::json::parse(health.substr(health.find("\r\n\r\n") + 4));
   EXPECT_EQ(body["status"], "failed");
-  EXPECT_NE(body["error"].get<std::string>().find("ran past 300 s (injected)"), std::string::npos) << body.dump();
+  EXPECT_NE(body["error"].get<std::string>().find("no progress for 300 s (injected)"), std::string::npos)
+      << body.dump();
   EXPECT_NE(metrics.Expose().find(gauge + "1\n"), std::string::npos) << metrics.Expose();
   srv.Stop();
 }
