@@ -501,12 +501,14 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
     return InvalidArgumentError(fmt::format("--kv-cache-dtype {}: the {} backend has no kernels for a {} cache yet",
                                             o.kv_cache_dtype, m.backend->name(), DTypeName(*ec.kv_cache_dtype)));
   }
-  if (*ec.kv_cache_dtype == DType::kF8E4M3 && m.backend->device() == Device::kCuda && m.model->kv_cache_spec().v_in_k) {
-    // The MLA decode kernel is 16-bit only: an FP8 latent cache would take the per-head kernel, which reads the latent
-    // row once per head and, past its workspace, falls to a kernel that cannot hold long contexts. Served once the MLA
-    // kernel reads FP8 (docs/PERFORMANCE.md).
-    return InvalidArgumentError(
-        "--kv-cache-dtype fp8 is not served for MLA models (DeepSeek-V2/V3) on CUDA yet: use auto or bfloat16");
+  if (m.model->kv_cache_spec().v_in_k && !m.backend->ServesMlaKvCacheDtype(*ec.kv_cache_dtype)) {
+    // By default the MLA decode kernel is 16-bit only on CUDA: an FP8 latent cache would take the per-head kernel,
+    // which reads the latent row once per head and, past its workspace, falls to a kernel that cannot hold long
+    // contexts. FATHOM_CUDA_MLA_FP8=1 turns on the MLA kernel's f8 form (docs/PERFORMANCE.md).
+    return InvalidArgumentError(fmt::format(
+        "--kv-cache-dtype {} is not served for MLA models (DeepSeek-V2/V3) on the {} backend yet: use auto or bfloat16 "
+        "(FATHOM_CUDA_MLA_FP8=1 turns on the MLA kernel's FP8 form, not yet measured)",
+        o.kv_cache_dtype, m.backend->name()));
   }
   ec.block_size = o.block_size;
   ec.num_blocks = o.num_kv_blocks;

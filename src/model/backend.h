@@ -96,6 +96,9 @@ class Backend {
   virtual bool SupportsKvCacheDtype(DType dtype) const {
     return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
   }
+  // Whether an MLA model's latent cache of `dtype` (one SupportsKvCacheDtype allows) is served at speed: the CLI
+  // refuses the others rather than run a path that is correct but slow.
+  virtual bool ServesMlaKvCacheDtype(DType dtype) const { return SupportsKvCacheDtype(dtype); }
 
   // The device's free and total memory now (zeros on the CPU).
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }

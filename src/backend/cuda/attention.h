@@ -34,6 +34,9 @@ struct AttentionArgs {
   // The tensor-core kernel's chunks (KernelOptions::attention_one_chunk_waves): a grid of token x KV-head blocks that
   // fills this many waves of resident blocks or more keeps each token's keys in one chunk; 0: the wave rule always.
   int64_t one_chunk_waves = 0;
+  // MLA's decode kernel on an f8 latent cache (KernelOptions::mla_fp8); false: f8 latent caches take the generic
+  // kernels.
+  bool mla_fp8 = false;
 };
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.

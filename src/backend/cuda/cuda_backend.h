@@ -58,6 +58,9 @@ class CudaBackend final : public Backend {
   // f32, f16, bf16 and f8 e4m3 with scales (f8: the GQA-packed, per-head and prefill attention kernels; not the
   // tensor-core or MLA ones).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
+  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8): the generic kernels read the
+  // latent row once per head.
+  bool ServesMlaKvCacheDtype(DType dtype) const override { return dtype != DType::kF8E4M3 || options_.mla_fp8; }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;

@@ -55,6 +55,9 @@
 //                                                     false    average) take the tensor-core flash-attention prefill
 //                                                              kernel where it fits (attention.h); only "1" turns it
 //                                                              on
+// FATHOM_CUDA_MLA_FP8=1              mla_fp8           false    MLA's decode kernel reads an f8 latent cache (codes
+//                                                              widened to bf16 in shared memory), and the CLI serves
+//                                                              --kv-cache-dtype fp8 for MLA models; only "1"
 #pragma once
 
 #include <cstdint>
@@ -83,6 +86,7 @@ struct KernelOptions {
   int64_t gemv_prefetch_bytes = 0;
   bool fused_silu_staging = false;
   bool prefill_mma_attention = false;
+  bool mla_fp8 = false;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

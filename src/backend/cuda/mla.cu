@@ -1,15 +1,18 @@
 // The MLA attention kernels (mla.h): decode over the latent cache, and the prefill context attention.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/dtype.cuh"
 #include "backend/cuda/flash_tile.cuh"
+#include "backend/cuda/fp8.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
 #include "backend/cuda/mla.h"
@@ -35,11 +38,19 @@ constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes o
 constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
                               2 * kMlaWarps * kMlaHeads * static_cast<int>(sizeof(float));
 static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp per 16 keys and per 128 value dims");
+// An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes land by cp.async in a staging area, with the rows'
+// scales (one per kMlaGroup values), and are widened to bf16 (code times scale, the CPU's product, rounded) into the
+// same tile the 16-bit caches fill; the rest of the kernel runs on bf16.
+constexpr int kMlaGroup = 64, kMlaScales = kMlaK / kMlaGroup;
+constexpr int kMlaSmemBytesF8 = kMlaSmemBytes + kMlaTile * kMlaK + kMlaTile * kMlaScales * 4;
+static_assert(kMlaSmemBytes % 16 == 0, "the f8 staging area starts 16-byte aligned");
 
-template <typename T>
+template <typename TC>
 __global__ void __launch_bounds__(kMlaWarps * 32)
     MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
   PdlPrologue();
+  constexpr bool kF8 = kIsF8<TC>;
+  using T = std::conditional_t<kF8, __nv_bfloat16, TC>;  // the mma operands' type
   extern __shared__ __align__(16) unsigned char mla_smem[];
   T* sk = reinterpret_cast<T*>(mla_smem);                               // [kMlaTile][kMlaRow]: the tile's latent rows
   T* sq = sk + kMlaTile * kMlaRow;                                      // [kMlaHeads][kMlaRow]
@@ -78,7 +89,9 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * qscale);
     }
   }
-  const T* kc = static_cast<const T*>(a.k.data);
+  const TC* kc = static_cast<const TC*>(a.k.data);
+  [[maybe_unused]] uint8_t* stage = mla_smem + kMlaSmemBytes;  // f8: [kMlaTile][kMlaK] codes
+  [[maybe_unused]] float* stage_scale = reinterpret_cast<float*>(stage + kMlaTile * kMlaK);  // f8: [kMlaTile][9]
   float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
   float o[8][2][4];        // O^T: dims warp * 128 + dt * 16 + (g, g + 8) x heads nt * 8 + 2 tq (+ 1)
 #pragma unroll
@@ -88,23 +101,62 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
 #pragma unroll
     for (int dt = 0; dt < 8; ++dt) o[dt][nt][0] = o[dt][nt][1] = o[dt][nt][2] = o[dt][nt][3] = 0.0f;
   }
-  constexpr int kPieces = kMlaK / 8;  // 16-byte pieces of a latent row
+  constexpr int kElems = kF8 ? 16 : 8;     // cache elements of one 16-byte piece
+  constexpr int kPieces = kMlaK / kElems;  // 16-byte pieces of a latent row
   for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
     __syncthreads();  // the previous tile is consumed (and, on the first pass, Q is in place)
-    // All of the tile's 16-byte pieces in flight at once (cp.async; rows past the context filled with zeros).
+    // All of the tile's 16-byte pieces in flight at once (cp.async; rows past the context filled with zeros): into
+    // the tile itself, or for f8 into the staging area.
     for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
-      const int r = i / kPieces, col = (i % kPieces) * 8;
+      const int r = i / kPieces, col = (i % kPieces) * kElems;
       const int64_t j = jb + r;
-      const T* src = kc;
+      const TC* src = kc;
       if (j < j1) {  // 32-bit division: the 64-bit one is a long emulated sequence, once per 16-byte piece
         const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
         src = kc + static_cast<int64_t>(table[jj / bs]) * a.k.s0 + static_cast<int64_t>(jj % bs) * a.k.s1 + col;
       }
-      CpAsync16(sk + r * kMlaRow + col, src, j < j1 ? 16 : 0);
+      if constexpr (kF8) {
+        CpAsync16(stage + r * kMlaK + col, src, j < j1 ? 16 : 0);
+      } else {
+        CpAsync16(sk + r * kMlaRow + col, src, j < j1 ? 16 : 0);
+      }
     }
     CpAsyncCommit();
+    if constexpr (kF8) {  // the rows' scales (0 past the context: their zero codes stay 0)
+      for (int i = threadIdx.x; i < kMlaTile * kMlaScales; i += blockDim.x) {
+        const int r = i / kMlaScales, gi = i % kMlaScales;
+        const int64_t j = jb + r;
+        float sc = 0.0f;
+        if (j < j1) {
+          const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
+          sc = a.k.scale[static_cast<int64_t>(table[jj / bs]) * a.k.ss0 + static_cast<int64_t>(jj % bs) * a.k.ss1 + gi];
+        }
+        stage_scale[i] = sc;
+      }
+    }
     CpAsyncWait<0>();
     __syncthreads();
+    if constexpr (kF8) {  // widen: 16 codes times their scale into 16 bf16 values of the tile
+      for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
+        const int r = i / kPieces, col = (i % kPieces) * 16;
+        float f[16];
+        F8x16(*reinterpret_cast<const uint4*>(stage + r * kMlaK + col), stage_scale[r * kMlaScales + col / kMlaGroup],
+              f);
+        uint4 lo, hi;
+        lo.x = Pack2(FromF<T>(f[0]), FromF<T>(f[1]));
+        lo.y = Pack2(FromF<T>(f[2]), FromF<T>(f[3]));
+        lo.z = Pack2(FromF<T>(f[4]), FromF<T>(f[5]));
+        lo.w = Pack2(FromF<T>(f[6]), FromF<T>(f[7]));
+        hi.x = Pack2(FromF<T>(f[8]), FromF<T>(f[9]));
+        hi.y = Pack2(FromF<T>(f[10]), FromF<T>(f[11]));
+        hi.z = Pack2(FromF<T>(f[12]), FromF<T>(f[13]));
+        hi.w = Pack2(FromF<T>(f[14]), FromF<T>(f[15]));
+        uint4* dst = reinterpret_cast<uint4*>(sk + r * kMlaRow + col);
+        dst[0] = lo;
+        dst[1] = hi;
+      }
+      __syncthreads();
+    }
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
     const T* kw = sk + warp * 16 * kMlaRow;
 #pragma unroll 4
@@ -376,6 +428,10 @@ constexpr int64_t kMlaBlocksPerSm = 4;
 bool MlaDecodeFits(const AttentionArgs& a) {
   if (a.k_dim != kMlaK || a.v_dim != kMlaV || a.kv_heads != 1 || a.heads % kMlaHeads != 0) return false;
   if (a.k.data != a.v.data || a.k.s0 != a.v.s0 || a.k.s1 != a.v.s1) return false;
+  if (a.k.dtype == kF8) {  // opt-in (KernelOptions::mla_fp8): rows of 16-byte pieces, a scale per 64 values
+    return a.mla_fp8 && a.k.scale != nullptr && a.k.group == kMlaGroup && a.k.s0 % 16 == 0 && a.k.s1 % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
+  }
   if (a.k.dtype != kF16 && a.k.dtype != kBF16) return false;
   return a.k.s0 % 8 == 0 && a.k.s1 % 8 == 0 && reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
 }
@@ -391,12 +447,15 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
                     float* part_acc, Stream s) {
   if (a.n == 0) return 0;
   if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
-  const bool f16 = a.k.dtype == kF16;
-  const auto kernel = f16 ? MlaAttentionKernel<__half> : MlaAttentionKernel<__nv_bfloat16>;
+  const bool f8 = a.k.dtype == kF8;
+  const auto kernel = f8                  ? MlaAttentionKernel<__nv_fp8_e4m3>
+                      : a.k.dtype == kF16 ? MlaAttentionKernel<__half>
+                                          : MlaAttentionKernel<__nv_bfloat16>;
+  const int smem = f8 ? kMlaSmemBytesF8 : kMlaSmemBytes;
   // The shared-memory limit on this device (a lookup after the first launch there: kernel_attr.h).
-  if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), kMlaSmemBytes); e != 0) return e;
+  if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem); e != 0) return e;
   LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)),
-               kMlaWarps * 32, kMlaSmemBytes, S(s), a, chunk, chunks, part_m, part_l, part_acc);
+               kMlaWarps * 32, smem, S(s), a, chunk, chunks, part_m, part_l, part_acc);
   return Done();
 }
 

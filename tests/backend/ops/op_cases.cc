@@ -1629,6 +1629,7 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 64, false, F8, kOddBlocks}, "default", kBf16Attention},
       {{4, 2, 256, 256, false, F8, kDecode}, "default", kF32},  // two scale groups of 128 a row: the per-head kernel
       {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kF32},
+      {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},  // MLA's kernel on f8 latent rows
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
@@ -1659,6 +1660,10 @@ std::vector<OpCase> BuildCases() {
       {{128, 1, 576, 512, true, BF16, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, BF16, kLongDecode}, "no_mla_attention", kF32, kGpu},
       {{16, 1, 576, 512, true, F8, kRealMixed}, "default", kF32, kGpu},
+      {{16, 1, 576, 512, true, F8, kRealMixed}, "mla_fp8", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, F8, kRealMixed}, "mla_fp8", kBf16Attention, kGpu},
+      {{16, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},  // against bf16's 16h row
+      {{128, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},   // mla_decode_bw_16h
       {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},  // mla_decode_bw_128h
   };
@@ -1781,7 +1786,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 16> kVariants = {"default",
+constexpr std::array<std::string_view, 17> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1796,7 +1801,8 @@ constexpr std::array<std::string_view, 16> kVariants = {"default",
                                                         "attention_one_chunk",
                                                         "gemv_prefetch",
                                                         "fused_silu",
-                                                        "prefill_mma_attention"};
+                                                        "prefill_mma_attention",
+                                                        "mla_fp8"};
 
 }  // namespace
 
