@@ -37,6 +37,8 @@ struct AttentionArgs {
   // MLA's decode kernel on an f8 latent cache (KernelOptions::mla_fp8); false: f8 latent caches take the generic
   // kernels.
   bool mla_fp8 = false;
+  // MLA's decode kernel with the next tile's loads in flight during this one's compute (KernelOptions::mla_pipeline).
+  bool mla_pipeline = false;
 };
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.

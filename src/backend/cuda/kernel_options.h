@@ -58,6 +58,9 @@
 // FATHOM_CUDA_MLA_FP8=1              mla_fp8           false    MLA's decode kernel reads an f8 latent cache (codes
 //                                                              widened to bf16 in shared memory), and the CLI serves
 //                                                              --kv-cache-dtype fp8 for MLA models; only "1"
+// FATHOM_CUDA_MLA_PIPELINE=1         mla_pipeline      false    MLA's decode kernel loads the next 64-key tile while
+//                                                              it computes on this one (two buffers, one block a
+//                                                              multiprocessor); only "1"
 #pragma once
 
 #include <cstdint>
@@ -87,6 +90,7 @@ struct KernelOptions {
   bool fused_silu_staging = false;
   bool prefill_mma_attention = false;
   bool mla_fp8 = false;
+  bool mla_pipeline = false;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

@@ -41,19 +41,28 @@ static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp 
 // An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes land by cp.async in a staging area, with the rows'
 // scales (one per kMlaGroup values), and are widened to bf16 (code times scale, the CPU's product, rounded) into the
 // same tile the 16-bit caches fill; the rest of the kernel runs on bf16.
+// kStages = 2 (KernelOptions::mla_pipeline): the next tile's loads are in flight while the block computes on this one
+// (two tiles of rows, or for f8 two staging areas, in shared memory: one block a multiprocessor).
 constexpr int kMlaGroup = 64, kMlaScales = kMlaK / kMlaGroup;
-constexpr int kMlaSmemBytesF8 = kMlaSmemBytes + kMlaTile * kMlaK + kMlaTile * kMlaScales * 4;
-static_assert(kMlaSmemBytes % 16 == 0, "the f8 staging area starts 16-byte aligned");
+constexpr int kMlaTileElems = kMlaTile * kMlaRow;
+constexpr int kMlaStageBytes = kMlaTile * kMlaK + kMlaTile * kMlaScales * 4;  // f8: one tile's codes and scales
+static_assert(kMlaSmemBytes % 16 == 0 && kMlaStageBytes % 16 == 0, "16-byte aligned areas");
+// Shared memory of an instance: the tiles of rows (one for f8, which widens into it), Q, P^T and the per-warp maxima
+// and sums (kMlaSmemBytes with one tile), then f8's staging areas.
+constexpr int MlaSmemBytes(bool f8, int stages) {
+  return kMlaSmemBytes + ((f8 ? 1 : stages) - 1) * kMlaTileElems * 2 + (f8 ? stages * kMlaStageBytes : 0);
+}
 
-template <typename TC>
+template <typename TC, int kStages>
 __global__ void __launch_bounds__(kMlaWarps * 32)
     MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
   PdlPrologue();
   constexpr bool kF8 = kIsF8<TC>;
   using T = std::conditional_t<kF8, __nv_bfloat16, TC>;  // the mma operands' type
+  constexpr int kTiles = kF8 ? 1 : kStages;
   extern __shared__ __align__(16) unsigned char mla_smem[];
-  T* sk = reinterpret_cast<T*>(mla_smem);                               // [kMlaTile][kMlaRow]: the tile's latent rows
-  T* sq = sk + kMlaTile * kMlaRow;                                      // [kMlaHeads][kMlaRow]
+  T* tiles = reinterpret_cast<T*>(mla_smem);                            // [kTiles][kMlaTile][kMlaRow]: latent rows
+  T* sq = tiles + kTiles * kMlaTileElems;                               // [kMlaHeads][kMlaRow]
   T* sp = sq + kMlaHeads * kMlaRow;                                     // P^T [kMlaTile][kMlaHeads]
   float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kMlaHeads);  // [kMlaWarps][kMlaHeads]
   float* sm_l = sm_max + kMlaWarps * kMlaHeads;                         // [kMlaWarps][kMlaHeads]
@@ -90,8 +99,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
     }
   }
   const TC* kc = static_cast<const TC*>(a.k.data);
-  [[maybe_unused]] uint8_t* stage = mla_smem + kMlaSmemBytes;  // f8: [kMlaTile][kMlaK] codes
-  [[maybe_unused]] float* stage_scale = reinterpret_cast<float*>(stage + kMlaTile * kMlaK);  // f8: [kMlaTile][9]
+  // f8: [kStages] x (codes [kMlaTile][kMlaK], then scales [kMlaTile][kMlaScales] as float)
+  [[maybe_unused]] uint8_t* stages = reinterpret_cast<uint8_t*>(sm_l + kMlaWarps * kMlaHeads);
   float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
   float o[8][2][4];        // O^T: dims warp * 128 + dt * 16 + (g, g + 8) x heads nt * 8 + 2 tq (+ 1)
 #pragma unroll
@@ -103,10 +112,9 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   }
   constexpr int kElems = kF8 ? 16 : 8;     // cache elements of one 16-byte piece
   constexpr int kPieces = kMlaK / kElems;  // 16-byte pieces of a latent row
-  for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
-    __syncthreads();  // the previous tile is consumed (and, on the first pass, Q is in place)
-    // All of the tile's 16-byte pieces in flight at once (cp.async; rows past the context filled with zeros): into
-    // the tile itself, or for f8 into the staging area.
+  // The tile of keys [jb, jb + kMlaTile) in flight into buffer `st` (cp.async; rows past the context filled with
+  // zeros): its rows, or for f8 its codes and scales into staging area `st`.
+  const auto issue = [&](int64_t jb, int st) {
     for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
       const int r = i / kPieces, col = (i % kPieces) * kElems;
       const int64_t j = jb + r;
@@ -116,32 +124,51 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
         src = kc + static_cast<int64_t>(table[jj / bs]) * a.k.s0 + static_cast<int64_t>(jj % bs) * a.k.s1 + col;
       }
       if constexpr (kF8) {
-        CpAsync16(stage + r * kMlaK + col, src, j < j1 ? 16 : 0);
+        CpAsync16(stages + st * kMlaStageBytes + r * kMlaK + col, src, j < j1 ? 16 : 0);
       } else {
-        CpAsync16(sk + r * kMlaRow + col, src, j < j1 ? 16 : 0);
+        CpAsync16(tiles + st * kMlaTileElems + r * kMlaRow + col, src, j < j1 ? 16 : 0);
       }
     }
-    CpAsyncCommit();
     if constexpr (kF8) {  // the rows' scales (0 past the context: their zero codes stay 0)
+      float* scales = reinterpret_cast<float*>(stages + st * kMlaStageBytes + kMlaTile * kMlaK);
       for (int i = threadIdx.x; i < kMlaTile * kMlaScales; i += blockDim.x) {
         const int r = i / kMlaScales, gi = i % kMlaScales;
         const int64_t j = jb + r;
-        float sc = 0.0f;
+        const float* src = a.k.scale;
         if (j < j1) {
           const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
-          sc = a.k.scale[static_cast<int64_t>(table[jj / bs]) * a.k.ss0 + static_cast<int64_t>(jj % bs) * a.k.ss1 + gi];
+          src += static_cast<int64_t>(table[jj / bs]) * a.k.ss0 + static_cast<int64_t>(jj % bs) * a.k.ss1 + gi;
         }
-        stage_scale[i] = sc;
+        CpAsync4(scales + i, src, j < j1 ? 4 : 0);
       }
     }
-    CpAsyncWait<0>();
+  };
+  if constexpr (kStages == 2) {
+    issue(j0, 0);
+    CpAsyncCommit();
+  }
+  int st = 0;  // the buffer (or f8 staging area) of this pass's tile
+  for (int64_t jb = j0; jb < j1; jb += kMlaTile) {
+    __syncthreads();  // the previous tile is consumed, so its buffer may be refilled (and, on the first pass, Q is in
+                      // place)
+    if constexpr (kStages == 2) {
+      if (jb + kMlaTile < j1) issue(jb + kMlaTile, st ^ 1);
+      CpAsyncCommit();   // possibly empty: the wait below counts groups
+      CpAsyncWait<1>();  // this tile has landed; the next may still be in flight
+    } else {
+      issue(jb, 0);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+    }
     __syncthreads();
+    T* sk = tiles + (kF8 ? 0 : st) * kMlaTileElems;  // [kMlaTile][kMlaRow]: this tile's latent rows
     if constexpr (kF8) {  // widen: 16 codes times their scale into 16 bf16 values of the tile
+      const uint8_t* codes = stages + st * kMlaStageBytes;
+      const float* scales = reinterpret_cast<const float*>(codes + kMlaTile * kMlaK);
       for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
         const int r = i / kPieces, col = (i % kPieces) * 16;
         float f[16];
-        F8x16(*reinterpret_cast<const uint4*>(stage + r * kMlaK + col), stage_scale[r * kMlaScales + col / kMlaGroup],
-              f);
+        F8x16(*reinterpret_cast<const uint4*>(codes + r * kMlaK + col), scales[r * kMlaScales + col / kMlaGroup], f);
         uint4 lo, hi;
         lo.x = Pack2(FromF<T>(f[0]), FromF<T>(f[1]));
         lo.y = Pack2(FromF<T>(f[2]), FromF<T>(f[3]));
@@ -157,6 +184,7 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       }
       __syncthreads();
     }
+    if constexpr (kStages == 2) st ^= 1;
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
     const T* kw = sk + warp * 16 * kMlaRow;
 #pragma unroll 4
@@ -448,10 +476,14 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
   if (a.n == 0) return 0;
   if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
   const bool f8 = a.k.dtype == kF8;
-  const auto kernel = f8                  ? MlaAttentionKernel<__nv_fp8_e4m3>
-                      : a.k.dtype == kF16 ? MlaAttentionKernel<__half>
-                                          : MlaAttentionKernel<__nv_bfloat16>;
-  const int smem = f8 ? kMlaSmemBytesF8 : kMlaSmemBytes;
+  const int stages = a.mla_pipeline ? 2 : 1;
+  const auto pick = [&](auto stage_tag) {
+    constexpr int kS = decltype(stage_tag)::value;
+    return f8 ? MlaAttentionKernel<__nv_fp8_e4m3, kS>
+              : (a.k.dtype == kF16 ? MlaAttentionKernel<__half, kS> : MlaAttentionKernel<__nv_bfloat16, kS>);
+  };
+  const auto kernel = stages == 2 ? pick(std::integral_constant<int, 2>{}) : pick(std::integral_constant<int, 1>{});
+  const int smem = MlaSmemBytes(f8, stages);
   // The shared-memory limit on this device (a lookup after the first launch there: kernel_attr.h).
   if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem); e != 0) return e;
   LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)),

@@ -27,6 +27,11 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.fused_silu_staging = true;  // SiluMulLinear's product rounded to bf16 into the GEMM's input
   } else if (variant == "gemv_prefetch") {
     o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
+  } else if (variant == "mla_pipeline") {
+    o.mla_pipeline = true;  // MLA's decode kernel with two tiles of rows in flight
+  } else if (variant == "mla_pipeline_fp8") {
+    o.mla_pipeline = true;
+    o.mla_fp8 = true;
   } else if (variant == "mla_fp8") {
     o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches
   } else if (variant == "prefill_mma_attention") {

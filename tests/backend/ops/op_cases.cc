@@ -1630,6 +1630,8 @@ std::vector<OpCase> BuildCases() {
       {{4, 2, 256, 256, false, F8, kDecode}, "default", kF32},  // two scale groups of 128 a row: the per-head kernel
       {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kF32},
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},  // MLA's kernel on f8 latent rows
+      {{16, 1, 576, 512, true, BF16, kSmallMla}, "mla_pipeline", kBf16Attention},
+      {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_pipeline_fp8", kBf16Attention},
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
@@ -1664,6 +1666,13 @@ std::vector<OpCase> BuildCases() {
       {{128, 1, 576, 512, true, F8, kRealMixed}, "mla_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},  // against bf16's 16h row
       {{128, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},
+      // the two-stage MLA kernel: mixed batches, and the 64 x 4k rows of both head counts, bf16 and f8
+      {{16, 1, 576, 512, true, BF16, kRealMixed}, "mla_pipeline", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, BF16, kRealMixed}, "mla_pipeline", kBf16Attention, kGpu},
+      {{16, 1, 576, 512, true, BF16, kBatchLongDecode}, "mla_pipeline", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "mla_pipeline", kBf16Attention, kGpu},
+      {{16, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_pipeline_fp8", kBf16Attention, kGpu},
+      {{16, 1, 576, 512, true, F8, kRealMixed}, "mla_pipeline_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},   // mla_decode_bw_16h
       {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},  // mla_decode_bw_128h
   };
@@ -1786,7 +1795,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 17> kVariants = {"default",
+constexpr std::array<std::string_view, 19> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1802,7 +1811,9 @@ constexpr std::array<std::string_view, 17> kVariants = {"default",
                                                         "gemv_prefetch",
                                                         "fused_silu",
                                                         "prefill_mma_attention",
-                                                        "mla_fp8"};
+                                                        "mla_fp8",
+                                                        "mla_pipeline",
+                                                        "mla_pipeline_fp8"};
 
 }  // namespace
 
