@@ -102,7 +102,9 @@ __global__ void __launch_bounds__(kPfWarps * 32) PrefillMmaAttentionKernel(Atten
   const int64_t h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
   const int64_t row0 = a.query_start[s] + tile * kPfRows;
   const int64_t rows = min(static_cast<int64_t>(kPfRows), static_cast<int64_t>(a.query_start[s + 1]) - row0);
-  const int64_t last_pos = a.positions[row0 + rows - 1];
+  // The tile's largest position (its last row's: a sequence's positions rise), taken as the maximum for safety.
+  int64_t last_pos = 0;
+  for (int64_t r = 0; r < rows; ++r) last_pos = max(last_pos, static_cast<int64_t>(a.positions[row0 + r]));
   const int32_t* table = a.block_tables + a.block_table_start[s];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tq = lane % 4;
   constexpr float kLog2e = 1.4426950408889634f;

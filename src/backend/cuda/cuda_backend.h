@@ -58,9 +58,11 @@ class CudaBackend final : public Backend {
   // f32, f16, bf16 and f8 e4m3 with scales (f8: the GQA-packed, per-head and prefill attention kernels; not the
   // tensor-core or MLA ones).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
-  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8): the generic kernels read the
-  // latent row once per head.
-  bool ServesMlaKvCacheDtype(DType dtype) const override { return dtype != DType::kF8E4M3 || options_.mla_fp8; }
+  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8, and the MLA kernel on): the
+  // generic kernels read the latent row once per head, and past their workspace cannot hold long contexts.
+  bool ServesMlaKvCacheDtype(DType dtype) const override {
+    return dtype != DType::kF8E4M3 || (options_.mla_fp8 && options_.mla_attention);
+  }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;

@@ -448,8 +448,12 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
-// MLA's decode chunks aim at about two waves of blocks (two fit an SM): 4 blocks per SM in all.
-constexpr int64_t kMlaBlocksPerSm = 4;
+// MLA's decode chunks aim at about two waves of blocks: 4 blocks per SM in all where two fit one (the 16-bit
+// single-stage instance, 96 KB of shared memory), 2 where one does (the two-stage and f8 instances, 135-175 KB).
+int64_t MlaBlocksPerSm(const AttentionArgs& a) {
+  constexpr int64_t kWaves = 2;
+  return kWaves * (a.mla_pipeline || a.k.dtype == kF8 ? 1 : 2);
+}
 
 }  // namespace
 
@@ -466,7 +470,7 @@ bool MlaDecodeFits(const AttentionArgs& a) {
 
 int64_t MlaDecodeChunk(const AttentionArgs& a, int sm_count) {
   const int64_t base = std::max<int64_t>(a.n * (a.heads / kMlaHeads), 1);
-  const int64_t want = std::max<int64_t>(kMlaBlocksPerSm * sm_count / base, 1);
+  const int64_t want = std::max<int64_t>(MlaBlocksPerSm(a) * sm_count / base, 1);
   const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
   return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
 }
