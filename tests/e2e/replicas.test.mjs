@@ -8,7 +8,7 @@ import http from 'node:http';
 import {after, before, test} from 'node:test';
 import path from 'node:path';
 
-import {buildScriptedModel, freePort, readSse, scrape, sleep, startServer, tmpDir} from './lib/fathom.mjs';
+import {buildScriptedModel, freePort, freePorts, readSse, scrape, sleep, startServer, tmpDir} from './lib/fathom.mjs';
 
 let model;
 before(async () => {
@@ -80,10 +80,11 @@ async function load(port, total, concurrency, body, onDone = () => {}) {
 const generations = (srv) => srv.access.filter((l) => l.path === '/v1/completions');
 
 test('two --reuse-port processes share one port: 200 requests all succeed and both serve some', async () => {
-  const port = await freePort(), pa = await freePort(), pb = await freePort();
+  const [port, pa, pb] = await freePorts(3);
   const a = await startServer(['--model', model.dir, '--reuse-port', '--private-port', String(pa)], {port});
-  const b = await startServer(['--model', model.dir, '--reuse-port', '--private-port', String(pb)], {port});
+  let b = null;
   try {
+    b = await startServer(['--model', model.dir, '--reuse-port', '--private-port', String(pb)], {port});
     const results = await load(port, 200, 16, {prompt: 'Count:', max_tokens: 3});
     const bad = results.filter((r) => r.status !== 200);
     assert.equal(bad.length, 0, JSON.stringify(bad.slice(0, 3)));
@@ -99,15 +100,16 @@ test('two --reuse-port processes share one port: 200 requests all succeed and bo
     assert.equal(count(await scrape(`http://127.0.0.1:${pb}`)), nb);
   } finally {
     await a.stop();
-    await b.stop();
+    if (b) await b.stop();
   }
 });
 
 test('SIGTERM to one of two --reuse-port processes under load: no request fails, the other takes the new ones', async () => {
   const port = await freePort();
   const a = await startServer(['--model', model.dir, '--reuse-port', '--shutdown-grace-s', '30'], {port});
-  const b = await startServer(['--model', model.dir, '--reuse-port'], {port});
+  let b = null;
   try {
+    b = await startServer(['--model', model.dir, '--reuse-port'], {port});
     let done = 0, signalled = false, aBefore = 0;
     // 16 tokens each, so that requests are in flight on both processes when the signal comes.
     const results = await load(port, 120, 16, {prompt: 'Loop', max_tokens: 16, ignore_eos: true}, () => {
@@ -136,7 +138,7 @@ test('SIGTERM to one of two --reuse-port processes under load: no request fails,
     assert.equal(after.status, 200);
   } finally {
     await a.stop();
-    await b.stop();
+    if (b) await b.stop();
   }
 });
 

@@ -152,6 +152,24 @@ export async function startServer(args, {env = {}, timeoutMs = 120000, port: fix
     resolve(code);
   }));
   srv.exited = exited;
+  // A server that does not come up is killed before the error goes on: a child left running would keep node's event
+  // loop, and with it the whole test file, alive until ctest's timeout.
+  try {
+    await waitUntilServing(srv, child, exited, fixedPort, timeoutMs);
+  } catch (e) {
+    if (srv.exitCode === null) child.kill('SIGKILL');
+    throw e;
+  }
+  srv.stop = async (signal = 'SIGTERM') => {
+    if (srv.exitCode === null) child.kill(signal);
+    return exited;
+  };
+  return srv;
+}
+
+// Resolves once `srv` listens (srv.port, srv.url) and is ready: healthy, or with a fixed (shared) port, its "ready"
+// line; rejects if it exits first or takes longer than timeoutMs.
+async function waitUntilServing(srv, child, exited, fixedPort, timeoutMs) {
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + srv.stderr)), timeoutMs);
     child.stderr.on('data', (d) => {
@@ -180,11 +198,6 @@ export async function startServer(args, {env = {}, timeoutMs = 120000, port: fix
     if (Date.now() > deadline) throw new Error('server not healthy in time:\n' + srv.stderr);
     await sleep(100);
   }
-  srv.stop = async (signal = 'SIGTERM') => {
-    if (srv.exitCode === null) child.kill(signal);
-    return exited;
-  };
-  return srv;
 }
 
 export function countThreads(pid) {
@@ -198,6 +211,24 @@ export function countThreads(pid) {
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // A free TCP port on 127.0.0.1 (bound and released: free a moment later unless another process takes it).
+// `n` distinct free ports: all held open at once while they are chosen (freePort() twice may return one port twice).
+export async function freePorts(n) {
+  const servers = [];
+  try {
+    for (let i = 0; i < n; ++i) {
+      const s = net.createServer();
+      servers.push(s);
+      await new Promise((resolve, reject) => {
+        s.on('error', reject);
+        s.listen(0, '127.0.0.1', resolve);
+      });
+    }
+    return servers.map((s) => s.address().port);
+  } finally {
+    await Promise.all(servers.map((s) => new Promise((resolve) => s.close(() => resolve()))));
+  }
+}
+
 export function freePort() {
   return new Promise((resolve, reject) => {
     const s = net.createServer();
