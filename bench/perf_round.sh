@@ -4,9 +4,11 @@
 # same-call peer ratio. Nothing is compared against an old peer number.
 #
 #   bench/perf_round.sh PART BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR      (on the GPU machine, repository root)
-#     PART dense:   Qwen-7B and Llama-8B (bf16 and FP8 KV caches), peer r1-distill-llama-8b f16
+#     PART dense:   Qwen-7B and Llama-8B (bf16 and FP8 KV caches), peers r1-distill-llama-8b f16 and qwen7b-shape
+#                   f16 (bench/peers/llama_cpp.sh; prompts of 512 and 1024 for the latter, as fathom's runs have)
 #     PART moe:     DeepSeek-V2-Lite, peer deepseek-v2-lite f16
-#     PART kernels: the MLA decode kernel and the 256-sequence attention rows of the op table (cuda_kernel_bench --ops)
+#     PART kernels: the MLA decode kernel and the 256-sequence attention rows of the op table (cuda_kernel_bench --ops);
+#                   peer: PyTorch on the same MLA decode (bench/peers/mla_torch.py)
 #     PART online: `fathom bench` against `fathom serve --device cuda` at concurrency 1, 16, 64 and 256 (512 tokens
 #                  in, 256 out) for Qwen-7B and V2-Lite (ONLINE_MODELS=NAME:CONFIG ... picks), beside the offline
 #                  batch-1 run of the same lengths
@@ -48,7 +50,7 @@ case "$part" in
     runs+=("qwen7b-1k-fp8kv|$qwen --batch-size 64,256 --input-len 1024 --output-len 128 --kv-cache-dtype fp8")
     runs+=("qwen7b-prefill8k|$qwen --batch-size 16 --input-len 512 --output-len 2 --max-num-batched-tokens 8192")
     runs+=("llama8b-512|$llama --batch-size 1,64,256 --input-len 512 --output-len 128")
-    peer_models+=(r1-distill-llama-8b:f16)
+    peer_models+=(r1-distill-llama-8b:f16 qwen7b-shape:f16:512,1024)
     ;;
   moe)
     v2="--model $configs/deepseek-v2-lite.json --max-model-len 4096"
@@ -132,6 +134,9 @@ if [ "$part" = kernels ]; then
   "$bin/cuda_kernel_bench" --ops 1 --filter PagedAttention >"$out/kernels.jsonl" 2>"$out/kernels.log"
   log "cuda_kernel_bench: rc=$?"
   echo "cuda_kernel_bench --ops 1 --filter PagedAttention" >"$out/kernels.command"
+  log "peer: PyTorch MLA decode (bench/peers/mla_torch.py)"
+  python3 "$here/peers/mla_torch.py" >"$out/mla_peer.jsonl" 2>"$out/mla_peer.log"
+  log "peer: PyTorch MLA decode rc=$?"
 fi
 
 if [ "$peer_ok" = 1 ]; then

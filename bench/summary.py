@@ -6,14 +6,16 @@ Each figure is written in two places:
   - bench/results/SUMMARY.json, which keeps the newest figure of each name.
 
 A figure's peer is measured in the same device call as the figure itself: llama-bench and llama-batched-bench in the
-same part's peer.jsonl, or fathom's own bf16-KV run for the FP8-KV figure. Never an older number.
+same part's peer.jsonl, PyTorch's MLA decode in mla_peer.jsonl (bench/peers/mla_torch.py), or fathom's own bf16-KV
+run for the FP8-KV figure. Never an older number. Qwen-7B's llama.cpp peer is qwen7b-shape (its dimensions in
+llama.cpp's llama architecture: bench/peers/llama_cpp.sh).
 
   bench/summary.py --raw RAW_DIR [RAW_DIR ...] --commit abc1234 --date 2026-12-05 \\
       --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH]
 
 A RAW_DIR is one part's OUT_DIR:
   - NAME.json and NAME.command for each fathom bench run (offline, or online: NAME-online-cC against fathom serve);
-  - peer.jsonl, with llama-bench's and llama-batched-bench's lines;
+  - peer.jsonl, with llama-bench's and llama-batched-bench's lines; mla_peer.jsonl, with PyTorch's;
   - kernels.jsonl and kernels.command from cuda_kernel_bench --ops.
 
 A figure whose run is missing is skipped and listed on stderr. The targets are the performance issue's. A figure
@@ -25,6 +27,7 @@ import os
 import sys
 
 QWEN, LLAMA, V2 = "qwen7b", "llama8b", "v2lite"
+QWEN_PEER = "qwen7b-shape-f16"  # llama.cpp on Qwen-7B's dimensions (bench/peers/llama_cpp.sh)
 
 
 def level(runs, run, batch):
@@ -49,11 +52,13 @@ def llama_bench(peers, model, n_prompt, n_gen):
     return None
 
 
-def batched_bench(peers, model, pl):
-    """llama-batched-bench's decode throughput (speed_tg) for `model` at `pl` sequences, or None."""
+def batched_bench(peers, model, pl, pp=512, key="speed_tg"):
+    """llama-batched-bench's decode (speed_tg) or prefill (speed_pp) throughput for `model` at `pl` sequences of `pp`
+    prompt tokens, or None."""
     for p in peers:
-        if p.get("tool") == "llama-batched-bench" and p.get("model") == model and p.get("pl") == pl:
-            return p.get("speed_tg")
+        if (p.get("tool") == "llama-batched-bench" and p.get("model") == model and p.get("pl") == pl
+                and p.get("pp") == pp):
+            return p.get(key)
     return None
 
 
@@ -106,9 +111,44 @@ def tg128(model):
     return lambda runs, peers: (f"llama.cpp {model} llama-bench tg128 (same call)", llama_bench(peers, model, 0, 128))
 
 
-def batched(model, pl):
-    return lambda runs, peers: (f"llama.cpp {model} llama-batched-bench -npp 512 -ntg 128 -npl {pl} speed_tg (same call)",
-                                batched_bench(peers, model, pl))
+def batched(model, pl, pp=512):
+    return lambda runs, peers: (f"llama.cpp {model} llama-batched-bench -npp {pp} -ntg 128 -npl {pl} speed_tg (same call)",
+                                batched_bench(peers, model, pl, pp))
+
+
+def pp512_ms(model):
+    """llama-bench's pp512 as the time of one 512-token prefill (ms): the TTFT figure's peer."""
+
+    def peer(runs, peers):
+        ts = llama_bench(peers, model, 512, 0)
+        return (f"llama.cpp {model} llama-bench pp512, as 512 / tokens per second (same call)",
+                1000.0 * 512 / ts if ts else None)
+
+    return peer
+
+
+def batched_mfu(model):
+    """llama-batched-bench's 16 x 512 prefill (speed_pp) as MFU: fathom's MFU times the peer's share of fathom's
+    prefill tokens per second (the same model shape, so the same FLOPs a token)."""
+
+    def peer(lv, peers):
+        tps = batched_bench(peers, model, 16, 512, "speed_pp")
+        if not tps or not lv.get("prefill_tokens_per_s"):
+            return None, None
+        return (f"llama.cpp {model} llama-batched-bench -npp 512 -npl 16 speed_pp (same call), as MFU",
+                100 * lv["prefill_mfu"] * tps / lv["prefill_tokens_per_s"])
+
+    return peer
+
+
+def mla_torch(peers, heads):
+    """The better of PyTorch's two MLA decodes (bench/peers/mla_torch.py) at `heads`: (label, GB/s) or (None, None)."""
+    rows = [p for p in peers if p.get("tool") == "pytorch" and p.get("op") == "mla_decode" and p.get("heads") == heads
+            and p.get("gb_s")]
+    if not rows:
+        return None, None
+    best = max(rows, key=lambda p: p["gb_s"])
+    return f"PyTorch {best.get('torch', '')} {best['method']} on the same latent cache (same call)", best["gb_s"]
 
 
 def bf16_kv(batch):
@@ -119,28 +159,38 @@ def bf16_kv(batch):
     return peer
 
 
-def prefill_mfu(name, run, at_least):
+def prefill_mfu(name, run, at_least, peer=None):
     def make(runs, peers, kernels):
         lv = level(runs, run, 16)
         if lv is None:
             return None
         value = round(100 * lv["prefill_mfu"], 1)
         t, met = target(value, None, at_least, None, "%")
-        return {"value": value, "unit": "% MFU (16 x 512-token prefill)", "roofline": 100.0, "run": run,
-                "target": t, "met": met}
+        f = {"value": value, "unit": "% MFU (16 x 512-token prefill)", "roofline": 100.0, "run": run,
+             "target": t, "met": met}
+        if peer is not None:
+            label, pv = peer(lv, peers)
+            if pv is not None:
+                f["peer"], f["peer_value"] = label, round(pv, 1)
+        return f
 
     return name, make
 
 
-def ttft(name, run, at_most):
+def ttft(name, run, at_most, peer=None):
     def make(runs, peers, kernels):
         lv = level(runs, run, 1)
         if lv is None:
             return None
         value = round(lv["ttft_ms"]["median"], 2)
         t, met = target(value, None, None, None, "ms", at_most=at_most)
-        return {"value": value, "unit": "ms (median TTFT, 512-token prompt)", "roofline": None, "run": run,
-                "target": t, "met": met}
+        f = {"value": value, "unit": "ms (median TTFT, 512-token prompt; lower is better)", "roofline": None,
+             "run": run, "target": t, "met": met}
+        if peer is not None:
+            label, pv = peer(runs, peers)
+            if pv is not None:
+                f["peer"], f["peer_value"] = label, round(pv, 2)
+        return f
 
     return name, make
 
@@ -153,8 +203,12 @@ def mla_bw(name, heads, at_least):
             return None
         value = round(row["gb_s"], 1)
         t, met = target(value, None, at_least, None, "GB/s")
-        return {"value": value, "unit": "GB/s of latent cache (64 sequences x 4k)", "roofline": 4500.0,
-                "run": "kernels", "target": t, "met": met}
+        f = {"value": value, "unit": "GB/s of latent cache (64 sequences x 4k)", "roofline": 4500.0,
+             "run": "kernels", "target": t, "met": met}
+        label, pv = mla_torch(peers, heads)
+        if pv is not None:
+            f["peer"], f["peer_value"] = label, pv
+        return f
 
     return name, make
 
@@ -201,20 +255,20 @@ def online_vs_offline(name, model):
 
 # The headline figures (the performance issue's names and targets).
 FIGURES = [
-    decode_figure("qwen7b_bf16_b1_decode", "qwen7b-512", 1, 270),
+    decode_figure("qwen7b_bf16_b1_decode", "qwen7b-512", 1, 270, tg128(QWEN_PEER)),
     decode_figure("llama8b_bf16_b1_decode", "llama8b-512", 1, 255, tg128("r1-distill-llama-8b-f16"), 1.2),
     decode_figure("llama8b_bf16_b64_decode", "llama8b-512", 64, None, batched("r1-distill-llama-8b-f16", 64)),
     decode_figure("llama8b_bf16_b256_decode", "llama8b-512", 256, None, batched("r1-distill-llama-8b-f16", 256)),
-    decode_figure("qwen7b_bf16_b64_decode", "qwen7b-1k", 64, 12000),
-    decode_figure("qwen7b_bf16_b256_decode", "qwen7b-1k", 256, 24000),
+    decode_figure("qwen7b_bf16_b64_decode", "qwen7b-1k", 64, 12000, batched(QWEN_PEER, 64, 1024)),
+    decode_figure("qwen7b_bf16_b256_decode", "qwen7b-1k", 256, 24000, batched(QWEN_PEER, 256, 1024)),
     decode_figure("qwen7b_fp8kv_b64_decode", "qwen7b-1k-fp8kv", 64, None, bf16_kv(64)),
     decode_figure("qwen7b_fp8kv_b256_decode", "qwen7b-1k-fp8kv", 256, None, bf16_kv(256), 1.3),
-    prefill_mfu("qwen7b_bf16_prefill8k_mfu", "qwen7b-prefill8k", 55),
-    ttft("qwen7b_ttft_512", "qwen7b-512", 15),
+    prefill_mfu("qwen7b_bf16_prefill8k_mfu", "qwen7b-prefill8k", 55, batched_mfu(QWEN_PEER)),
+    ttft("qwen7b_ttft_512", "qwen7b-512", 15, pp512_ms(QWEN_PEER)),
     decode_figure("v2lite_bf16_b1_decode", "v2lite-512", 1, 600, tg128("deepseek-v2-lite-f16"), 2.5),
     decode_figure("v2lite_bf16_b64_decode", "v2lite-512", 64, 8000, batched("deepseek-v2-lite-f16", 64)),
     decode_figure("v2lite_bf16_b256_decode", "v2lite-512", 256, 20000, batched("deepseek-v2-lite-f16", 256)),
-    prefill_mfu("v2lite_prefill8k_mfu", "v2lite-prefill8k", 35),
+    prefill_mfu("v2lite_prefill8k_mfu", "v2lite-prefill8k", 35, batched_mfu("deepseek-v2-lite-f16")),
     mla_bw("mla_decode_bw_16h", 16, 3000),
     mla_bw("mla_decode_bw_128h", 128, 2500),
     online_vs_offline("qwen7b_online_c1_vs_offline_b1", QWEN),
@@ -261,7 +315,7 @@ def load_raw(dirs):
                 cmd_path = os.path.join(d, name + ".command")
                 cmd = open(cmd_path).read().strip() if os.path.exists(cmd_path) else ""
                 runs[name] = {"json": j, "command": cmd}
-        peers += read_jsonl(os.path.join(d, "peer.jsonl"))
+        peers += read_jsonl(os.path.join(d, "peer.jsonl")) + read_jsonl(os.path.join(d, "mla_peer.jsonl"))
         kernels += read_jsonl(os.path.join(d, "kernels.jsonl"))
         if os.path.exists(os.path.join(d, "kernels.command")):
             commands["kernels"] = open(os.path.join(d, "kernels.command")).read().strip()

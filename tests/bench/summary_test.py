@@ -12,9 +12,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "bench", "summary.py")
 
 
-def level(batch, tok_s, roofline, ttft_median=20.0, mfu=0.3):
-    return {"batch_size": batch, "decode_tokens_per_s": tok_s, "prefill_mfu": mfu,
-            "ttft_ms": {"median": ttft_median}, "roofline": {"theoretical_tokens_per_s": roofline}}
+def level(batch, tok_s, roofline, ttft_median=20.0, mfu=0.3, prefill_tok_s=None):
+    lv = {"batch_size": batch, "decode_tokens_per_s": tok_s, "prefill_mfu": mfu,
+          "ttft_ms": {"median": ttft_median}, "roofline": {"theoretical_tokens_per_s": roofline}}
+    if prefill_tok_s is not None:
+        lv["prefill_tokens_per_s"] = prefill_tok_s
+    return lv
 
 
 def write_run(d, name, levels, command):
@@ -34,6 +37,7 @@ class SummaryTest(unittest.TestCase):
         write_run(self.dense, "qwen7b-512", [level(1, 250.0, 317.5, ttft_median=14.2)], "fathom bench qwen 512")
         write_run(self.dense, "qwen7b-1k", [level(64, 9000.0, 17000.0), level(256, 20000.0, 30000.0)], "qwen 1k")
         write_run(self.dense, "qwen7b-1k-fp8kv", [level(64, 9900.0, 20000.0), level(256, 27000.0, 40000.0)], "fp8")
+        write_run(self.dense, "qwen7b-prefill8k", [level(16, 2500.0, 5000.0, mfu=0.4, prefill_tok_s=32000.0)], "pf")
         write_run(self.dense, "llama8b-512", [level(1, 260.0, 298.3), level(64, 7000.0, 14500.0)], "llama 512")
         write_run(self.dense, "qwen7b-offline-b1-256", [level(1, 220.0, 317.5)], "offline 512/256")
         with open(os.path.join(self.dense, "qwen7b-online-c1.json"), "w") as f:  # online: 207 / 220 = 0.941 < 0.95
@@ -45,8 +49,15 @@ class SummaryTest(unittest.TestCase):
                                 "n_gen": 0, "avg_ts": 9000.0}) + "\n")
             f.write(json.dumps({"model_filename": "/tmp/peer/r1-distill-llama-8b-f16.gguf", "n_prompt": 0,
                                 "n_gen": 128, "avg_ts": 200.0}) + "\n")
-            f.write(json.dumps({"tool": "llama-batched-bench", "model": "r1-distill-llama-8b-f16", "pl": 64,
+            f.write(json.dumps({"tool": "llama-batched-bench", "model": "r1-distill-llama-8b-f16", "pl": 64, "pp": 512,
                                 "speed_tg": 3500.0}) + "\n")
+            # Qwen-7B's peer (qwen7b-shape): tg128, pp512, and batched runs at 512- and 1024-token prompts
+            qwen = "/tmp/peer/qwen7b-shape-f16.gguf"
+            f.write(json.dumps({"model_filename": qwen, "n_prompt": 0, "n_gen": 128, "avg_ts": 125.0}) + "\n")
+            f.write(json.dumps({"model_filename": qwen, "n_prompt": 512, "n_gen": 0, "avg_ts": 25600.0}) + "\n")
+            for pl, pp, tg, ppspeed in ((64, 512, 9999.0, 1.0), (64, 1024, 4500.0, 1.0), (16, 512, 1.0, 16000.0)):
+                f.write(json.dumps({"tool": "llama-batched-bench", "model": "qwen7b-shape-f16", "pl": pl, "pp": pp,
+                                    "speed_tg": tg, "speed_pp": ppspeed}) + "\n")
             f.write('{"tool": "llama-batched-bench", "model": "r1-distill-llama-8b-f16", "pl": 256, "spe\n')  # cut
         with open(os.path.join(self.kern, "kernels.jsonl"), "w") as f:
             f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
@@ -55,6 +66,12 @@ class SummaryTest(unittest.TestCase):
             f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
                                 "shape": "heads=128/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
                                 "gb_s": 900.0}) + "\n")
+        with open(os.path.join(self.kern, "mla_peer.jsonl"), "w") as f:  # PyTorch's MLA decode: the better method
+            for heads, method, gb_s in ((16, "sdpa", 1000.0), (16, "bmm", 1550.0), (128, "bmm", 300.0)):
+                f.write(json.dumps({"tool": "pytorch", "op": "mla_decode", "heads": heads, "method": method,
+                                    "gb_s": gb_s}) + "\n")
+            f.write(json.dumps({"tool": "pytorch", "op": "mla_decode", "heads": 128, "method": "sdpa",
+                                "error": "not served"}) + "\n")
         with open(os.path.join(self.kern, "kernels.command"), "w") as f:
             f.write("cuda_kernel_bench --ops 1 --filter PagedAttention\n")
         self.summary = os.path.join(t, "SUMMARY.json")
@@ -90,8 +107,20 @@ class SummaryTest(unittest.TestCase):
         self.assertIsNone(figs["llama8b_bf16_b64_decode"]["met"])  # no target of its own
         # the peer line cut short is skipped; its figure still comes out, with no peer
         self.assertIsNone(figs.get("llama8b_bf16_b256_decode"))  # llama8b-512 has no level 256
-        self.assertFalse(figs["qwen7b_bf16_b1_decode"]["met"])  # 250 < 270
-        self.assertTrue(figs["qwen7b_ttft_512"]["met"])  # 14.2 <= 15 ms
+        q1 = figs["qwen7b_bf16_b1_decode"]  # against llama.cpp on Qwen-7B's shape: 250 / 125
+        self.assertEqual((q1["ratio"], q1["met"]), (2.0, False))  # 250 < 270
+        self.assertIn("qwen7b-shape-f16", q1["peer"])
+        ttft = figs["qwen7b_ttft_512"]  # pp512 at 25600 tok/s: 20 ms for 512 tokens
+        self.assertEqual((ttft["peer_value"], ttft["ratio"], ttft["met"]), (20.0, 0.71, True))  # 14.2 <= 15 ms
+        q64 = figs["qwen7b_bf16_b64_decode"]  # the 1024-token prompts' line, not the 512's
+        self.assertEqual((q64["peer_value"], q64["ratio"]), (4500.0, 2.0))
+        self.assertIn("-npp 1024", q64["peer"])
+        mfu = figs["qwen7b_bf16_prefill8k_mfu"]  # 40% at 32000 tok/s; the peer's 16000 tok/s is 20%
+        self.assertEqual((mfu["value"], mfu["peer_value"], mfu["ratio"], mfu["met"]), (40.0, 20.0, 2.0, False))
+        m16, m128 = figs["mla_decode_bw_16h"], figs["mla_decode_bw_128h"]
+        self.assertEqual((m16["peer_value"], m16["ratio"]), (1550.0, 2.0))
+        self.assertIn("bmm", m16["peer"])
+        self.assertEqual((m128["peer_value"], m128["ratio"]), (300.0, 3.0))  # the failed method is left out
         self.assertFalse(figs["qwen7b_bf16_b256_decode"]["met"])  # 20000 < 24000
         fp8 = figs["qwen7b_fp8kv_b256_decode"]  # against the bf16-KV run of the same call: 27000 / 20000
         self.assertEqual((fp8["ratio"], fp8["met"]), (1.35, True))

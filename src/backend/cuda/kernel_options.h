@@ -51,10 +51,10 @@
 //                                                               bf16 straight into the GEMM's input (one pass, no
 //                                                               float32 product; the same values); only "1" turns it
 //                                                               on
-// FATHOM_CUDA_PREFILL_MMA_ATTENTION=1 prefill_mma_attention    batches of 16 or more query rows a sequence (on
-//                                                     false    average) take the tensor-core flash-attention prefill
-//                                                              kernel where it fits (attention.h); only "1" turns it
-//                                                              on
+// FATHOM_CUDA_PREFILL_MMA_ATTENTION=0 prefill_mma_attention    batches of 16 or more query rows a sequence (on
+//                                                     true     average) take the tensor-core flash-attention prefill
+//                                                              kernel where it fits (attention.h); any value but "1"
+//                                                              turns it off (the split decode kernels then)
 // FATHOM_CUDA_MLA_FP8=1              mla_fp8           false    MLA's decode kernel reads an f8 latent cache (codes
 //                                                              widened to bf16 in shared memory), and the CLI serves
 //                                                              --kv-cache-dtype fp8 for MLA models; only "1"
@@ -88,7 +88,7 @@ struct KernelOptions {
   int64_t attention_one_chunk_waves = 0;
   int64_t gemv_prefetch_bytes = 0;
   bool fused_silu_staging = false;
-  bool prefill_mma_attention = false;
+  bool prefill_mma_attention = true;
   bool mla_fp8 = false;
   bool mla_pipeline = false;
 

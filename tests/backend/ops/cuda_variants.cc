@@ -36,6 +36,8 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches
   } else if (variant == "prefill_mma_attention") {
     o.prefill_mma_attention = true;  // prefill batches on the tensor-core flash-attention kernel
+  } else if (variant == "no_prefill_mma_attention") {
+    o.prefill_mma_attention = false;  // prefill batches on the split decode kernels, one query row a block
   } else if (variant == "attention_one_chunk") {
     o.attention_one_chunk_waves = 1;  // one chunk of keys a token wherever that fills a wave
   } else if (variant == "no_mla_attention") {

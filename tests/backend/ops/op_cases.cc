@@ -1604,9 +1604,12 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 64, false, F32, kDecode}, "no_gqa_attention", kF32},
       {{8, 2, 64, 64, false, BF16, kMixed}, "no_split_attention", kF32},
       {{8, 2, 64, 64, false, BF16, kOddBlocks}, "default", kBf16Attention},  // a 16-key tile spans three blocks
-      // the tensor-core prefill kernel: whole prompts and a chunk after a cached prefix, f16, blocks of 6, and a
-      // mixed batch (under 16 rows a sequence: the split kernels, as by default)
+      // the tensor-core prefill kernel (the default; named, so the rows stay if it is not): whole prompts and a chunk
+      // after a cached prefix, f16, blocks of 6, and a mixed batch (under 16 rows a sequence: the split kernels); and
+      // the split kernels on prefill batches (no_prefill_mma_attention)
       {{8, 2, 64, 64, false, BF16, kPrefill}, "prefill_mma_attention", kBf16Attention},
+      {{8, 2, 64, 64, false, BF16, kPrefill}, "no_prefill_mma_attention", kBf16Attention},  // the split kernels
+      {{4, 4, 128, 128, false, F16, kOddPrefill}, "no_prefill_mma_attention", kBf16Attention},
       {{8, 2, 64, 64, false, F16, kPrefill}, "prefill_mma_attention", kBf16Attention},
       {{8, 2, 64, 64, false, BF16, kOddPrefill}, "prefill_mma_attention", kBf16Attention},
       {{8, 2, 64, 64, false, BF16, kMixed}, "prefill_mma_attention", kBf16Attention},
@@ -1649,6 +1652,7 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 128, false, F8, kWideDecode}, "attention_one_chunk", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kRealPrefill}, "attention_one_chunk", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kRealPrefill}, "prefill_mma_attention", kBf16Attention, kGpu},
+      {{28, 4, 128, 128, false, BF16, kRealPrefill}, "no_prefill_mma_attention", kBf16Attention, kGpu},
       {{32, 8, 128, 128, false, F16, kRealPrefill}, "prefill_mma_attention", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, F8, kWideDecode}, "no_mma_attention", kF32, kGpu},
@@ -1795,7 +1799,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 19> kVariants = {"default",
+constexpr std::array<std::string_view, 20> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1811,6 +1815,7 @@ constexpr std::array<std::string_view, 19> kVariants = {"default",
                                                         "gemv_prefetch",
                                                         "fused_silu",
                                                         "prefill_mma_attention",
+                                                        "no_prefill_mma_attention",
                                                         "mla_fp8",
                                                         "mla_pipeline",
                                                         "mla_pipeline_fp8"};
