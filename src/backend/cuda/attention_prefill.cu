@@ -118,25 +118,47 @@ __global__ void __launch_bounds__(kPfWarps * 32) PrefillMmaAttentionKernel(Atten
   float o[kD / 8][4] = {};
   const T* kc = static_cast<const T*>(a.k.data);
   const T* vc = static_cast<const T*>(a.v.data);
-  constexpr int kPieces = kD / 8;  // 16-byte pieces of a row
+  constexpr int kPieces = kD / 8;            // 16-byte pieces of a row
+  constexpr int kRowsAtOnce = 32 / kPieces;  // rows whose pieces a warp issues in one pass
+  static_assert(kRowsAtOnce >= 1 && 32 % kPieces == 0 && 16 % kRowsAtOnce == 0, "a row's pieces fill whole lanes");
   const int32_t bs = static_cast<int32_t>(a.block_size);
-  for (int64_t kb = 0; kb <= last_pos; kb += kPfKeys) {
-    __syncthreads();  // the previous tile is consumed
-    for (int i = tid; i < 2 * kPfKeys * kPieces; i += blockDim.x) {
-      const bool is_v = i >= kPfKeys * kPieces;
-      const int e = is_v ? i - kPfKeys * kPieces : i;
-      const int r = e / kPieces, col = (e % kPieces) * 8;
-      const int64_t j = kb + r;
-      const CacheView& c = is_v ? a.v : a.k;
-      const T* src = is_v ? vc : kc;
-      if (j <= last_pos) {  // 32-bit division: the 64-bit one is a long emulated sequence
-        const int32_t jj = static_cast<int32_t>(j);
-        src += static_cast<int64_t>(table[jj / bs]) * c.s0 + static_cast<int64_t>(jj % bs) * c.s1 + kvh * c.s2 + col;
-      }
-      CpAsync16((is_v ? sv : sk) + r * kRow + col, src, j <= last_pos ? 16 : 0);
+  // The 16 rows of each tile that this warp loads (keys 16 warp .. 16 warp + 15 of the tile): lane i % 16 finds row
+  // i % 16's K and V offsets in the cache (one block-table load and one 32-bit division a row, where every 16-byte
+  // piece used to compute its own), and the lanes then take each row's pieces, its offset passed by a shuffle.
+  const int sub = lane / kPieces, col = (lane % kPieces) * 8;
+  int64_t k_off = -1, v_off = 0;  // lane i % 16's row at the next tile: -1 past the last position
+  const auto find_rows = [&](int64_t kb) {
+    const int64_t j = kb + warp * 16 + (lane & 15);
+    k_off = -1;
+    if (j <= last_pos) {
+      const int32_t jj = static_cast<int32_t>(j);
+      const int64_t blk = table[jj / bs], in_blk = jj % bs;
+      k_off = blk * a.k.s0 + in_blk * a.k.s1 + kvh * a.k.s2;
+      v_off = blk * a.v.s0 + in_blk * a.v.s1 + kvh * a.v.s2;
     }
-    CpAsyncCommit();
-    CpAsyncWait<0>();
+  };
+  // This warp's rows of K (is_v false) or V into the tile (cp.async, rows past the last position zero-filled).
+  const auto issue = [&](bool is_v) {
+#pragma unroll
+    for (int rr = 0; rr < 16; rr += kRowsAtOnce) {
+      const int rl = rr + sub;
+      const int64_t ko = __shfl_sync(0xffffffffu, k_off, rl);
+      const int64_t vo = is_v ? __shfl_sync(0xffffffffu, v_off, rl) : 0;
+      const bool in = ko >= 0;
+      const T* src = in ? (is_v ? vc + vo : kc + ko) + col : kc;
+      CpAsync16((is_v ? sv : sk) + (warp * 16 + rl) * kRow + col, src, in ? 16 : 0);
+    }
+  };
+  // Two commit groups a tile, K's and V's: the next tile's K loads while this tile's P V runs, and its V while its
+  // scores do. Groups in flight at the top of a pass: K(kb), V(kb).
+  find_rows(0);
+  issue(false);
+  CpAsyncCommit();
+  issue(true);
+  CpAsyncCommit();
+  for (int64_t kb = 0; kb <= last_pos; kb += kPfKeys) {
+    const bool more = kb + kPfKeys <= last_pos;
+    CpAsyncWait<1>();  // K(kb) has landed; V(kb) may be in flight
     __syncthreads();
     float sc[kPfKeys / 8][4] = {};  // S: rows (g, g + 8) x keys nt * 8 + 2 tq (+ 1)
     TileScores<T, kD / 16, kPfKeys>(qf, sk, kRow, lane, sc);
@@ -149,7 +171,16 @@ __global__ void __launch_bounds__(kPfWarps * 32) PrefillMmaAttentionKernel(Atten
     }
     uint32_t pa[kPfKeys / 16][4];  // P as A fragments, 16 keys each
     TileSoftmax<T, kPfKeys, kD / 8>(sc, m, l, o, pa);
+    if (more) find_rows(kb + kPfKeys);
+    __syncthreads();  // every warp is done with sk
+    if (more) issue(false);
+    CpAsyncCommit();   // possibly empty: the waits count groups
+    CpAsyncWait<1>();  // V(kb) has landed; K(kb + kPfKeys) may be in flight
+    __syncthreads();
     TileAccumulatePv<T, kPfKeys, kD / 8>(pa, sv, kRow, lane, o);
+    __syncthreads();  // every warp is done with sv
+    if (more) issue(true);
+    CpAsyncCommit();
   }
   FinishRows<kD / 8>(l, o, a.out + (row0 + warp * 16) * a.o_s0 + h * a.o_s1, a.o_s0, rows - warp * 16, lane);
 }

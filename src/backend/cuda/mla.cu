@@ -113,33 +113,41 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   constexpr int kElems = kF8 ? 16 : 8;     // cache elements of one 16-byte piece
   constexpr int kPieces = kMlaK / kElems;  // 16-byte pieces of a latent row
   // The tile of keys [jb, jb + kMlaTile) in flight into buffer `st` (cp.async; rows past the context filled with
-  // zeros): its rows, or for f8 its codes and scales into staging area `st`.
+  // zeros): its rows, or for f8 its codes and scales into staging area `st`. Warp w fills rows 16 w .. 16 w + 15:
+  // lane i finds row 16 w + i % 16 in the cache (one block-table load and one 32-bit division a row: the 64-bit
+  // division is a long emulated sequence), and the warp's lanes then issue that row's 16-byte pieces, the row's offset
+  // passed by a shuffle. (Computed for every piece, 36 a thread a tile, the dependent table loads and divisions sat
+  // on each tile's critical path, where a block spent about 12 us a tile against about 1 us of mma work.)
   const auto issue = [&](int64_t jb, int st) {
-    for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
-      const int r = i / kPieces, col = (i % kPieces) * kElems;
-      const int64_t j = jb + r;
-      const TC* src = kc;
-      if (j < j1) {  // 32-bit division: the 64-bit one is a long emulated sequence, once per 16-byte piece
-        const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
-        src = kc + static_cast<int64_t>(table[jj / bs]) * a.k.s0 + static_cast<int64_t>(jj % bs) * a.k.s1 + col;
-      }
-      if constexpr (kF8) {
-        CpAsync16(stages + st * kMlaStageBytes + r * kMlaK + col, src, j < j1 ? 16 : 0);
-      } else {
-        CpAsync16(tiles + st * kMlaTileElems + r * kMlaRow + col, src, j < j1 ? 16 : 0);
-      }
+    const int64_t jl = jb + warp * 16 + (lane & 15);
+    int64_t row_off = -1;  // lane's row: its element offset in the cache, -1 past the context
+    [[maybe_unused]] int64_t scale_off = 0;
+    if (jl < j1) {
+      const int32_t jj = static_cast<int32_t>(jl), bs = static_cast<int32_t>(a.block_size);
+      const int64_t blk = table[jj / bs], in_blk = jj % bs;
+      row_off = blk * a.k.s0 + in_blk * a.k.s1;
+      if constexpr (kF8) scale_off = blk * a.k.ss0 + in_blk * a.k.ss1;
     }
-    if constexpr (kF8) {  // the rows' scales (0 past the context: their zero codes stay 0)
-      float* scales = reinterpret_cast<float*>(stages + st * kMlaStageBytes + kMlaTile * kMlaK);
-      for (int i = threadIdx.x; i < kMlaTile * kMlaScales; i += blockDim.x) {
-        const int r = i / kMlaScales, gi = i % kMlaScales;
-        const int64_t j = jb + r;
-        const float* src = a.k.scale;
-        if (j < j1) {
-          const int32_t jj = static_cast<int32_t>(j), bs = static_cast<int32_t>(a.block_size);
-          src += static_cast<int64_t>(table[jj / bs]) * a.k.ss0 + static_cast<int64_t>(jj % bs) * a.k.ss1 + gi;
+#pragma unroll 4
+    for (int rr = 0; rr < 16; ++rr) {
+      const int r = warp * 16 + rr;
+      const int64_t off = __shfl_sync(0xffffffffu, row_off, rr);
+      const bool in = off >= 0;
+      for (int p = lane; p < kPieces; p += 32) {
+        const int col = p * kElems;
+        const TC* src = in ? kc + off + col : kc;
+        if constexpr (kF8) {
+          CpAsync16(stages + st * kMlaStageBytes + r * kMlaK + col, src, in ? 16 : 0);
+        } else {
+          CpAsync16(tiles + st * kMlaTileElems + r * kMlaRow + col, src, in ? 16 : 0);
         }
-        CpAsync4(scales + i, src, j < j1 ? 4 : 0);
+      }
+      if constexpr (kF8) {  // the row's scales (0 past the context: its zero codes stay 0)
+        const int64_t soff = __shfl_sync(0xffffffffu, scale_off, rr);
+        float* scales = reinterpret_cast<float*>(stages + st * kMlaStageBytes + kMlaTile * kMlaK);
+        if (lane < kMlaScales) {
+          CpAsync4(scales + r * kMlaScales + lane, in ? a.k.scale + soff + lane : a.k.scale, in ? 4 : 0);
+        }
       }
     }
   };
