@@ -47,10 +47,10 @@
 // FATHOM_CUDA_GEMV_PREFETCH_BYTES=N  gemv_prefetch_bytes  0     each GEMV warp takes the first N bytes of its weight
 //                                                      (off)    row into L2 before waiting on the kernel before
 //                                                               (linear.h); 0: none
-// FATHOM_CUDA_FUSED_SILU=1           fused_silu_staging false   SiluMulLinear on cuBLASLt rounds silu(gate) * up to
+// FATHOM_CUDA_FUSED_SILU=0           fused_silu_staging true    SiluMulLinear on cuBLASLt rounds silu(gate) * up to
 //                                                               bf16 straight into the GEMM's input (one pass, no
-//                                                               float32 product; the same values); only "1" turns it
-//                                                               on
+//                                                               float32 product; the same values); any value but "1"
+//                                                               turns it off (the two ops)
 // FATHOM_CUDA_PREFILL_MMA_ATTENTION=0 prefill_mma_attention    batches of 16 or more query rows a sequence (on
 //                                                     true     average) take the tensor-core flash-attention prefill
 //                                                              kernel where it fits (attention.h); any value but "1"
@@ -87,7 +87,7 @@ struct KernelOptions {
   bool pdl = true;
   int64_t attention_one_chunk_waves = 0;
   int64_t gemv_prefetch_bytes = 0;
-  bool fused_silu_staging = false;
+  bool fused_silu_staging = true;
   bool prefill_mma_attention = true;
   bool mla_fp8 = false;
   bool mla_pipeline = false;

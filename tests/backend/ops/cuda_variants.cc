@@ -25,6 +25,8 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.mma_attention = false;
   } else if (variant == "fused_silu") {
     o.fused_silu_staging = true;  // SiluMulLinear's product rounded to bf16 into the GEMM's input
+  } else if (variant == "no_fused_silu") {
+    o.fused_silu_staging = false;  // SiluMulLinear as its two ops: the f32 product, then the GEMM's staging
   } else if (variant == "gemv_prefetch") {
     o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
   } else if (variant == "mla_pipeline") {

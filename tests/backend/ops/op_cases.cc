@@ -1478,12 +1478,14 @@ std::vector<OpCase> BuildCases() {
   };
   Add(c, linear_rows);
   const Row<SiluMulLinearCase> silu_linear_rows[] = {
-      {{3, 64, 32, BF16}, "default", kF32},              // the GEMV (decode sizes)
-      {{16, 256, 64, BF16, true}, "default", kBf16},     // cuBLASLt on staged bf16 inputs
-      {{16, 256, 64, BF16, true}, "fused_silu", kBf16},  // the product rounded to bf16 straight into the staging
-      {{16, 256, 64, F32}, "fused_silu", kF32},          // f32 weights: not cuBLASLt, the two ops
+      {{3, 64, 32, BF16}, "default", kF32},                 // the GEMV (decode sizes)
+      {{16, 256, 64, BF16, true}, "default", kBf16},        // cuBLASLt on staged bf16 inputs
+      {{16, 256, 64, BF16, true}, "fused_silu", kBf16},     // the product rounded to bf16 straight into the staging
+      {{16, 256, 64, BF16, true}, "no_fused_silu", kBf16},  // the two ops: the product, then the staging pass
+      {{16, 256, 64, F32}, "fused_silu", kF32},             // f32 weights: not cuBLASLt, the two ops
       {{512, 18944, 3584, BF16}, "default", kBf16, kGpu},
       {{512, 18944, 3584, BF16}, "fused_silu", kBf16, kGpu},
+      {{512, 18944, 3584, BF16}, "no_fused_silu", kBf16, kGpu},
       {{64, 18944, 3584, BF16}, "fused_silu", kBf16, kGpu},
   };
   Add(c, silu_linear_rows);
@@ -1799,7 +1801,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 20> kVariants = {"default",
+constexpr std::array<std::string_view, 21> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1814,6 +1816,7 @@ constexpr std::array<std::string_view, 20> kVariants = {"default",
                                                         "attention_one_chunk",
                                                         "gemv_prefetch",
                                                         "fused_silu",
+                                                        "no_fused_silu",
                                                         "prefill_mma_attention",
                                                         "no_prefill_mma_attention",
                                                         "mla_fp8",
