@@ -38,9 +38,10 @@ constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes o
 constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
                               2 * kMlaWarps * kMlaHeads * static_cast<int>(sizeof(float));
 static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp per 16 keys and per 128 value dims");
-// An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes land by cp.async in a staging area, with the rows'
-// scales (one per kMlaGroup values), and are widened to bf16 (code times scale, the CPU's product, rounded) into the
-// same tile the 16-bit caches fill; the rest of the kernel runs on bf16.
+// An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes and the rows' scales (one per kMlaGroup values) are
+// widened to bf16 (code times scale, the CPU's product, rounded) into the same tile the 16-bit caches fill, and the
+// rest of the kernel runs on bf16. With one stage the codes go through registers (the 16-bit instance's shared
+// memory: two blocks a multiprocessor); with two they land by cp.async in staging areas first.
 // kStages = 2 (KernelOptions::mla_pipeline): the next tile's loads are in flight while the block computes on this one
 // (two tiles of rows, or for f8 two staging areas, in shared memory: one block a multiprocessor).
 constexpr int kMlaGroup = 64, kMlaScales = kMlaK / kMlaGroup;
@@ -48,9 +49,10 @@ constexpr int kMlaTileElems = kMlaTile * kMlaRow;
 constexpr int kMlaStageBytes = kMlaTile * kMlaK + kMlaTile * kMlaScales * 4;  // f8: one tile's codes and scales
 static_assert(kMlaSmemBytes % 16 == 0 && kMlaStageBytes % 16 == 0, "16-byte aligned areas");
 // Shared memory of an instance: the tiles of rows (one for f8, which widens into it), Q, P^T and the per-warp maxima
-// and sums (kMlaSmemBytes with one tile), then f8's staging areas.
+// and sums (kMlaSmemBytes with one tile), then the two-stage f8 instance's staging areas.
 constexpr int MlaSmemBytes(bool f8, int stages) {
-  return kMlaSmemBytes + ((f8 ? 1 : stages) - 1) * kMlaTileElems * 2 + (f8 ? stages * kMlaStageBytes : 0);
+  return kMlaSmemBytes + ((f8 ? 1 : stages) - 1) * kMlaTileElems * 2 +
+         (f8 && stages == 2 ? stages * kMlaStageBytes : 0);
 }
 
 template <typename TC, int kStages>
@@ -118,16 +120,22 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   // division is a long emulated sequence), and the warp's lanes then issue that row's 16-byte pieces, the row's offset
   // passed by a shuffle. (Computed for every piece, 36 a thread a tile, the dependent table loads and divisions sat
   // on each tile's critical path, where a block spent about 12 us a tile against about 1 us of mma work.)
-  const auto issue = [&](int64_t jb, int st) {
+  // Row 16 warp + lane % 16 of the tile at jb: its element offset in the cache (-1 past the context) and, for f8,
+  // its scales' offset.
+  const auto find_row = [&](int64_t jb, int64_t& row_off, int64_t& scale_off) {
     const int64_t jl = jb + warp * 16 + (lane & 15);
-    int64_t row_off = -1;  // lane's row: its element offset in the cache, -1 past the context
-    [[maybe_unused]] int64_t scale_off = 0;
+    row_off = -1;
+    scale_off = 0;
     if (jl < j1) {
       const int32_t jj = static_cast<int32_t>(jl), bs = static_cast<int32_t>(a.block_size);
       const int64_t blk = table[jj / bs], in_blk = jj % bs;
       row_off = blk * a.k.s0 + in_blk * a.k.s1;
       if constexpr (kF8) scale_off = blk * a.k.ss0 + in_blk * a.k.ss1;
     }
+  };
+  [[maybe_unused]] const auto issue = [&](int64_t jb, int st) {
+    int64_t row_off, scale_off;
+    find_row(jb, row_off, scale_off);
 #pragma unroll 4
     for (int rr = 0; rr < 16; ++rr) {
       const int r = warp * 16 + rr;
@@ -151,6 +159,52 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       }
     }
   };
+  // 16 f8 codes times their scale, rounded to T, as 16 values of a tile row at dst.
+  [[maybe_unused]] const auto widen = [](const uint4& codes, float scale, T* dst) {
+    float f[16];
+    F8x16(codes, scale, f);
+    uint4 lo, hi;
+    lo.x = Pack2(FromF<T>(f[0]), FromF<T>(f[1]));
+    lo.y = Pack2(FromF<T>(f[2]), FromF<T>(f[3]));
+    lo.z = Pack2(FromF<T>(f[4]), FromF<T>(f[5]));
+    lo.w = Pack2(FromF<T>(f[6]), FromF<T>(f[7]));
+    hi.x = Pack2(FromF<T>(f[8]), FromF<T>(f[9]));
+    hi.y = Pack2(FromF<T>(f[10]), FromF<T>(f[11]));
+    hi.z = Pack2(FromF<T>(f[12]), FromF<T>(f[13]));
+    hi.w = Pack2(FromF<T>(f[14]), FromF<T>(f[15]));
+    reinterpret_cast<uint4*>(dst)[0] = lo;
+    reinterpret_cast<uint4*>(dst)[1] = hi;
+  };
+  // f8 with one stage: the warp's 16 rows of codes straight into registers (18 16-byte pieces a lane, in two batches
+  // of 9 loads in flight), widened and stored as the tile's bf16 rows. No staging area, so the instance needs the
+  // 16-bit one's shared memory and two blocks fit a multiprocessor (the staged form fits one).
+  [[maybe_unused]] const auto load_widen = [&](int64_t jb) {
+    int64_t row_off, scale_off;
+    find_row(jb, row_off, scale_off);
+    constexpr int kBatch = 9;
+    static_assert(!kF8 || 16 * kPieces == 2 * kBatch * 32, "a warp's 16 rows are two batches of 9 pieces a lane");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4 codes[kBatch];
+      float scale[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int i = lane + 32 * (half * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
+        const int64_t off = __shfl_sync(0xffffffffu, row_off, rl), soff = __shfl_sync(0xffffffffu, scale_off, rl);
+        codes[k] = make_uint4(0, 0, 0, 0);
+        scale[k] = 0.0f;
+        if (off >= 0) {
+          codes[k] = __ldg(reinterpret_cast<const uint4*>(kc + off + col));
+          scale[k] = __ldg(a.k.scale + soff + col / kMlaGroup);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int i = lane + 32 * (half * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
+        widen(codes[k], scale[k], tiles + (warp * 16 + rl) * kMlaRow + col);
+      }
+    }
+  };
   if constexpr (kStages == 2) {
     issue(j0, 0);
     CpAsyncCommit();
@@ -163,6 +217,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       if (jb + kMlaTile < j1) issue(jb + kMlaTile, st ^ 1);
       CpAsyncCommit();   // possibly empty: the wait below counts groups
       CpAsyncWait<1>();  // this tile has landed; the next may still be in flight
+    } else if constexpr (kF8) {
+      load_widen(jb);
     } else {
       issue(jb, 0);
       CpAsyncCommit();
@@ -170,25 +226,13 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
     }
     __syncthreads();
     T* sk = tiles + (kF8 ? 0 : st) * kMlaTileElems;  // [kMlaTile][kMlaRow]: this tile's latent rows
-    if constexpr (kF8) {  // widen: 16 codes times their scale into 16 bf16 values of the tile
+    if constexpr (kF8 && kStages == 2) {  // widen the staged codes: 16 codes times their scale into 16 values
       const uint8_t* codes = stages + st * kMlaStageBytes;
       const float* scales = reinterpret_cast<const float*>(codes + kMlaTile * kMlaK);
       for (int i = threadIdx.x; i < kMlaTile * kPieces; i += blockDim.x) {
         const int r = i / kPieces, col = (i % kPieces) * 16;
-        float f[16];
-        F8x16(*reinterpret_cast<const uint4*>(codes + r * kMlaK + col), scales[r * kMlaScales + col / kMlaGroup], f);
-        uint4 lo, hi;
-        lo.x = Pack2(FromF<T>(f[0]), FromF<T>(f[1]));
-        lo.y = Pack2(FromF<T>(f[2]), FromF<T>(f[3]));
-        lo.z = Pack2(FromF<T>(f[4]), FromF<T>(f[5]));
-        lo.w = Pack2(FromF<T>(f[6]), FromF<T>(f[7]));
-        hi.x = Pack2(FromF<T>(f[8]), FromF<T>(f[9]));
-        hi.y = Pack2(FromF<T>(f[10]), FromF<T>(f[11]));
-        hi.z = Pack2(FromF<T>(f[12]), FromF<T>(f[13]));
-        hi.w = Pack2(FromF<T>(f[14]), FromF<T>(f[15]));
-        uint4* dst = reinterpret_cast<uint4*>(sk + r * kMlaRow + col);
-        dst[0] = lo;
-        dst[1] = hi;
+        widen(*reinterpret_cast<const uint4*>(codes + r * kMlaK + col), scales[r * kMlaScales + col / kMlaGroup],
+              sk + r * kMlaRow + col);
       }
       __syncthreads();
     }
@@ -456,11 +500,11 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
-// MLA's decode chunks aim at about two waves of blocks: 4 blocks per SM in all where two fit one (the 16-bit
-// single-stage instance, 96 KB of shared memory), 2 where one does (the two-stage and f8 instances, 135-175 KB).
+// MLA's decode chunks aim at about two waves of blocks: 4 blocks per SM in all where two fit one (the single-stage
+// instances, 96 KB of shared memory), 2 where one does (the two-stage instances, 135-175 KB).
 int64_t MlaBlocksPerSm(const AttentionArgs& a) {
   constexpr int64_t kWaves = 2;
-  return kWaves * (a.mla_pipeline || a.k.dtype == kF8 ? 1 : 2);
+  return kWaves * (a.mla_pipeline ? 1 : 2);
 }
 
 }  // namespace
