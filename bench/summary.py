@@ -71,6 +71,13 @@ def kernel_row(kernels, op, shape_part, dtypes, variant="default"):
     return None
 
 
+def add_peer(f, label, value, digits=1):
+    """Figure f with its peer's label and value, when the peer was measured (value not None)."""
+    if value is not None:
+        f["peer"], f["peer_value"] = label, round(value, digits)
+    return f
+
+
 def decode_figure(name, run, batch, target_min, peer=None, target_ratio=None):
     """A decode throughput figure (tok/s) from run/batch, against a peer function of (runs, peers) -> (label, value)."""
 
@@ -81,9 +88,7 @@ def decode_figure(name, run, batch, target_min, peer=None, target_ratio=None):
         f = {"value": round(lv["decode_tokens_per_s"], 1), "unit": "tok/s",
              "roofline": round(lv["roofline"]["theoretical_tokens_per_s"], 1), "run": run}
         if peer is not None:
-            label, value = peer(runs, peers)
-            if value is not None:
-                f["peer"], f["peer_value"] = label, round(value, 1)
+            add_peer(f, *peer(runs, peers))
         f["target"], f["met"] = target(f["value"], f.get("peer_value"), target_min, target_ratio, "tok/s")
         return f
 
@@ -168,11 +173,7 @@ def prefill_mfu(name, run, at_least, peer=None):
         t, met = target(value, None, at_least, None, "%")
         f = {"value": value, "unit": "% MFU (16 x 512-token prefill)", "roofline": 100.0, "run": run,
              "target": t, "met": met}
-        if peer is not None:
-            label, pv = peer(lv, peers)
-            if pv is not None:
-                f["peer"], f["peer_value"] = label, round(pv, 1)
-        return f
+        return add_peer(f, *peer(lv, peers)) if peer is not None else f
 
     return name, make
 
@@ -186,11 +187,7 @@ def ttft(name, run, at_most, peer=None):
         t, met = target(value, None, None, None, "ms", at_most=at_most)
         f = {"value": value, "unit": "ms (median TTFT, 512-token prompt; lower is better)", "roofline": None,
              "run": run, "target": t, "met": met}
-        if peer is not None:
-            label, pv = peer(runs, peers)
-            if pv is not None:
-                f["peer"], f["peer_value"] = label, round(pv, 2)
-        return f
+        return add_peer(f, *peer(runs, peers), digits=2) if peer is not None else f
 
     return name, make
 
@@ -205,10 +202,7 @@ def mla_bw(name, heads, at_least):
         t, met = target(value, None, at_least, None, "GB/s")
         f = {"value": value, "unit": "GB/s of latent cache (64 sequences x 4k)", "roofline": 4500.0,
              "run": "kernels", "target": t, "met": met}
-        label, pv = mla_torch(peers, heads)
-        if pv is not None:
-            f["peer"], f["peer_value"] = label, pv
-        return f
+        return add_peer(f, *mla_torch(peers, heads))
 
     return name, make
 

@@ -47,8 +47,8 @@ int LaunchPagedAttention(const AttentionArgs& a, Stream s);
 // Prefill on tensor cores (flash-attention tiles): a block per 64 consecutive query rows of a sequence and query head,
 // each K/V tile of the paged cache read once for those rows. Its conditions: 16-bit caches (bf16, f16) with rows
 // 16-byte aligned, k_dim == v_dim of 64 or 128, q rows 16-byte aligned. The backend takes it for batches of 16 or
-// more query rows a sequence on average (KernelOptions::prefill_mma_attention, on by default: 1.9x the split kernels
-// at Qwen-7B's 2 x 512 prefill rows on an H100, docs/PERFORMANCE.md).
+// more query rows a sequence on average (KernelOptions::prefill_mma_attention, on by default: 3.8x the split kernels
+// at Qwen-7B's 2 x 512 prefill rows on the H200, docs/PERFORMANCE.md).
 bool PrefillMmaAttentionFits(const AttentionArgs& a);
 int LaunchPrefillMmaAttention(const AttentionArgs& a, Stream s);
 

@@ -114,14 +114,11 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   }
   constexpr int kElems = kF8 ? 16 : 8;     // cache elements of one 16-byte piece
   constexpr int kPieces = kMlaK / kElems;  // 16-byte pieces of a latent row
-  // The tile of keys [jb, jb + kMlaTile) in flight into buffer `st` (cp.async; rows past the context filled with
-  // zeros): its rows, or for f8 its codes and scales into staging area `st`. Warp w fills rows 16 w .. 16 w + 15:
-  // lane i finds row 16 w + i % 16 in the cache (one block-table load and one 32-bit division a row: the 64-bit
-  // division is a long emulated sequence), and the warp's lanes then issue that row's 16-byte pieces, the row's offset
-  // passed by a shuffle. (Computed for every piece, 36 a thread a tile, the dependent table loads and divisions sat
-  // on each tile's critical path, where a block spent about 12 us a tile against about 1 us of mma work.)
   // Row 16 warp + lane % 16 of the tile at jb: its element offset in the cache (-1 past the context) and, for f8,
-  // its scales' offset.
+  // its scales' offset. One block-table load and one 32-bit division a row (the 64-bit division is a long emulated
+  // sequence); the warp's lanes get a row's offset by shuffle. (Computed for every 16-byte piece, 36 a thread a tile,
+  // the dependent loads and divisions sat on each tile's critical path: looked up once a row, the kernel measured
+  // 1.33x at 16 heads and 1.55x at 128 on the H200, bench/results/2026-12-05-load-loops.json.)
   const auto find_row = [&](int64_t jb, int64_t& row_off, int64_t& scale_off) {
     const int64_t jl = jb + warp * 16 + (lane & 15);
     row_off = -1;
@@ -133,6 +130,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       if constexpr (kF8) scale_off = blk * a.k.ss0 + in_blk * a.k.ss1;
     }
   };
+  // The tile of keys [jb, jb + kMlaTile) in flight into buffer `st` (cp.async; rows past the context filled with
+  // zeros): its rows, or for f8 its codes and scales into staging area `st`. Warp w issues rows 16 w .. 16 w + 15.
   [[maybe_unused]] const auto issue = [&](int64_t jb, int st) {
     int64_t row_off, scale_off;
     find_row(jb, row_off, scale_off);
