@@ -39,6 +39,9 @@ struct AttentionArgs {
   bool mla_fp8 = false;
   // MLA's decode kernel with the next tile's loads in flight during this one's compute (KernelOptions::mla_pipeline).
   bool mla_pipeline = false;
+  // MLA's decode kernel with 64 heads a block where the heads come in 64s (KernelOptions::mla_wide): V3's 128 heads
+  // read the latent cache twice a token instead of eight times.
+  bool mla_wide = false;
 };
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.

@@ -33,11 +33,20 @@ namespace {
 // other split kernels (MergeAttentionKernel combines them).
 // KernelOptions::mla_attention = false (FATHOM_CUDA_NO_MLA_ATTENTION=1) turns it off: the generic kernels then
 // serve MLA.
-constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4;
+// The wide instance (KernelOptions::mla_wide, kHG = 2 and kNT = 4) takes 64 heads a block with two groups of four
+// warps, each warp 32 heads: a tile of rows staged once feeds four times the mma work, so V3's 128 heads read the
+// cache twice a token instead of eight times.
+constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4, kMlaWideHeads = 64;
 constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
-constexpr int kMlaSmemBytes = (kMlaTile + kMlaHeads) * kMlaRow * 2 + kMlaTile * kMlaHeads * 2 +
-                              2 * kMlaWarps * kMlaHeads * static_cast<int>(sizeof(float));
-static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp per 16 keys and per 128 value dims");
+// Shared memory of the one-tile instance with `heads` heads a block: the tile of rows, Q, P^T, and the key groups'
+// maxima and sums.
+constexpr int MlaBaseSmemBytes(int heads) {
+  return (kMlaTile + heads) * kMlaRow * 2 + kMlaTile * heads * 2 +
+         2 * kMlaWarps * heads * static_cast<int>(sizeof(float));
+}
+constexpr int kMlaSmemBytes = MlaBaseSmemBytes(kMlaHeads);
+static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile,
+              "one warp of a head group per 16 keys and per 128 value dims");
 // An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes and the rows' scales (one per kMlaGroup values) are
 // widened to bf16 (code times scale, the CPU's product, rounded) into the same tile the 16-bit caches fill, and the
 // rest of the kernel runs on bf16. With one stage the codes go through registers (the 16-bit instance's shared
@@ -47,33 +56,38 @@ static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile, "one warp 
 constexpr int kMlaGroup = 64, kMlaScales = kMlaK / kMlaGroup;
 constexpr int kMlaTileElems = kMlaTile * kMlaRow;
 constexpr int kMlaStageBytes = kMlaTile * kMlaK + kMlaTile * kMlaScales * 4;  // f8: one tile's codes and scales
-static_assert(kMlaSmemBytes % 16 == 0 && kMlaStageBytes % 16 == 0, "16-byte aligned areas");
+static_assert(kMlaSmemBytes % 16 == 0 && kMlaStageBytes % 16 == 0 && MlaBaseSmemBytes(kMlaWideHeads) % 16 == 0,
+              "16-byte aligned areas");
 // Shared memory of an instance: the tiles of rows (one for f8, which widens into it), Q, P^T and the per-warp maxima
-// and sums (kMlaSmemBytes with one tile), then the two-stage f8 instance's staging areas.
-constexpr int MlaSmemBytes(bool f8, int stages) {
-  return kMlaSmemBytes + ((f8 ? 1 : stages) - 1) * kMlaTileElems * 2 +
+// and sums (MlaBaseSmemBytes with one tile), then the two-stage f8 instance's staging areas.
+constexpr int MlaSmemBytes(bool f8, int stages, int heads) {
+  return MlaBaseSmemBytes(heads) + ((f8 ? 1 : stages) - 1) * kMlaTileElems * 2 +
          (f8 && stages == 2 ? stages * kMlaStageBytes : 0);
 }
 
-template <typename TC, int kStages>
-__global__ void __launch_bounds__(kMlaWarps * 32)
+// kHG head groups of four warps, each warp kNT n-tiles of 8 heads: kHG * kNT * 8 heads a block (16: kHG 1, kNT 2;
+// the wide instance 64: kHG 2, kNT 4). Warp w is key group and value-dims group wk = w % 4 of head group w / 4.
+template <typename TC, int kStages, int kHG = 1, int kNT = 2>
+__global__ void __launch_bounds__(kHG* kMlaWarps * 32)
     MlaAttentionKernel(AttentionArgs a, int64_t chunk, int64_t chunks, float* part_m, float* part_l, float* part_acc) {
   PdlPrologue();
   constexpr bool kF8 = kIsF8<TC>;
   using T = std::conditional_t<kF8, __nv_bfloat16, TC>;  // the mma operands' type
   constexpr int kTiles = kF8 ? 1 : kStages;
+  constexpr int kH = kHG * kNT * 8;  // heads a block
   extern __shared__ __align__(16) unsigned char mla_smem[];
-  T* tiles = reinterpret_cast<T*>(mla_smem);                            // [kTiles][kMlaTile][kMlaRow]: latent rows
-  T* sq = tiles + kTiles * kMlaTileElems;                               // [kMlaHeads][kMlaRow]
-  T* sp = sq + kMlaHeads * kMlaRow;                                     // P^T [kMlaTile][kMlaHeads]
-  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kMlaHeads);  // [kMlaWarps][kMlaHeads]
-  float* sm_l = sm_max + kMlaWarps * kMlaHeads;                         // [kMlaWarps][kMlaHeads]
-  const int64_t groups = a.heads / kMlaHeads;
-  const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kMlaHeads, c = blockIdx.y;
+  T* tiles = reinterpret_cast<T*>(mla_smem);                     // [kTiles][kMlaTile][kMlaRow]: latent rows
+  T* sq = tiles + kTiles * kMlaTileElems;                        // [kH][kMlaRow]
+  T* sp = sq + kH * kMlaRow;                                     // P^T [kMlaTile][kH]
+  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kH);  // [kMlaWarps][kH]: each key group's tile maxima
+  float* sm_l = sm_max + kMlaWarps * kH;                         // [kMlaWarps][kH]
+  const int64_t groups = a.heads / kH;
+  const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kH, c = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int wk = warp % kMlaWarps, hg = warp / kMlaWarps, hb = hg * kNT * 8;  // hb: the warp's first head in the block
   const int64_t j0 = c * chunk, j1 = min(static_cast<int64_t>(a.positions[t]) + 1, j0 + chunk);
   if (j0 >= j1) {  // past this token's context: weight 0 in the merge
-    for (int h = threadIdx.x; h < kMlaHeads; h += blockDim.x) {
+    for (int h = threadIdx.x; h < kH; h += blockDim.x) {
       const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
       part_m[idx] = -INFINITY;
       part_l[idx] = 0.0f;
@@ -85,7 +99,7 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   const float qscale = a.scale * kLog2e;
   if (a.q_s1 % 4 == 0 && a.q_s0 % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
 #pragma unroll 6
-    for (int e = threadIdx.x; e < kMlaHeads * kMlaK / 4; e += blockDim.x) {
+    for (int e = threadIdx.x; e < kH * kMlaK / 4; e += blockDim.x) {
       const int h = e / (kMlaK / 4), d = (e % (kMlaK / 4)) * 4;
       const float4 v = *reinterpret_cast<const float4*>(a.q + t * a.q_s0 + (h0 + h) * a.q_s1 + d);
       T* dst = sq + h * kMlaRow + d;
@@ -95,18 +109,18 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       dst[3] = FromF<T>(v.w * qscale);
     }
   } else {
-    for (int e = threadIdx.x; e < kMlaHeads * kMlaK; e += blockDim.x) {
+    for (int e = threadIdx.x; e < kH * kMlaK; e += blockDim.x) {
       const int h = e / kMlaK, d = e % kMlaK;
       sq[h * kMlaRow + d] = FromF<T>(a.q[t * a.q_s0 + (h0 + h) * a.q_s1 + d] * qscale);
     }
   }
   const TC* kc = static_cast<const TC*>(a.k.data);
   // f8: [kStages] x (codes [kMlaTile][kMlaK], then scales [kMlaTile][kMlaScales] as float)
-  [[maybe_unused]] uint8_t* stages = reinterpret_cast<uint8_t*>(sm_l + kMlaWarps * kMlaHeads);
-  float m[2][2], l[2][2];  // [n-tile][i]: head nt * 8 + 2 tq + i; the running max (log2 units), this warp's sum
-  float o[8][2][4];        // O^T: dims warp * 128 + dt * 16 + (g, g + 8) x heads nt * 8 + 2 tq (+ 1)
+  [[maybe_unused]] uint8_t* stages = reinterpret_cast<uint8_t*>(sm_l + kMlaWarps * kH);
+  float m[kNT][2], l[kNT][2];  // [n-tile][i]: head hb + nt * 8 + 2 tq + i; the running max (log2 units), the warp's sum
+  float o[8][kNT][4];          // O^T: dims wk * 128 + dt * 16 + (g, g + 8) x heads hb + nt * 8 + 2 tq (+ 1)
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
     m[nt][0] = m[nt][1] = -INFINITY;
     l[nt][0] = l[nt][1] = 0.0f;
 #pragma unroll
@@ -114,13 +128,13 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
   }
   constexpr int kElems = kF8 ? 16 : 8;     // cache elements of one 16-byte piece
   constexpr int kPieces = kMlaK / kElems;  // 16-byte pieces of a latent row
-  // Row 16 warp + lane % 16 of the tile at jb: its element offset in the cache (-1 past the context) and, for f8,
+  // Row 16 wk + lane % 16 of the tile at jb: its element offset in the cache (-1 past the context) and, for f8,
   // its scales' offset. One block-table load and one 32-bit division a row (the 64-bit division is a long emulated
   // sequence); the warp's lanes get a row's offset by shuffle. (Computed for every 16-byte piece, 36 a thread a tile,
   // the dependent loads and divisions sat on each tile's critical path: looked up once a row, the kernel measured
   // 1.33x at 16 heads and 1.55x at 128 on the H200, bench/results/2026-12-05-load-loops.json.)
   const auto find_row = [&](int64_t jb, int64_t& row_off, int64_t& scale_off) {
-    const int64_t jl = jb + warp * 16 + (lane & 15);
+    const int64_t jl = jb + wk * 16 + (lane & 15);
     row_off = -1;
     scale_off = 0;
     if (jl < j1) {
@@ -131,16 +145,17 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
     }
   };
   // The tile of keys [jb, jb + kMlaTile) in flight into buffer `st` (cp.async; rows past the context filled with
-  // zeros): its rows, or for f8 its codes and scales into staging area `st`. Warp w issues rows 16 w .. 16 w + 15.
+  // zeros): its rows, or for f8 its codes and scales into staging area `st`. The kHG warps of key group wk issue rows
+  // 16 wk .. 16 wk + 15, each a share of every row's pieces.
   [[maybe_unused]] const auto issue = [&](int64_t jb, int st) {
     int64_t row_off, scale_off;
     find_row(jb, row_off, scale_off);
 #pragma unroll 4
     for (int rr = 0; rr < 16; ++rr) {
-      const int r = warp * 16 + rr;
+      const int r = wk * 16 + rr;
       const int64_t off = __shfl_sync(0xffffffffu, row_off, rr);
       const bool in = off >= 0;
-      for (int p = lane; p < kPieces; p += 32) {
+      for (int p = lane + 32 * hg; p < kPieces; p += 32 * kHG) {
         const int col = p * kElems;
         const TC* src = in ? kc + off + col : kc;
         if constexpr (kF8) {
@@ -152,7 +167,7 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       if constexpr (kF8) {  // the row's scales (0 past the context: its zero codes stay 0)
         const int64_t soff = __shfl_sync(0xffffffffu, scale_off, rr);
         float* scales = reinterpret_cast<float*>(stages + st * kMlaStageBytes + kMlaTile * kMlaK);
-        if (lane < kMlaScales) {
+        if (hg == 0 && lane < kMlaScales) {
           CpAsync4(scales + r * kMlaScales + lane, in ? a.k.scale + soff + lane : a.k.scale, in ? 4 : 0);
         }
       }
@@ -174,21 +189,21 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
     reinterpret_cast<uint4*>(dst)[0] = lo;
     reinterpret_cast<uint4*>(dst)[1] = hi;
   };
-  // f8 with one stage: the warp's 16 rows of codes straight into registers (18 16-byte pieces a lane, in two batches
-  // of 9 loads in flight), widened and stored as the tile's bf16 rows. No staging area, so the instance needs the
-  // 16-bit one's shared memory and two blocks fit a multiprocessor (the staged form fits one).
+  // f8 with one stage: key group wk's 16 rows of codes straight into registers (18 16-byte pieces a lane of its kHG
+  // warps' shares, in batches of 9 loads in flight), widened and stored as the tile's bf16 rows. No staging area, so
+  // the instance needs the 16-bit one's shared memory and two blocks fit a multiprocessor (the staged form fits one).
   [[maybe_unused]] const auto load_widen = [&](int64_t jb) {
     int64_t row_off, scale_off;
     find_row(jb, row_off, scale_off);
-    constexpr int kBatch = 9;
-    static_assert(!kF8 || 16 * kPieces == 2 * kBatch * 32, "a warp's 16 rows are two batches of 9 pieces a lane");
+    constexpr int kBatch = 9, kBatches = 2 / kHG;
+    static_assert(!kF8 || 16 * kPieces == 2 * kBatch * 32, "a key group's 16 rows are two batches of 9 pieces a lane");
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kBatches; ++half) {
       uint4 codes[kBatch];
       float scale[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        const int i = lane + 32 * (half * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
+        const int i = lane + 32 * ((half * kHG + hg) * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
         const int64_t off = __shfl_sync(0xffffffffu, row_off, rl), soff = __shfl_sync(0xffffffffu, scale_off, rl);
         codes[k] = make_uint4(0, 0, 0, 0);
         scale[k] = 0.0f;
@@ -199,8 +214,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        const int i = lane + 32 * (half * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
-        widen(codes[k], scale[k], tiles + (warp * 16 + rl) * kMlaRow + col);
+        const int i = lane + 32 * ((half * kHG + hg) * kBatch + k), rl = i / kPieces, col = (i % kPieces) * kElems;
+        widen(codes[k], scale[k], tiles + (wk * 16 + rl) * kMlaRow + col);
       }
     }
   };
@@ -236,22 +251,24 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       __syncthreads();
     }
     if constexpr (kStages == 2) st ^= 1;
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // (key g | g + 8) x (head 2tq, 2tq + 1)
-    const T* kw = sk + warp * 16 * kMlaRow;
+    float s[kNT][4];  // (key g | g + 8) x (head hb + nt * 8 + 2tq, + 1)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    const T* kw = sk + wk * 16 * kMlaRow;
 #pragma unroll 4
     for (int dt = 0; dt < kMlaK / 16; ++dt) {
       uint32_t af[4];
       LdMatrixX4(af, kw + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const T* qr = sq + (nt * 8 + g) * kMlaRow + dt * 16 + 2 * tq;
+      for (int nt = 0; nt < kNT; ++nt) {
+        const T* qr = sq + (hb + nt * 8 + g) * kMlaRow + dt * 16 + 2 * tq;
         Mma16816<T>(s[nt], af, *reinterpret_cast<const uint32_t*>(qr), *reinterpret_cast<const uint32_t*>(qr + 8));
       }
     }
-    const int64_t key0 = jb + warp * 16;
-    float x[2][2];
+    const int64_t key0 = jb + wk * 16;
+    float x[kNT][2];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
       if (key0 + g >= j1) s[nt][0] = s[nt][1] = -INFINITY;
       if (key0 + g + 8 >= j1) s[nt][2] = s[nt][3] = -INFINITY;
       x[nt][0] = fmaxf(s[nt][0], s[nt][2]);
@@ -262,20 +279,20 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
         x[nt][1] = fmaxf(x[nt][1], __shfl_xor_sync(0xffffffffu, x[nt][1], off));
       }
       if (g == 0) {
-        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq] = x[nt][0];
-        sm_max[warp * kMlaHeads + nt * 8 + 2 * tq + 1] = x[nt][1];
+        sm_max[wk * kH + hb + nt * 8 + 2 * tq] = x[nt][0];
+        sm_max[wk * kH + hb + nt * 8 + 2 * tq + 1] = x[nt][1];
       }
     }
     __syncthreads();
-    float cf[2][2];
+    float cf[kNT][2];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int h = nt * 8 + 2 * tq + i;
+        const int h = hb + nt * 8 + 2 * tq + i;
         float tile_max = sm_max[h];
 #pragma unroll
-        for (int w = 1; w < kMlaWarps; ++w) tile_max = fmaxf(tile_max, sm_max[w * kMlaHeads + h]);
+        for (int w = 1; w < kMlaWarps; ++w) tile_max = fmaxf(tile_max, sm_max[w * kH + h]);
         const float nm = fmaxf(m[nt][i], tile_max);  // finite: key jb is in range
         cf[nt][i] = exp2f(m[nt][i] - nm);
         m[nt][i] = nm;
@@ -284,11 +301,11 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
       const float p2 = exp2f(s[nt][2] - m[nt][0]), p3 = exp2f(s[nt][3] - m[nt][1]);
       l[nt][0] = l[nt][0] * cf[nt][0] + p0 + p2;
       l[nt][1] = l[nt][1] * cf[nt][1] + p1 + p3;
-      T* pr = sp + (warp * 16 + g) * kMlaHeads + nt * 8 + 2 * tq;
+      T* pr = sp + (wk * 16 + g) * kH + hb + nt * 8 + 2 * tq;
       pr[0] = FromF<T>(p0);
       pr[1] = FromF<T>(p1);
-      pr[8 * kMlaHeads] = FromF<T>(p2);
-      pr[8 * kMlaHeads + 1] = FromF<T>(p3);
+      pr[8 * kH] = FromF<T>(p2);
+      pr[8 * kH + 1] = FromF<T>(p3);
 #pragma unroll
       for (int dt = 0; dt < 8; ++dt) {
         o[dt][nt][0] *= cf[nt][0];
@@ -300,46 +317,46 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
     __syncthreads();  // every warp's P^T is in place
 #pragma unroll
     for (int kt = 0; kt < kMlaTile / 16; ++kt) {
-      uint32_t pb[2][2];
+      uint32_t pb[kNT][2];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const T* pc = sp + (kt * 16 + 2 * tq) * kMlaHeads + nt * 8 + g;  // keys 2tq, 2tq + 1 (+ 8, + 9), head g
-        pb[nt][0] = Pack2<T>(pc[0], pc[kMlaHeads]);
-        pb[nt][1] = Pack2<T>(pc[8 * kMlaHeads], pc[9 * kMlaHeads]);
+      for (int nt = 0; nt < kNT; ++nt) {
+        const T* pc = sp + (kt * 16 + 2 * tq) * kH + hb + nt * 8 + g;  // keys 2tq, 2tq + 1 (+ 8, + 9), head g
+        pb[nt][0] = Pack2<T>(pc[0], pc[kH]);
+        pb[nt][1] = Pack2<T>(pc[8 * kH], pc[9 * kH]);
       }
 #pragma unroll
       for (int dt = 0; dt < 8; ++dt) {
         uint32_t af[4];
-        LdMatrixX4(af,
-                   sk + (kt * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kMlaRow + warp * 128 + dt * 16 +
-                       ((lane >> 3) & 1) * 8,
-                   true);
-        Mma16816<T>(o[dt][0], af, pb[0][0], pb[0][1]);
-        Mma16816<T>(o[dt][1], af, pb[1][0], pb[1][1]);
+        LdMatrixX4(
+            af,
+            sk + (kt * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kMlaRow + wk * 128 + dt * 16 + ((lane >> 3) & 1) * 8,
+            true);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) Mma16816<T>(o[dt][nt], af, pb[nt][0], pb[nt][1]);
       }
     }
   }
-  // Each head's sum over the block's keys: over the lanes that share tq, then over the warps.
+  // Each head's sum over the block's keys: over the lanes that share tq, then over the key groups.
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int off = 4; off < 32; off *= 2) l[nt][i] += __shfl_xor_sync(0xffffffffu, l[nt][i], off);
-      if (g == 0) sm_l[warp * kMlaHeads + nt * 8 + 2 * tq + i] = l[nt][i];
+      if (g == 0) sm_l[wk * kH + hb + nt * 8 + 2 * tq + i] = l[nt][i];
     }
   }
   __syncthreads();
-  float total[2][2];
+  float total[kNT][2];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int h = nt * 8 + 2 * tq + i;
+      const int h = hb + nt * 8 + 2 * tq + i;
       total[nt][i] = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kMlaWarps; ++w) total[nt][i] += sm_l[w * kMlaHeads + h];
-      if (chunks > 1 && warp == 0 && g == 0) {
+      for (int w = 0; w < kMlaWarps; ++w) total[nt][i] += sm_l[w * kH + h];
+      if (chunks > 1 && wk == 0 && g == 0) {
         const int64_t idx = (t * a.heads + h0 + h) * chunks + c;
         part_m[idx] = m[nt][i] * 0.6931471805599453f;  // the merge kernel works in natural-log units
         part_l[idx] = total[nt][i];
@@ -349,12 +366,12 @@ __global__ void __launch_bounds__(kMlaWarps * 32)
 #pragma unroll
   for (int dt = 0; dt < 8; ++dt) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t d = warp * 128 + dt * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t d = wk * 128 + dt * 16 + g + (e >= 2 ? 8 : 0);
         const int i = e & 1;
-        const int64_t h = h0 + nt * 8 + 2 * tq + i;
+        const int64_t h = h0 + hb + nt * 8 + 2 * tq + i;
         if (chunks == 1) {
           a.out[t * a.o_s0 + h * a.o_s1 + d] = o[dt][nt][e] / total[nt][i];
         } else {
@@ -499,11 +516,21 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
+// The wide instance (64 heads a block) where it is asked for (KernelOptions::mla_wide) and the heads come in 64s; it
+// has one stage (two tiles of rows would pass the shared-memory limit), so it takes the place of mla_pipeline.
+bool MlaWide(const AttentionArgs& a) {
+  return a.mla_wide && a.heads % kMlaWideHeads == 0;
+}
+int MlaBlockHeads(const AttentionArgs& a) {
+  return MlaWide(a) ? kMlaWideHeads : kMlaHeads;
+}
+
 // MLA's decode chunks aim at about two waves of blocks: 4 blocks per SM in all where two fit one (the single-stage
-// instances, 96 KB of shared memory), 2 where one does (the two-stage instances, 135-175 KB).
+// 16-head instances, 96 KB of shared memory), 2 where one does (the two-stage instances, 135-175 KB, and the wide one,
+// 156 KB).
 int64_t MlaBlocksPerSm(const AttentionArgs& a) {
   constexpr int64_t kWaves = 2;
-  return kWaves * (a.mla_pipeline ? 1 : 2);
+  return kWaves * (a.mla_pipeline || MlaWide(a) ? 1 : 2);
 }
 
 }  // namespace
@@ -520,7 +547,7 @@ bool MlaDecodeFits(const AttentionArgs& a) {
 }
 
 int64_t MlaDecodeChunk(const AttentionArgs& a, int sm_count) {
-  const int64_t base = std::max<int64_t>(a.n * (a.heads / kMlaHeads), 1);
+  const int64_t base = std::max<int64_t>(a.n * (a.heads / MlaBlockHeads(a)), 1);
   const int64_t want = std::max<int64_t>(MlaBlocksPerSm(a) * sm_count / base, 1);
   const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
   return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
@@ -530,19 +557,25 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
                     float* part_acc, Stream s) {
   if (a.n == 0) return 0;
   if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
-  const bool f8 = a.k.dtype == kF8;
-  const int stages = a.mla_pipeline ? 2 : 1;
+  const bool f8 = a.k.dtype == kF8, wide = MlaWide(a);
+  const int stages = a.mla_pipeline && !wide ? 2 : 1, heads = MlaBlockHeads(a);
   const auto pick = [&](auto stage_tag) {
     constexpr int kS = decltype(stage_tag)::value;
     return f8 ? MlaAttentionKernel<__nv_fp8_e4m3, kS>
               : (a.k.dtype == kF16 ? MlaAttentionKernel<__half, kS> : MlaAttentionKernel<__nv_bfloat16, kS>);
   };
-  const auto kernel = stages == 2 ? pick(std::integral_constant<int, 2>{}) : pick(std::integral_constant<int, 1>{});
-  const int smem = MlaSmemBytes(f8, stages);
+  const auto pick_wide = [&] {
+    return f8 ? MlaAttentionKernel<__nv_fp8_e4m3, 1, 2, 4>
+              : (a.k.dtype == kF16 ? MlaAttentionKernel<__half, 1, 2, 4> : MlaAttentionKernel<__nv_bfloat16, 1, 2, 4>);
+  };
+  const auto kernel = wide          ? pick_wide()
+                      : stages == 2 ? pick(std::integral_constant<int, 2>{})
+                                    : pick(std::integral_constant<int, 1>{});
+  const int smem = MlaSmemBytes(f8, stages, heads);
   // The shared-memory limit on this device (a lookup after the first launch there: kernel_attr.h).
   if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem); e != 0) return e;
-  LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / kMlaHeads)), static_cast<unsigned>(chunks)),
-               kMlaWarps * 32, smem, S(s), a, chunk, chunks, part_m, part_l, part_acc);
+  LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / heads)), static_cast<unsigned>(chunks)),
+               (wide ? 2 : 1) * kMlaWarps * 32, smem, S(s), a, chunk, chunks, part_m, part_l, part_acc);
   return Done();
 }
 

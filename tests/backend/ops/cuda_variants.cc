@@ -34,6 +34,11 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
   } else if (variant == "mla_pipeline_fp8") {
     o.mla_pipeline = true;
     o.mla_fp8 = true;
+  } else if (variant == "mla_wide") {
+    o.mla_wide = true;  // MLA's decode kernel with 64 heads a block where the heads come in 64s
+  } else if (variant == "mla_wide_fp8") {
+    o.mla_wide = true;
+    o.mla_fp8 = true;
   } else if (variant == "mla_fp8") {
     o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches
   } else if (variant == "prefill_mma_attention") {
