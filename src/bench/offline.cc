@@ -105,6 +105,17 @@ int32_t FittedTokenBudget(int32_t configured, const std::vector<int32_t>& batch_
   return static_cast<int32_t>(std::min<int64_t>(budget, std::numeric_limits<int32_t>::max()));
 }
 
+StatusOr<int32_t> LargestPlannedTokenBudget(int32_t configured, int32_t fitted,
+                                            const std::function<Status(int32_t)>& plan) {
+  int32_t budget = std::max(fitted, configured);
+  for (;;) {
+    Status s = plan(budget);
+    if (s.ok()) return budget;
+    if (s.code() != StatusCode::kResourceExhausted || budget / 2 < configured) return s;
+    budget /= 2;
+  }
+}
+
 StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const EngineConfig& base,
                                        const ModelCosts& costs, const Peaks& peaks, int32_t batch_size,
                                        const OfflineOptions& o) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "bench/roofline.h"
@@ -34,9 +35,16 @@ struct OfflineOptions {
 
 // The token budget of an offline run that fits each level's prefill into one step: the largest batch's prompts, or
 // `configured` if that is larger. The memory plan must be made for it (activations grow with the budget), so
-// RunOffline sets it before loading the model: a budget whose activations do not fit is then the plan's clear error
-// instead of a failed allocation mid-run.
+// RunOffline plans it before any level runs: a budget whose activations do not fit is then lowered
+// (LargestPlannedTokenBudget) or the plan's clear error, never a failed allocation mid-run.
 int32_t FittedTokenBudget(int32_t configured, const std::vector<int32_t>& batch_sizes, int32_t input_len);
+
+// A fitted budget's one-step prefill may not fit a smaller GPU's memory (256 x 1k prompts of Qwen-7B need about
+// 87 GiB of step activations: the H200 holds them, an 80 GB H100 does not). `plan(budget)` (the memory plan) is tried
+// from `fitted` down, halving, while it fails with RESOURCE_EXHAUSTED, but never below `configured`: the largest
+// budget that planned, or the plan's last error. The levels then prefill in chunks of that budget.
+StatusOr<int32_t> LargestPlannedTokenBudget(int32_t configured, int32_t fitted,
+                                            const std::function<Status(int32_t)>& plan);
 
 struct OfflineLevel {
   int32_t batch_size = 0;

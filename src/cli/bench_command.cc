@@ -347,7 +347,31 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   if (fit_token_budget)
     eo.max_num_batched_tokens = bench::FittedTokenBudget(eo.max_num_batched_tokens, batches, o.input_len);
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, TokenizerLoad::kIfPresent));
-  FATHOM_ASSIGN_OR_RETURN(EngineConfig ec, MakeEngineConfig(eo, m));
+  EngineConfig ec;
+  bool chunked = false;  // the fitted budget did not fit this device's memory: the levels prefill in chunks
+  if (fit_token_budget) {
+    const int32_t fitted = eo.max_num_batched_tokens;
+    FATHOM_ASSIGN_OR_RETURN(
+        eo.max_num_batched_tokens,
+        bench::LargestPlannedTokenBudget(o.engine.max_num_batched_tokens, fitted, [&](int32_t budget) -> Status {
+          EngineOptions tried = eo;
+          tried.max_num_batched_tokens = budget;
+          FATHOM_ASSIGN_OR_RETURN(ec, MakeEngineConfig(tried, m));
+          return OkStatus();
+        }));
+    if (eo.max_num_batched_tokens < fitted) {
+      chunked = true;
+      FATHOM_LOG_WARN(
+          "one prefill step of {} tokens does not fit this device's memory: the levels prefill in chunks of {} "
+          "tokens (pass --max-num-batched-tokens to choose)",
+          fitted, eo.max_num_batched_tokens);
+      ModelRunOptions run = m.run;  // MLA's context rows stay within what the plan reserved
+      run.max_batched_tokens = eo.max_num_batched_tokens;
+      m.model->set_run_options(run);
+    }
+  } else {
+    FATHOM_ASSIGN_OR_RETURN(ec, MakeEngineConfig(eo, m));
+  }
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(m.config.architecture));
   FATHOM_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, arch->weight_specs(m.config));
   FATHOM_ASSIGN_OR_RETURN(LoadFormat format, ParseLoadFormat(o.engine.load_format));
@@ -370,7 +394,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   oo.warmup = o.warmup;
   oo.seed = o.seed;
   oo.temperature = static_cast<float>(o.temperature);
-  oo.fit_token_budget = fit_token_budget;
+  oo.fit_token_budget = fit_token_budget && !chunked;
   oo.fit_kv_blocks = fit_kv_blocks;
   std::vector<bench::OfflineLevel> levels;
   for (int32_t b : batches) {

@@ -442,6 +442,7 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
+  m.run = lo.run;
   if (o.parallel.tensor_parallel_size > 1 || ForceParallelPath() || LaunchedByMpi()) {
     FATHOM_ASSIGN_OR_RETURN(m.model, LoadParallelModel(o.parallel, o.device, m.folder, m.config, lo, *m.backend));
     return m;

@@ -81,6 +81,7 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when not needed and absent
   int64_t start_free_bytes = -1;         // device memory free once the backend existed, before the weights
+  ModelRunOptions run;                   // the run options the model was loaded with (model->set_run_options)
 };
 
 // "1073741824", "512MiB", "2G", "256k": bytes (K/M/G are powers of 1024). `flag` names the option in errors.
