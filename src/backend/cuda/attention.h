@@ -39,8 +39,8 @@ struct AttentionArgs {
   bool mla_fp8 = false;
   // MLA's decode kernel with the next tile's loads in flight during this one's compute (KernelOptions::mla_pipeline).
   bool mla_pipeline = false;
-  // MLA's decode kernel with 64 heads a block where the heads come in 64s (KernelOptions::mla_wide): V3's 128 heads
-  // read the latent cache twice a token instead of eight times.
+  // MLA's decode kernel with 64 heads a block where the heads come in 64s (KernelOptions::mla_wide, on by default):
+  // V3's 128 heads read the latent cache twice a token instead of eight times.
   bool mla_wide = false;
 };
 

@@ -61,10 +61,11 @@
 // FATHOM_CUDA_MLA_PIPELINE=1         mla_pipeline      false    MLA's decode kernel loads the next 64-key tile while
 //                                                              it computes on this one (two buffers, one block a
 //                                                              multiprocessor); only "1"
-// FATHOM_CUDA_MLA_WIDE=1             mla_wide          false    MLA's decode kernel takes 64 heads a block (8 warps)
+// FATHOM_CUDA_MLA_WIDE=0             mla_wide          true     MLA's decode kernel takes 64 heads a block (8 warps)
 //                                                              where the heads come in 64s (V3's 128: the latent
 //                                                              cache read twice a token, not eight times); one stage,
-//                                                              so it overrides mla_pipeline there; only "1"
+//                                                              so it overrides mla_pipeline there; any value but "1"
+//                                                              turns it off (16 heads a block)
 #pragma once
 
 #include <cstdint>
@@ -95,7 +96,7 @@ struct KernelOptions {
   bool prefill_mma_attention = true;
   bool mla_fp8 = false;
   bool mla_pipeline = false;
-  bool mla_wide = false;
+  bool mla_wide = true;
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

@@ -30,14 +30,16 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
   } else if (variant == "gemv_prefetch") {
     o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
   } else if (variant == "mla_pipeline") {
-    o.mla_pipeline = true;  // MLA's decode kernel with two tiles of rows in flight
+    o.mla_pipeline = true;  // MLA's decode kernel with two tiles of rows in flight (the 16-head instance's option)
+    o.mla_wide = false;
   } else if (variant == "mla_pipeline_fp8") {
     o.mla_pipeline = true;
+    o.mla_wide = false;
     o.mla_fp8 = true;
-  } else if (variant == "mla_wide") {
-    o.mla_wide = true;  // MLA's decode kernel with 64 heads a block where the heads come in 64s
-  } else if (variant == "mla_wide_fp8") {
-    o.mla_wide = true;
+  } else if (variant == "no_mla_wide") {
+    o.mla_wide = false;  // MLA's decode kernel with 16 heads a block at every head count
+  } else if (variant == "no_mla_wide_fp8") {
+    o.mla_wide = false;
     o.mla_fp8 = true;
   } else if (variant == "mla_fp8") {
     o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches

@@ -1637,10 +1637,10 @@ std::vector<OpCase> BuildCases() {
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},  // MLA's kernel on f8 latent rows
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "mla_pipeline", kBf16Attention},
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_pipeline_fp8", kBf16Attention},
-      {{64, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide", kBf16Attention},  // one wide block a token
-      {{128, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide", kBf16Attention},
-      {{16, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide", kBf16Attention},  // 16 heads: the 16-head instance
-      {{128, 1, 576, 512, true, F8, kSmallMla}, "mla_wide_fp8", kBf16Attention},
+      {{64, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // the wide instance: one block a token
+      {{128, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},
+      {{128, 1, 576, 512, true, BF16, kSmallMla}, "no_mla_wide", kBf16Attention},
+      {{128, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{28, 4, 128, 128, false, BF16, kLongDecode}, "default", kBf16Attention, kGpu},
@@ -1683,12 +1683,12 @@ std::vector<OpCase> BuildCases() {
       {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "mla_pipeline", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_pipeline_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, F8, kRealMixed}, "mla_pipeline_fp8", kBf16Attention, kGpu},
-      // the wide MLA kernel (64 heads a block): mixed batches, and V3's 64 x 1k and 64 x 4k rows, bf16 and f8
-      {{128, 1, 576, 512, true, BF16, kRealMixed}, "mla_wide", kBf16Attention, kGpu},
-      {{128, 1, 576, 512, true, BF16, kBatchDecode}, "mla_wide", kBf16Attention, kGpu},
-      {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "mla_wide", kBf16Attention, kGpu},
-      {{128, 1, 576, 512, true, F8, kRealMixed}, "mla_wide_fp8", kBf16Attention, kGpu},
-      {{128, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_wide_fp8", kBf16Attention, kGpu},
+      // the 16-head instance at V3's 128 heads (the wide one is the default there): mixed batches, 64 x 1k and 64 x 4k
+      {{128, 1, 576, 512, true, BF16, kRealMixed}, "no_mla_wide", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, BF16, kBatchDecode}, "no_mla_wide", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "no_mla_wide", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, F8, kRealMixed}, "no_mla_wide_fp8", kBf16Attention, kGpu},
+      {{128, 1, 576, 512, true, F8, kBatchLongDecode}, "no_mla_wide_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},   // mla_decode_bw_16h
       {{128, 1, 576, 512, true, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},  // mla_decode_bw_128h
   };
