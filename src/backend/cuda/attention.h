@@ -42,6 +42,10 @@ struct AttentionArgs {
   // MLA's decode kernel with 64 heads a block where the heads come in 64s (KernelOptions::mla_wide, on by default):
   // V3's 128 heads read the latent cache twice a token instead of eight times.
   bool mla_wide = false;
+  // ... for batches whose longest context has this many keys or more (KernelOptions::mla_wide_min_keys): a wide block
+  // has 4x a 16-head block's work, so short contexts give too few blocks (10 tokens of 21 keys at 128 heads: 22.2 us
+  // wide, 13.5 us in 16-head blocks on the H100).
+  int64_t mla_wide_min_keys = 256;
 };
 
 // One block per (token, head); scores for the whole context in shared memory. For prefill-sized batches.

@@ -667,6 +667,7 @@ void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, 
   a.mla_fp8 = options_.mla_fp8;
   a.mla_pipeline = options_.mla_pipeline;
   a.mla_wide = options_.mla_wide;
+  a.mla_wide_min_keys = options_.mla_wide_min_keys;
   // Prefill batches (16 or more query rows a sequence on average) on the tensor-core prefill kernel where it fits
   // (KernelOptions::prefill_mma_attention): each K/V tile read once for 64 query rows.
   if (options_.prefill_mma_attention && a.n >= 16 * a.num_seqs && cuda::PrefillMmaAttentionFits(a)) {

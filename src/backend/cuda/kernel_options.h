@@ -97,6 +97,7 @@ struct KernelOptions {
   bool mla_fp8 = false;
   bool mla_pipeline = false;
   bool mla_wide = true;
+  int64_t mla_wide_min_keys = 256;  // the wide instance from this longest context on (AttentionArgs::mla_wide_min_keys)
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
   static KernelOptions FromEnvironment();

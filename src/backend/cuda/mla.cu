@@ -516,10 +516,11 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
-// The wide instance (64 heads a block) where it is asked for (KernelOptions::mla_wide) and the heads come in 64s; it
-// has one stage (two tiles of rows would pass the shared-memory limit), so it takes the place of mla_pipeline.
+// The wide instance (64 heads a block) where it is asked for (KernelOptions::mla_wide), the heads come in 64s and the
+// longest context is long enough (AttentionArgs::mla_wide_min_keys); it has one stage (two tiles of rows would pass
+// the shared-memory limit), so it takes the place of mla_pipeline.
 bool MlaWide(const AttentionArgs& a) {
-  return a.mla_wide && a.heads % kMlaWideHeads == 0;
+  return a.mla_wide && a.heads % kMlaWideHeads == 0 && a.max_seq_len >= a.mla_wide_min_keys;
 }
 int MlaBlockHeads(const AttentionArgs& a) {
   return MlaWide(a) ? kMlaWideHeads : kMlaHeads;

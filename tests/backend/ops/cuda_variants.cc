@@ -36,6 +36,8 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.mla_pipeline = true;
     o.mla_wide = false;
     o.mla_fp8 = true;
+  } else if (variant == "mla_wide_short") {
+    o.mla_wide_min_keys = 0;  // the wide MLA instance at every context length
   } else if (variant == "no_mla_wide") {
     o.mla_wide = false;  // MLA's decode kernel with 16 heads a block at every head count
   } else if (variant == "no_mla_wide_fp8") {

@@ -1637,9 +1637,9 @@ std::vector<OpCase> BuildCases() {
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},  // MLA's kernel on f8 latent rows
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "mla_pipeline", kBf16Attention},
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_pipeline_fp8", kBf16Attention},
-      {{64, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // the wide instance: one block a token
-      {{128, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},
-      {{128, 1, 576, 512, true, BF16, kSmallMla}, "no_mla_wide", kBf16Attention},
+      {{64, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide_short", kBf16Attention},   // the wide instance: a block a
+      {{128, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide_short", kBf16Attention},  // token, or two
+      {{128, 1, 576, 512, true, BF16, kSmallMla}, "default", kBf16Attention},  // short contexts: 16 heads a block
       {{128, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},
       // Qwen-7B (28/4/128)
       {{28, 4, 128, 128, false, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
@@ -1811,7 +1811,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 21> kVariants = {"default",
+constexpr std::array<std::string_view, 24> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1824,6 +1824,9 @@ constexpr std::array<std::string_view, 21> kVariants = {"default",
                                                         "host_moe",
                                                         "moe_gemv",
                                                         "attention_one_chunk",
+                                                        "mla_wide_short",
+                                                        "no_mla_wide",
+                                                        "no_mla_wide_fp8",
                                                         "gemv_prefetch",
                                                         "fused_silu",
                                                         "no_fused_silu",
