@@ -11,7 +11,8 @@ run for the FP8-KV figure. Never an older number. Qwen-7B's llama.cpp peer is qw
 llama.cpp's llama architecture: bench/peers/llama_cpp.sh).
 
   bench/summary.py --raw RAW_DIR [RAW_DIR ...] --commit abc1234 --date 2026-12-05 \\
-      --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH]
+      --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH] \\
+      [--summary-list figures_h100]   (another machine's figures: a list of their own, the H200's kept)
 
 A RAW_DIR is one part's OUT_DIR:
   - NAME.json and NAME.command for each fathom bench run (offline, or online: NAME-online-cC against fathom serve);
@@ -335,14 +336,15 @@ def compute(runs, peers, kernels, commands, commit, date, source):
     return figures, missing
 
 
-def merge_summary(summary, figures):
-    """SUMMARY.json with each figure replacing the entry of its name (new names appended, others kept)."""
+def merge_summary(summary, figures, key="figures"):
+    """SUMMARY.json with each figure replacing the entry of its name in list `key` (new names appended, others and
+    the other lists kept)."""
     by_name = {f["name"]: f for f in figures}
     merged = []
-    for old in summary.get("figures", []):
+    for old in summary.get(key, []):
         merged.append(by_name.pop(old["name"], old))
     merged += [f for f in figures if f["name"] in by_name]
-    summary["figures"] = merged
+    summary[key] = merged
     return summary
 
 
@@ -355,6 +357,9 @@ def main(argv):
     ap.add_argument("--source", required=True, help="the results file to write (bench/results/DATE-NAME.json)")
     ap.add_argument("--summary", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                      "SUMMARY.json"))
+    ap.add_argument("--summary-list", default="figures",
+                    help="the list of SUMMARY.json the figures replace theirs in: figures (the H200's, whose targets "
+                         "the issue sets), or another machine's, such as figures_h100")
     a = ap.parse_args(argv)
     runs, peers, kernels, commands = load_raw(a.raw)
     figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source)
@@ -372,7 +377,7 @@ def main(argv):
         with open(a.summary) as f:
             summary = json.load(f)
     with open(a.summary, "w") as f:
-        json.dump(merge_summary(summary, figures), f, indent=1)
+        json.dump(merge_summary(summary, figures, a.summary_list), f, indent=1)
         f.write("\n")
     for fig in figures:
         ratio = f" ({fig['ratio']}x {fig['peer']})" if fig["ratio"] is not None else ""

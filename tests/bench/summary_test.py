@@ -84,9 +84,9 @@ class SummaryTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_summary(self, *raw):
+    def run_summary(self, *raw, extra=()):
         return subprocess.run([sys.executable, SCRIPT, "--raw", *raw, "--commit", "abc1234", "--date", "2026-12-05",
-                               "--source", self.source, "--summary", self.summary],
+                               "--source", self.source, "--summary", self.summary, *extra],
                               capture_output=True, text=True)
 
     def test_figures_ratios_targets_and_merge(self):
@@ -147,6 +147,17 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(len(names), len(set(names)))
         self.assertEqual(summary["note"], "kept")
         self.assertIn("MISSED", r.stdout)
+
+    def test_another_machines_figures_go_to_their_own_list(self):
+        r = self.run_summary(self.dense, self.kern, extra=("--summary-list", "figures_h100"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.summary) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["figures"][1], {"name": "llama8b_bf16_b1_decode", "value": 1.0, "commit": "old"})
+        self.assertEqual(len(summary["figures"]), 2)  # the H200's list untouched
+        h100 = {f["name"]: f for f in summary["figures_h100"]}
+        self.assertEqual((h100["llama8b_bf16_b1_decode"]["value"], h100["llama8b_bf16_b1_decode"]["ratio"]),
+                         (260.0, 1.3))
 
     def test_nothing_measured_is_an_error(self):
         empty = os.path.join(self.tmp.name, "empty")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Next session, call 2 (same warm machine, right after n1.sh: /tmp/n and /tmp/peer kept; only if n1's tests passed):
+# the performance round's parts kernels, dense and moe, each with its same-call peer (llama.cpp; PyTorch for MLA).
+#   run: bash build/carry10/n2.sh   with carry ["build/carry10"]
+set -u
+T0=$(date +%s); P=$OUT/perf; mkdir -p $P
+log(){ echo "[$(( $(date +%s)-T0 ))s] $1" >> $P/timeline.txt; }
+pack(){ tar czf $OUT/r.tgz -C $OUT perf 2>/dev/null; }
+( sleep 585; log watchdog; pack ) &
+[ -f /tmp/ok ] || [ ! -d /tmp/n ] || { log "no /tmp/ok: n1's tests did not pass on this machine; nothing run"; pack; exit 1; }
+[ -f /tmp/ok ] || log "fresh machine: n1 ran on another one"
+[ -x /tmp/n/fathom ] || { mkdir -p /tmp/n && tar xJf build/carry10/new.tar.xz -C /tmp/n; }
+for part in kernels dense moe; do
+  bash bench/perf_round.sh $part /tmp/n build/carry10/llama-src.tar.xz build/carry10/make_gguf.py $P/$part > $P/$part.log 2>&1
+  log "$part rc=$?"; pack
+done
