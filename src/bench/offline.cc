@@ -111,9 +111,14 @@ StatusOr<int32_t> LargestPlannedTokenBudget(int32_t configured, int32_t fitted,
   for (;;) {
     Status s = plan(budget);
     if (s.ok()) return budget;
-    if (s.code() != StatusCode::kResourceExhausted || budget / 2 < configured) return s;
-    budget /= 2;
+    if (s.code() != StatusCode::kResourceExhausted || budget <= configured) return s;
+    budget = std::max(budget / 2, configured);  // the configured budget itself is the last one tried
   }
+}
+
+int32_t OfflineKvBlocks(int32_t batch_size, int32_t input_len, int32_t output_len, int32_t block_size) {
+  const int32_t per_seq = (input_len + output_len + block_size - 1) / block_size + 1;
+  return batch_size * per_seq + 1;
 }
 
 StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const EngineConfig& base,
@@ -129,10 +134,7 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
     config.scheduler.max_num_batched_tokens =
         std::max<int32_t>(config.scheduler.max_num_batched_tokens, batch_size * o.input_len);
   }
-  if (o.fit_kv_blocks) {
-    const int32_t per_seq = (o.input_len + o.output_len + config.block_size - 1) / config.block_size + 1;
-    config.num_blocks = batch_size * per_seq + 1;
-  }
+  if (o.fit_kv_blocks) config.num_blocks = OfflineKvBlocks(batch_size, o.input_len, o.output_len, config.block_size);
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(model, backend, config));
 
   const int64_t vocab = model.config().vocab_size;

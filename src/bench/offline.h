@@ -41,10 +41,14 @@ int32_t FittedTokenBudget(int32_t configured, const std::vector<int32_t>& batch_
 
 // A fitted budget's one-step prefill may not fit a smaller GPU's memory (256 x 1k prompts of Qwen-7B need about
 // 87 GiB of step activations: the H200 holds them, an 80 GB H100 does not). `plan(budget)` (the memory plan) is tried
-// from `fitted` down, halving, while it fails with RESOURCE_EXHAUSTED, but never below `configured`: the largest
-// budget that planned, or the plan's last error. The levels then prefill in chunks of that budget.
+// from `fitted` down, halving, while it fails with RESOURCE_EXHAUSTED, down to `configured` (always tried last): the
+// largest budget that planned, or the plan's last error. The levels then prefill in chunks of that budget.
 StatusOr<int32_t> LargestPlannedTokenBudget(int32_t configured, int32_t fitted,
                                             const std::function<Status(int32_t)>& plan);
+
+// The KV blocks a level of `batch_size` sequences gets where OfflineOptions::fit_kv_blocks: every sequence's prompt
+// and output, a spare block each, and one more. RunOffline's memory plan must leave room for the largest level's.
+int32_t OfflineKvBlocks(int32_t batch_size, int32_t input_len, int32_t output_len, int32_t block_size);
 
 struct OfflineLevel {
   int32_t batch_size = 0;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "bench/workload.h"
 #include "cli/cli_util.h"
 #include "cli/engine_setup.h"
+#include "core/bytes.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -351,12 +353,26 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   bool chunked = false;  // the fitted budget did not fit this device's memory: the levels prefill in chunks
   if (fit_token_budget) {
     const int32_t fitted = eo.max_num_batched_tokens;
+    const int32_t max_batch = batches.empty() ? 0 : *std::max_element(batches.begin(), batches.end());
     FATHOM_ASSIGN_OR_RETURN(
         eo.max_num_batched_tokens,
         bench::LargestPlannedTokenBudget(o.engine.max_num_batched_tokens, fitted, [&](int32_t budget) -> Status {
           EngineOptions tried = eo;
           tried.max_num_batched_tokens = budget;
           FATHOM_ASSIGN_OR_RETURN(ec, MakeEngineConfig(tried, m));
+          // The levels size their KV caches themselves (fit_kv_blocks): the plan must leave room for the largest.
+          if (fit_kv_blocks && m.backend->MemoryInfo().total_bytes > 0) {
+            const int64_t blocks = bench::OfflineKvBlocks(max_batch, o.input_len, o.output_len, eo.block_size);
+            const DType kv_dtype = ec.kv_cache_dtype.value_or(m.backend->kv_cache_dtype());
+            const int64_t need = blocks * eo.block_size * m.model->kv_cache_spec().bytes_per_token(kv_dtype);
+            if (ec.kv_cache_memory_bytes < need) {
+              return ResourceExhaustedError(fmt::format(
+                  "with {} batched tokens the memory plan leaves {} for the KV cache; {} sequences of {} tokens "
+                  "need {}",
+                  budget, FormatBytes(ec.kv_cache_memory_bytes), max_batch, o.input_len + o.output_len,
+                  FormatBytes(need)));
+            }
+          }
           return OkStatus();
         }));
     if (eo.max_num_batched_tokens < fitted) {

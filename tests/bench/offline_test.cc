@@ -53,6 +53,19 @@ TEST(LargestPlannedTokenBudgetTest, NeverGoesBelowTheConfiguredBudget) {
   EXPECT_EQ(tried, std::vector<int32_t>({8192, 4096, 2048}));
 }
 
+TEST(LargestPlannedTokenBudgetTest, TriesTheConfiguredBudgetLast) {
+  // 5000 is no power-of-two multiple of 2048: 2500 fails, and 2048 itself is tried before giving up.
+  std::vector<int32_t> tried;
+  EXPECT_EQ(LargestPlannedTokenBudget(2048, 5000, PlanUpTo(2100, &tried)).value(), 2048);
+  EXPECT_EQ(tried, std::vector<int32_t>({5000, 2500, 2048}));
+}
+
+TEST(OfflineKvBlocksTest, EverySequencesPromptAndOutputWithASpareBlock) {
+  // 1,152 tokens are 72 blocks of 16, plus a spare: 73 a sequence, and one more block.
+  EXPECT_EQ(OfflineKvBlocks(256, 1024, 128, 16), 256 * 73 + 1);
+  EXPECT_EQ(OfflineKvBlocks(1, 10, 7, 16), 4);  // 17 tokens: 2 blocks, a spare, one more
+}
+
 TEST(LargestPlannedTokenBudgetTest, StopsAtAnErrorThatIsNotAboutMemory) {
   std::vector<int32_t> tried;
   const StatusOr<int32_t> r = LargestPlannedTokenBudget(2048, 65536, [&](int32_t budget) {

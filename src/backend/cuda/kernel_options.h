@@ -63,9 +63,10 @@
 //                                                              multiprocessor); only "1"
 // FATHOM_CUDA_MLA_WIDE=0             mla_wide          true     MLA's decode kernel takes 64 heads a block (8 warps)
 //                                                              where the heads come in 64s (V3's 128: the latent
-//                                                              cache read twice a token, not eight times); one stage,
-//                                                              so it overrides mla_pipeline there; any value but "1"
-//                                                              turns it off (16 heads a block)
+//                                                              cache read twice a token, not eight times) and the
+//                                                              longest context has mla_wide_min_keys (256) or more;
+//                                                              one stage, so it overrides mla_pipeline there; any
+//                                                              value but "1" turns it off (16 heads a block)
 #pragma once
 
 #include <cstdint>
