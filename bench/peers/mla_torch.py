@@ -8,7 +8,8 @@ PyTorch (cuBLAS and its attention kernels) on the same computation, in the two w
   - sdpa: torch.nn.functional.scaled_dot_product_attention with enable_gqa (the heads share the one latent row);
   - bmm:  scores = q @ kv^T, softmax in float32, then @ kv[..., :512] (the absorbed-MLA decode of vLLM's fallback).
 Each prints one JSON line: {"tool": "pytorch", "op": "mla_decode", "heads", "method", "us", "gb_s"} where gb_s counts
-the latent cache's bytes once, as fathom's figure does. The two results are compared with each other (max_abs_diff).
+the latent cache's bytes once, as fathom's figure does (bench/summary.py: the cache's bytes over the kernel row's
+time; the row's own gb_s also counts the float32 Q and output). The two results are compared with each other (max_abs_diff).
 
   python3 bench/peers/mla_torch.py [--seqs 64] [--ctx 4096] [--heads 16,128] > mla_peer.jsonl
 """

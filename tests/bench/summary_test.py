@@ -62,10 +62,10 @@ class SummaryTest(unittest.TestCase):
         with open(os.path.join(self.kern, "kernels.jsonl"), "w") as f:
             f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
                                 "shape": "heads=16/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
-                                "gb_s": 3100.0}) + "\n")
+                                "us": 97.4161, "gb_s": 3150.0}) + "\n")  # gb_s counts Q and the output too
             f.write(json.dumps({"op": "PagedAttention", "variant": "default", "dtypes": "q=f32 cache=bf16",
                                 "shape": "heads=128/1 k=576 v=512 (V in K) batch=decode[64x(4095+1)]",
-                                "gb_s": 900.0}) + "\n")
+                                "us": 335.544, "gb_s": 1000.0}) + "\n")
         with open(os.path.join(self.kern, "mla_peer.jsonl"), "w") as f:  # PyTorch's MLA decode: the better method
             for heads, method, gb_s in ((16, "sdpa", 1000.0), (16, "bmm", 1550.0), (128, "bmm", 300.0)):
                 f.write(json.dumps({"tool": "pytorch", "op": "mla_decode", "heads": heads, "method": method,
@@ -118,9 +118,10 @@ class SummaryTest(unittest.TestCase):
         mfu = figs["qwen7b_bf16_prefill8k_mfu"]  # 40% at 32000 tok/s; the peer's 16000 tok/s is 20%
         self.assertEqual((mfu["value"], mfu["peer_value"], mfu["ratio"], mfu["met"]), (40.0, 20.0, 2.0, False))
         m16, m128 = figs["mla_decode_bw_16h"], figs["mla_decode_bw_128h"]
-        self.assertEqual((m16["peer_value"], m16["ratio"]), (1550.0, 2.0))
+        # the latent cache's 302 MB over the row's time, not the row's gb_s
+        self.assertEqual((m16["value"], m16["peer_value"], m16["ratio"]), (3100.0, 1550.0, 2.0))
         self.assertIn("bmm", m16["peer"])
-        self.assertEqual((m128["peer_value"], m128["ratio"]), (300.0, 3.0))  # the failed method is left out
+        self.assertEqual((m128["value"], m128["peer_value"], m128["ratio"]), (900.0, 300.0, 3.0))  # no failed method
         self.assertFalse(figs["qwen7b_bf16_b256_decode"]["met"])  # 20000 < 24000
         fp8 = figs["qwen7b_fp8kv_b256_decode"]  # against the bf16-KV run of the same call: 27000 / 20000
         self.assertEqual((fp8["ratio"], fp8["met"]), (1.35, True))
@@ -167,6 +168,33 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("no figure", r.stderr)
         with open(self.summary) as f:
             self.assertEqual(len(json.load(f)["figures"]), 2)  # untouched
+
+
+class ResultsFilesTest(unittest.TestCase):
+    """The committed results: every bench/results/*.json parses, and SUMMARY.json's lists hold one named figure each
+    with its commit and source (a hand edit or a formatter once left it unparsable)."""
+
+    def test_every_results_file_parses(self):
+        results = os.path.join(ROOT, "bench", "results")
+        names = sorted(n for n in os.listdir(results) if n.endswith(".json"))
+        self.assertIn("SUMMARY.json", names)
+        for name in names:
+            with open(os.path.join(results, name)) as f:
+                try:
+                    json.load(f)
+                except ValueError as e:
+                    self.fail(f"bench/results/{name}: {e}")
+
+    def test_summary_lists_name_each_figure_once(self):
+        with open(os.path.join(ROOT, "bench", "results", "SUMMARY.json")) as f:
+            summary = json.load(f)
+        self.assertTrue(summary["figures"])
+        for key in (k for k in summary if k.startswith("figures")):
+            names = [fig["name"] for fig in summary[key]]
+            self.assertEqual(len(names), len(set(names)), key)
+            for fig in summary[key]:
+                for field in ("value", "unit", "commit", "date"):
+                    self.assertIn(field, fig, f"{key}: {fig['name']}")
 
 
 if __name__ == "__main__":
