@@ -75,18 +75,55 @@ ModelCosts ComputeModelCosts(const ModelConfig& cfg, const std::vector<WeightSpe
   return c;
 }
 
-StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> bandwidth, std::optional<double> flops) {
+std::optional<Peaks> KnownGpuPeaks(std::string_view gpu_model) {
+  // Most specific first: "GH200" before "H200", "H100 NVL" and "H100 PCIe" before the SXM part's "H100".
+  struct Known {
+    std::string_view part;  // a substring of the driver's name
+    double bandwidth, flops;
+    std::string_view bandwidth_what;
+  };
+  static constexpr Known kKnown[] = {
+      {"GH200", 4.0e12, 989e12, "GH200 HBM3, spec sheet (4.9e12 for its HBM3e part)"},
+      {"H200", 4.5e12, 989e12, "H200 HBM3e, achievable (measured here; 4.8e12 on the spec sheet)"},
+      {"H100 NVL", 3.9e12, 835e12, "H100 NVL HBM3, spec sheet"},
+      {"H100 PCIe", 2.0e12, 756e12, "H100 PCIe HBM2e, spec sheet"},
+      {"H100", 3.35e12, 989e12, "H100 SXM HBM3, spec sheet"},
+      {"H800", 3.35e12, 989e12, "H800 SXM HBM3, spec sheet"},
+      {"A100-SXM4-80GB", 2.039e12, 312e12, "A100 SXM 80GB HBM2e, spec sheet"},
+      {"A100 80GB PCIe", 1.935e12, 312e12, "A100 PCIe 80GB HBM2e, spec sheet"},
+      {"A100", 1.555e12, 312e12, "A100 40GB HBM2, spec sheet"},
+  };
+  for (const Known& k : kKnown) {
+    if (gpu_model.find(k.part) == std::string_view::npos) continue;
+    Peaks p;
+    p.bandwidth = k.bandwidth;
+    p.bandwidth_source = fmt::format("{}: {} (pass --peak-bandwidth to override)", gpu_model, k.bandwidth_what);
+    p.flops = k.flops;
+    p.flops_source = fmt::format("{}: bf16 dense tensor cores, spec sheet (pass --peak-flops to override)", gpu_model);
+    return p;
+  }
+  return std::nullopt;
+}
+
+StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> bandwidth, std::optional<double> flops,
+                             std::string_view gpu_model) {
   if (bandwidth && !(*bandwidth > 0)) return InvalidArgumentError("--peak-bandwidth must be positive");
   if (flops && !(*flops > 0)) return InvalidArgumentError("--peak-flops must be positive");
   Peaks p;
   const bool cuda = device.rfind("cuda", 0) == 0;
   const int threads = DefaultThreadPool().num_threads();
+  const std::optional<Peaks> known = cuda ? KnownGpuPeaks(gpu_model) : std::nullopt;
+  const std::string unknown =
+      gpu_model.empty() ? std::string() : fmt::format(" ({} is not in the table: the H200's figure)", gpu_model);
   if (bandwidth) {
     p.bandwidth = *bandwidth;
     p.bandwidth_source = "--peak-bandwidth";
+  } else if (known) {
+    p.bandwidth = known->bandwidth;
+    p.bandwidth_source = known->bandwidth_source;
   } else if (cuda) {
     p.bandwidth = 4.5e12;
-    p.bandwidth_source = "default: H200 HBM3e, achievable (pass --peak-bandwidth for another GPU)";
+    p.bandwidth_source = "default: H200 HBM3e, achievable (pass --peak-bandwidth for another GPU)" + unknown;
   } else {
     p.bandwidth = MeasureReadBandwidth(DefaultThreadPool(), int64_t{256} << 20);
     p.bandwidth_source = fmt::format("measured: multi-threaded read of 256 MiB, {} threads", threads);
@@ -94,9 +131,12 @@ StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> ba
   if (flops) {
     p.flops = *flops;
     p.flops_source = "--peak-flops";
+  } else if (known) {
+    p.flops = known->flops;
+    p.flops_source = known->flops_source;
   } else if (cuda) {
     p.flops = 989e12;
-    p.flops_source = "default: H200 bf16 dense tensor cores (pass --peak-flops for another GPU or dtype)";
+    p.flops_source = "default: H200 bf16 dense tensor cores (pass --peak-flops for another GPU or dtype)" + unknown;
   } else {
     const ProbeResult r = MeasureFmaFlops(DefaultThreadPool());
     p.flops = r.flops;

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -63,9 +64,16 @@ struct Peaks {
   std::string flops_source = {};
 };
 
-// Flags win. Otherwise on CUDA the H200 figures (4.5e12 B/s achievable HBM bandwidth, 989e12 bf16 dense FLOP/s);
-// on the CPU both are measured (a multi-threaded read of 256 MiB and an FMA loop on every pool thread).
-StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> bandwidth, std::optional<double> flops);
+// The peaks of a GPU known by its driver's model name (Backend::device_model, "NVIDIA H100 80GB HBM3"): the H200's
+// measured HBM read (4.5e12 B/s) and, for the others, their spec sheets' HBM bandwidth and bf16 dense tensor-core
+// FLOP/s; nullopt for a GPU not in the table.
+std::optional<Peaks> KnownGpuPeaks(std::string_view gpu_model);
+
+// Flags win. Otherwise on CUDA the peaks of `gpu_model` (KnownGpuPeaks), or the H200's (4.5e12 B/s achievable HBM
+// bandwidth, 989e12 bf16 dense FLOP/s) for a GPU not in the table, which the sources then name; on the CPU both are
+// measured (a multi-threaded read of 256 MiB and an FMA loop on every pool thread).
+StatusOr<Peaks> ResolvePeaks(const std::string& device, std::optional<double> bandwidth, std::optional<double> flops,
+                             std::string_view gpu_model = {});
 
 struct Roofline {
   int64_t batch = 0;

@@ -400,9 +400,9 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   FATHOM_LOG_INFO("measuring peaks");
   FATHOM_ASSIGN_OR_RETURN(
       bench::Peaks peaks,
-      bench::ResolvePeaks(o.engine.device,
-                          o.peak_bandwidth > 0 ? std::optional<double>(o.peak_bandwidth) : std::nullopt,
-                          o.peak_flops > 0 ? std::optional<double>(o.peak_flops) : std::nullopt));
+      bench::ResolvePeaks(
+          o.engine.device, o.peak_bandwidth > 0 ? std::optional<double>(o.peak_bandwidth) : std::nullopt,
+          o.peak_flops > 0 ? std::optional<double>(o.peak_flops) : std::nullopt, m.backend->device_model()));
 
   bench::OfflineOptions oo;
   oo.input_len = o.input_len;

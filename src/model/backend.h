@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/status.h"
@@ -102,6 +103,8 @@ class Backend {
 
   // The device's free and total memory now (zeros on the CPU).
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }
+  // The device's model as its driver names it ("NVIDIA H200"; empty on the CPU): benchmarks pick its peaks by it.
+  virtual std::string device_model() const { return {}; }
 
   // Memory. Alloc returns zeroed memory on device().
   virtual Tensor Alloc(DType dtype, std::span<const int64_t> shape) = 0;

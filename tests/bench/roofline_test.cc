@@ -4,12 +4,42 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "bench/workload.h"
 #include "model/registry.h"
 
 namespace fathom::bench {
 namespace {
+
+TEST(PeaksTest, KnownGpusByTheirDriversNames) {
+  EXPECT_EQ(KnownGpuPeaks("NVIDIA H200")->bandwidth, 4.5e12);  // measured here
+  const std::optional<Peaks> h100 = KnownGpuPeaks("NVIDIA H100 80GB HBM3");
+  ASSERT_TRUE(h100.has_value());
+  EXPECT_EQ(h100->bandwidth, 3.35e12);
+  EXPECT_EQ(h100->flops, 989e12);
+  EXPECT_NE(h100->bandwidth_source.find("NVIDIA H100 80GB HBM3"), std::string::npos);
+  EXPECT_EQ(KnownGpuPeaks("NVIDIA H100 PCIe")->bandwidth, 2.0e12);    // not the SXM part's
+  EXPECT_EQ(KnownGpuPeaks("NVIDIA GH200 480GB")->bandwidth, 4.0e12);  // not the H200's
+  EXPECT_EQ(KnownGpuPeaks("NVIDIA A100-SXM4-80GB")->flops, 312e12);
+  EXPECT_FALSE(KnownGpuPeaks("NVIDIA GeForce RTX 3050").has_value());
+  EXPECT_FALSE(KnownGpuPeaks("").has_value());
+}
+
+TEST(PeaksTest, CudaTakesTheDevicesPeaksAndFlagsWin) {
+  const Peaks h100 = ResolvePeaks("cuda", std::nullopt, std::nullopt, "NVIDIA H100 80GB HBM3").value();
+  EXPECT_EQ(h100.bandwidth, 3.35e12);
+  const Peaks flagged = ResolvePeaks("cuda:1", 2.9e12, std::nullopt, "NVIDIA H100 80GB HBM3").value();
+  EXPECT_EQ(flagged.bandwidth, 2.9e12);
+  EXPECT_EQ(flagged.bandwidth_source, "--peak-bandwidth");
+  EXPECT_EQ(flagged.flops, 989e12);
+  // A GPU not in the table: the H200's figures, and the sources say so.
+  const Peaks other = ResolvePeaks("cuda", std::nullopt, std::nullopt, "NVIDIA GeForce RTX 3050").value();
+  EXPECT_EQ(other.bandwidth, 4.5e12);
+  EXPECT_NE(other.bandwidth_source.find("RTX 3050 is not in the table"), std::string::npos);
+  EXPECT_FALSE(ResolvePeaks("cuda", -1.0, std::nullopt, "NVIDIA H200").ok());
+}
 
 TEST(RooflineTest, WeightBytesPerStep) {
   ModelCosts c;

@@ -64,9 +64,12 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   int sm_count = 0;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
                                     "cudaDeviceGetAttribute(multiprocessors)"));
+  cudaDeviceProp prop{};
+  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
   be->sm_count_ = sm_count;
+  be->device_model_ = prop.name;
   be->options_ = options;
   cuda::SetProgrammaticLaunch(options.pdl);
   be->pool_ = std::make_shared<Pool>();

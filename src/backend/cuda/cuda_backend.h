@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   const cuda::KernelOptions& kernel_options() const { return options_; }
   void set_kernel_options(const cuda::KernelOptions& options);
   int sm_count() const { return sm_count_; }  // the GPU's multiprocessors (132 on an H200)
+  std::string device_model() const override { return device_model_; }
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
@@ -275,6 +276,7 @@ class CudaBackend final : public Backend {
   std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id
   int device_ = 0;
   int sm_count_ = 0;
+  std::string device_model_;  // cudaDeviceProp::name
   cuda::KernelOptions options_;
   void* stream_ = nullptr;  // cudaStream_t
   std::mutex mu_;
