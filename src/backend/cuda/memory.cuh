@@ -3,6 +3,7 @@
 // from .cu files only.
 //
 //   uint4 w = LoadStreaming(row + k);                 // 8 bf16 (16 f8) weights, not kept in L1
+//   PrefetchBulkL2(next_row, 1152);                   // a later tile's row toward L2, nothing waits on it
 //   CpAsync16(smem + r * kRow + c, src, in_range ? 16 : 0);
 //   CpAsyncCommit();
 //   CpAsyncWait<0>();                                 // then __syncthreads() before reading smem
@@ -29,6 +30,18 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
 // stale copy: it may run before the kernel that writes p has finished.
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// `bytes` (a multiple of 16) from p (16-byte aligned) into L2 by one bulk prefetch (sm_90's TMA unit), or a line at a
+// time before sm_90.
+__device__ __forceinline__ void PrefetchBulkL2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  const char* c = static_cast<const char*>(p);
+  for (uint32_t o = 0; o < bytes; o += 128) PrefetchL2(c + o);
+  PrefetchL2(c + bytes - 1);
+#endif
 }
 
 // 16 bytes global -> shared without the registers; src_bytes 0 fills zeros.

@@ -38,10 +38,16 @@ namespace {
 // cache twice a token instead of eight times.
 constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4, kMlaWideHeads = 64;
 constexpr int kMlaRow = kMlaK + 8;  // shared row stride in elements: 16 bytes of padding against bank conflicts
+// P^T's row stride for `heads` heads a block: 16 bytes of padding, so that the 32-bit stores of a warp's P pairs and
+// the ldmatrix.trans reads of its 8-key rows fall in distinct banks (unpadded, 64 heads make rows 128 bytes apart:
+// 4-way conflicts on the stores, 8-way on the reads).
+constexpr int MlaPRow(int heads) {
+  return heads + 8;
+}
 // Shared memory of the one-tile instance with `heads` heads a block: the tile of rows, Q, P^T, and the key groups'
 // maxima and sums.
 constexpr int MlaBaseSmemBytes(int heads) {
-  return (kMlaTile + heads) * kMlaRow * 2 + kMlaTile * heads * 2 +
+  return (kMlaTile + heads) * kMlaRow * 2 + kMlaTile * MlaPRow(heads) * 2 +
          2 * kMlaWarps * heads * static_cast<int>(sizeof(float));
 }
 constexpr int kMlaSmemBytes = MlaBaseSmemBytes(kMlaHeads);
@@ -75,11 +81,13 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
   using T = std::conditional_t<kF8, __nv_bfloat16, TC>;  // the mma operands' type
   constexpr int kTiles = kF8 ? 1 : kStages;
   constexpr int kH = kHG * kNT * 8;  // heads a block
+  constexpr int kPRow = MlaPRow(kH);
+  static_assert(kNT % 2 == 0, "ldmatrix.x4 loads two n-tiles of 8 heads");
   extern __shared__ __align__(16) unsigned char mla_smem[];
   T* tiles = reinterpret_cast<T*>(mla_smem);                     // [kTiles][kMlaTile][kMlaRow]: latent rows
   T* sq = tiles + kTiles * kMlaTileElems;                        // [kH][kMlaRow]
-  T* sp = sq + kH * kMlaRow;                                     // P^T [kMlaTile][kH]
-  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kH);  // [kMlaWarps][kH]: each key group's tile maxima
+  T* sp = sq + kH * kMlaRow;                                     // P^T [kMlaTile][kPRow]
+  float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kPRow);  // [kMlaWarps][kH]: each key group's tile maxima
   float* sm_l = sm_max + kMlaWarps * kH;                         // [kMlaWarps][kH]
   const int64_t groups = a.heads / kH;
   const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kH, c = blockIdx.y;
@@ -219,6 +227,20 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
       }
     }
   };
+  // One stage: the tile at jb's rows toward L2 (a bulk prefetch a row, and the f8 rows' scales), issued while the block
+  // computes on the tile before it. With one tile of rows in shared memory, a tile's loads otherwise start only after
+  // the previous tile's compute and wait on DRAM with nothing else in flight (the wide instance, one block a
+  // multiprocessor, idles through them); prefetched, they come from L2.
+  [[maybe_unused]] const auto prefetch = [&](int64_t jb) {
+    int64_t row_off, scale_off;
+    find_row(jb, row_off, scale_off);
+    if (hg != 0 || lane >= 16 || row_off < 0) return;
+    PrefetchBulkL2(kc + row_off, kMlaK * sizeof(TC));
+    if constexpr (kF8) {
+      PrefetchL2(a.k.scale + scale_off);
+      PrefetchL2(a.k.scale + scale_off + kMlaScales - 1);
+    }
+  };
   if constexpr (kStages == 2) {
     issue(j0, 0);
     CpAsyncCommit();
@@ -233,9 +255,11 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
       CpAsyncWait<1>();  // this tile has landed; the next may still be in flight
     } else if constexpr (kF8) {
       load_widen(jb);
+      if (jb + kMlaTile < j1) prefetch(jb + kMlaTile);
     } else {
       issue(jb, 0);
       CpAsyncCommit();
+      if (jb + kMlaTile < j1) prefetch(jb + kMlaTile);
       CpAsyncWait<0>();
     }
     __syncthreads();
@@ -255,14 +279,18 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const T* kw = sk + wk * 16 * kMlaRow;
+    // Q's B fragments by ldmatrix.x4, two n-tiles a load: matrices (n-tile nt, dims 0-7 | 8-15), then nt + 1's.
+    const T* qw = sq + (hb + (lane >> 4) * 8 + (lane & 7)) * kMlaRow + ((lane >> 3) & 1) * 8;
 #pragma unroll 4
     for (int dt = 0; dt < kMlaK / 16; ++dt) {
       uint32_t af[4];
       LdMatrixX4(af, kw + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaRow + dt * 16 + ((lane >> 4) & 1) * 8, false);
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const T* qr = sq + (hb + nt * 8 + g) * kMlaRow + dt * 16 + 2 * tq;
-        Mma16816<T>(s[nt], af, *reinterpret_cast<const uint32_t*>(qr), *reinterpret_cast<const uint32_t*>(qr + 8));
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t qf[4];
+        LdMatrixX4(qf, qw + nt * 8 * kMlaRow + dt * 16, false);
+        Mma16816<T>(s[nt], af, qf[0], qf[1]);
+        Mma16816<T>(s[nt + 1], af, qf[2], qf[3]);
       }
     }
     const int64_t key0 = jb + wk * 16;
@@ -301,11 +329,9 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
       const float p2 = exp2f(s[nt][2] - m[nt][0]), p3 = exp2f(s[nt][3] - m[nt][1]);
       l[nt][0] = l[nt][0] * cf[nt][0] + p0 + p2;
       l[nt][1] = l[nt][1] * cf[nt][1] + p1 + p3;
-      T* pr = sp + (wk * 16 + g) * kH + hb + nt * 8 + 2 * tq;
-      pr[0] = FromF<T>(p0);
-      pr[1] = FromF<T>(p1);
-      pr[8 * kH] = FromF<T>(p2);
-      pr[8 * kH + 1] = FromF<T>(p3);
+      T* pr = sp + (wk * 16 + g) * kPRow + hb + nt * 8 + 2 * tq;
+      *reinterpret_cast<uint32_t*>(pr) = Pack2(FromF<T>(p0), FromF<T>(p1));
+      *reinterpret_cast<uint32_t*>(pr + 8 * kPRow) = Pack2(FromF<T>(p2), FromF<T>(p3));
 #pragma unroll
       for (int dt = 0; dt < 8; ++dt) {
         o[dt][nt][0] *= cf[nt][0];
@@ -317,12 +343,17 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
     __syncthreads();  // every warp's P^T is in place
 #pragma unroll
     for (int kt = 0; kt < kMlaTile / 16; ++kt) {
+      // P^T's B fragments by ldmatrix.x4.trans, two n-tiles a load: matrices (keys 0-7 | 8-15 of the 16, n-tile nt),
+      // then nt + 1's; each lane gets keys 2tq, 2tq + 1 (+ 8, + 9) of head g.
       uint32_t pb[kNT][2];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const T* pc = sp + (kt * 16 + 2 * tq) * kH + hb + nt * 8 + g;  // keys 2tq, 2tq + 1 (+ 8, + 9), head g
-        pb[nt][0] = Pack2<T>(pc[0], pc[kH]);
-        pb[nt][1] = Pack2<T>(pc[8 * kH], pc[9 * kH]);
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t pf[4];
+        LdMatrixX4(pf, sp + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPRow + hb + (nt + (lane >> 4)) * 8, true);
+        pb[nt][0] = pf[0];
+        pb[nt][1] = pf[1];
+        pb[nt + 1][0] = pf[2];
+        pb[nt + 1][1] = pf[3];
       }
 #pragma unroll
       for (int dt = 0; dt < 8; ++dt) {
