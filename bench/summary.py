@@ -194,6 +194,16 @@ def ttft(name, run, at_most, peer=None):
 
 
 MLA_CACHE_BYTES = 64 * 4096 * 576 * 2  # the 64 x 4k rows' bf16 latent cache
+# HBM read bandwidth (GB/s) by the GPU the --machine text names: the H200's measured 4.5 TB/s, the H100 SXM's spec
+# sheet 3.35 TB/s (KnownGpuPeaks in src/bench/roofline.cc holds the same for fathom bench). The H200's for any other.
+HBM_GBS = (("H100", 3350.0), ("H200", 4500.0))
+
+
+def hbm_roofline(machine):
+    for gpu, gbs in HBM_GBS:
+        if gpu in (machine or ""):
+            return gbs
+    return 4500.0
 
 
 def mla_bw(name, heads, at_least):
@@ -324,13 +334,15 @@ def load_raw(dirs):
     return runs, peers, kernels, commands
 
 
-def compute(runs, peers, kernels, commands, commit, date, source):
+def compute(runs, peers, kernels, commands, commit, date, source, machine=None):
     figures, missing = [], []
     for name, make in FIGURES:
         f = make(runs, peers, kernels)
         if f is None:
             missing.append(name)
             continue
+        if f["unit"].startswith("GB/s"):  # a bandwidth figure's roofline is the machine's HBM
+            f["roofline"] = hbm_roofline(machine)
         out = {"name": name, "value": f["value"], "unit": f["unit"], "peer": f.get("peer"),
                "peer_value": f.get("peer_value"), "ratio": None, "roofline": f["roofline"], "commit": commit,
                "date": date, "command": commands.get(f["run"], ""), "source": source, "target": f["target"],
@@ -367,7 +379,7 @@ def main(argv):
                          "the issue sets), or another machine's, such as figures_h100")
     a = ap.parse_args(argv)
     runs, peers, kernels, commands = load_raw(a.raw)
-    figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source)
+    figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source, a.machine)
     if not figures:
         print("no figure could be computed from " + " ".join(a.raw), file=sys.stderr)
         return 1

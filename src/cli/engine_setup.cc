@@ -503,12 +503,12 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
                                             o.kv_cache_dtype, m.backend->name(), DTypeName(*ec.kv_cache_dtype)));
   }
   if (m.model->kv_cache_spec().v_in_k && !m.backend->ServesMlaKvCacheDtype(*ec.kv_cache_dtype)) {
-    // By default the MLA decode kernel is 16-bit only on CUDA: an FP8 latent cache would take the per-head kernel,
-    // which reads the latent row once per head and, past its workspace, falls to a kernel that cannot hold long
-    // contexts. FATHOM_CUDA_MLA_FP8=1 turns on the MLA kernel's f8 form (docs/PERFORMANCE.md).
+    // With the MLA decode kernel's f8 form turned off (FATHOM_CUDA_MLA_FP8=0, or FATHOM_CUDA_NO_MLA_ATTENTION=1), an
+    // FP8 latent cache would take the per-head kernel, which reads the latent row once per head and, past its
+    // workspace, falls to a kernel that cannot hold long contexts.
     return InvalidArgumentError(fmt::format(
-        "--kv-cache-dtype {} is not served for MLA models (DeepSeek-V2/V3) on the {} backend yet: use auto or bfloat16 "
-        "(FATHOM_CUDA_MLA_FP8=1 turns on the MLA kernel's FP8 form, not yet measured)",
+        "--kv-cache-dtype {} is not served for MLA models (DeepSeek-V2/V3) on the {} backend with the MLA kernel's "
+        "FP8 form off (FATHOM_CUDA_MLA_FP8 other than 1, or FATHOM_CUDA_NO_MLA_ATTENTION set): use auto or bfloat16",
         o.kv_cache_dtype, m.backend->name()));
   }
   ec.block_size = o.block_size;

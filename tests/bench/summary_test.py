@@ -159,6 +159,13 @@ class SummaryTest(unittest.TestCase):
         h100 = {f["name"]: f for f in summary["figures_h100"]}
         self.assertEqual((h100["llama8b_bf16_b1_decode"]["value"], h100["llama8b_bf16_b1_decode"]["ratio"]),
                          (260.0, 1.3))
+        self.assertEqual(h100["mla_decode_bw_16h"]["roofline"], 4500.0)  # no --machine: the H200's
+        r = self.run_summary(self.dense, self.kern,
+                             extra=("--summary-list", "figures_h100", "--machine", "one NVIDIA H100 80GB HBM3"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.summary) as f:
+            h100 = {f["name"]: f for f in json.load(f)["figures_h100"]}
+        self.assertEqual(h100["mla_decode_bw_16h"]["roofline"], 3350.0)  # the H100's HBM
 
     def test_nothing_measured_is_an_error(self):
         empty = os.path.join(self.tmp.name, "empty")

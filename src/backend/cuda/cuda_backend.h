@@ -56,11 +56,11 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::kF32; }
   // Half the bytes of f32 per cached token, and the tensor-core decode attention reads 16-bit caches.
   DType kv_cache_dtype() const override { return DType::kBF16; }
-  // f32, f16, bf16 and f8 e4m3 with scales (f8: the GQA-packed, per-head and prefill attention kernels; not the
-  // tensor-core or MLA ones).
+  // f32, f16, bf16 and f8 e4m3 with scales (f8: every attention kernel; the tensor-core and MLA ones widen its codes
+  // to bf16).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
-  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8, and the MLA kernel on): the
-  // generic kernels read the latent row once per head, and past their workspace cannot hold long contexts.
+  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8, on by default, and the MLA kernel
+  // on): the generic kernels read the latent row once per head, and past their workspace cannot hold long contexts.
   bool ServesMlaKvCacheDtype(DType dtype) const override {
     return dtype != DType::kF8E4M3 || (options_.mla_fp8 && options_.mla_attention);
   }

@@ -41,7 +41,7 @@ KernelOptions KernelOptions::FromEnvironment() {
   }
   if (const char* v = std::getenv("FATHOM_CUDA_GEMV_PREFETCH_BYTES")) o.gemv_prefetch_bytes = std::atoll(v);
   if (const char* v = std::getenv("FATHOM_CUDA_FUSED_SILU")) o.fused_silu_staging = std::string_view(v) == "1";
-  if (const char* v = std::getenv("FATHOM_CUDA_MLA_FP8")) o.mla_fp8 = std::string_view(v) == "1";
+  if (const char* v = std::getenv("FATHOM_CUDA_MLA_FP8")) o.mla_fp8 = std::string_view(v) == "1";  // default on
   if (const char* v = std::getenv("FATHOM_CUDA_MLA_PIPELINE")) o.mla_pipeline = std::string_view(v) == "1";
   if (const char* v = std::getenv("FATHOM_CUDA_MLA_WIDE")) o.mla_wide = std::string_view(v) == "1";  // default on
   if (const char* v = std::getenv("FATHOM_CUDA_PREFILL_MMA_ATTENTION")) {

@@ -55,9 +55,10 @@
 //                                                     true     average) take the tensor-core flash-attention prefill
 //                                                              kernel where it fits (attention.h); any value but "1"
 //                                                              turns it off (the split decode kernels then)
-// FATHOM_CUDA_MLA_FP8=1              mla_fp8           false    MLA's decode kernel reads an f8 latent cache (codes
+// FATHOM_CUDA_MLA_FP8=0              mla_fp8           true     MLA's decode kernel reads an f8 latent cache (codes
 //                                                              widened to bf16 in shared memory), and the CLI serves
-//                                                              --kv-cache-dtype fp8 for MLA models; only "1"
+//                                                              --kv-cache-dtype fp8 for MLA models; any value but "1"
+//                                                              turns it off (the CLI then refuses fp8 for MLA)
 // FATHOM_CUDA_MLA_PIPELINE=1         mla_pipeline      false    MLA's decode kernel loads the next 64-key tile while
 //                                                              it computes on this one (two buffers, one block a
 //                                                              multiprocessor); only "1"
@@ -95,7 +96,7 @@ struct KernelOptions {
   int64_t gemv_prefetch_bytes = 0;
   bool fused_silu_staging = true;
   bool prefill_mma_attention = true;
-  bool mla_fp8 = false;
+  bool mla_fp8 = true;
   bool mla_pipeline = false;
   bool mla_wide = true;
   int64_t mla_wide_min_keys = 256;  // the wide instance from this longest context on (AttentionArgs::mla_wide_min_keys)

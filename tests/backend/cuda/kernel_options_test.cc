@@ -53,7 +53,7 @@ TEST(KernelOptionsTest, MeasuredDefaultsAreOnAndOptInsOff) {
   EXPECT_EQ(o.mla_wide_min_keys, 256);
   EXPECT_TRUE(o.fused_silu_staging);
   EXPECT_TRUE(o.prefill_mma_attention);
-  EXPECT_FALSE(o.mla_fp8);
+  EXPECT_TRUE(o.mla_fp8);
   EXPECT_FALSE(o.mla_pipeline);
 }
 
@@ -68,15 +68,27 @@ TEST(KernelOptionsTest, AnyValueButOneTurnsTheWideMlaInstanceOff) {
   EXPECT_TRUE(KernelOptions::FromEnvironment().mla_wide);
 }
 
-TEST(KernelOptionsTest, OptInsTakeOnlyOne) {
+TEST(KernelOptionsTest, AnyValueButOneTurnsTheFp8MlaFormOff) {
+  for (const char* value : {"0", "off", "", "yes"}) {
+    ScopedEnv env;
+    env.Set("FATHOM_CUDA_MLA_FP8", value);
+    EXPECT_FALSE(KernelOptions::FromEnvironment().mla_fp8) << "FATHOM_CUDA_MLA_FP8=" << value;
+  }
   ScopedEnv env;
   env.Set("FATHOM_CUDA_MLA_FP8", "1");
+  EXPECT_TRUE(KernelOptions::FromEnvironment().mla_fp8);
+}
+
+TEST(KernelOptionsTest, OptInsTakeOnlyOne) {
+  ScopedEnv env;
   env.Set("FATHOM_CUDA_MLA_PIPELINE", "true");  // not "1": stays off
   env.Set("FATHOM_CUDA_FUSED_SILU", "0");
   const KernelOptions o = KernelOptions::FromEnvironment();
-  EXPECT_TRUE(o.mla_fp8);
   EXPECT_FALSE(o.mla_pipeline);
   EXPECT_FALSE(o.fused_silu_staging);
+  ScopedEnv on;
+  on.Set("FATHOM_CUDA_MLA_PIPELINE", "1");
+  EXPECT_TRUE(KernelOptions::FromEnvironment().mla_pipeline);
 }
 
 }  // namespace

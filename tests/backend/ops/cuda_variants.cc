@@ -44,7 +44,9 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
     o.mla_wide = false;
     o.mla_fp8 = true;
   } else if (variant == "mla_fp8") {
-    o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches
+    o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches (the default)
+  } else if (variant == "no_mla_fp8") {
+    o.mla_fp8 = false;  // f8 latent caches on the generic kernels (FATHOM_CUDA_MLA_FP8=0)
   } else if (variant == "prefill_mma_attention") {
     o.prefill_mma_attention = true;  // prefill batches on the tensor-core flash-attention kernel
   } else if (variant == "no_prefill_mma_attention") {

@@ -1633,8 +1633,8 @@ std::vector<OpCase> BuildCases() {
       {{8, 2, 64, 64, false, F8, kOddBlocks}, "no_mma_attention", kF32},
       {{8, 2, 64, 64, false, F8, kOddBlocks}, "default", kBf16Attention},
       {{4, 2, 256, 256, false, F8, kDecode}, "default", kF32},  // two scale groups of 128 a row: the per-head kernel
-      {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kF32},
-      {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_fp8", kBf16Attention},  // MLA's kernel on f8 latent rows
+      {{16, 1, 576, 512, true, F8, kSmallMla}, "no_mla_fp8", kF32},         // the generic kernels on f8 latent rows
+      {{16, 1, 576, 512, true, F8, kSmallMla}, "default", kBf16Attention},  // MLA's kernel on f8 latent rows
       {{16, 1, 576, 512, true, BF16, kSmallMla}, "mla_pipeline", kBf16Attention},
       {{16, 1, 576, 512, true, F8, kSmallMla}, "mla_pipeline_fp8", kBf16Attention},
       {{64, 1, 576, 512, true, BF16, kSmallMla}, "mla_wide_short", kBf16Attention},   // the wide instance: a block a
@@ -1671,8 +1671,8 @@ std::vector<OpCase> BuildCases() {
       {{128, 1, 576, 512, true, BF16, kRealMixed}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, BF16, kBatchDecode}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, BF16, kLongDecode}, "no_mla_attention", kF32, kGpu},
-      {{16, 1, 576, 512, true, F8, kRealMixed}, "default", kF32, kGpu},
-      {{16, 1, 576, 512, true, F8, kRealMixed}, "mla_fp8", kBf16Attention, kGpu},
+      {{16, 1, 576, 512, true, F8, kRealMixed}, "no_mla_fp8", kF32, kGpu},
+      {{16, 1, 576, 512, true, F8, kRealMixed}, "default", kBf16Attention, kGpu},
       {{128, 1, 576, 512, true, F8, kRealMixed}, "mla_fp8", kBf16Attention, kGpu},
       {{16, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},  // against bf16's 16h row
       {{128, 1, 576, 512, true, F8, kBatchLongDecode}, "mla_fp8", kBf16Attention, kGpu},
@@ -1811,7 +1811,7 @@ std::vector<OpCase> BuildCases() {
   return c;
 }
 
-constexpr std::array<std::string_view, 24> kVariants = {"default",
+constexpr std::array<std::string_view, 25> kVariants = {"default",
                                                         "generic_linear",
                                                         "f32_gemm",
                                                         "fp8_gemm",
@@ -1833,6 +1833,7 @@ constexpr std::array<std::string_view, 24> kVariants = {"default",
                                                         "prefill_mma_attention",
                                                         "no_prefill_mma_attention",
                                                         "mla_fp8",
+                                                        "no_mla_fp8",
                                                         "mla_pipeline",
                                                         "mla_pipeline_fp8"};
 

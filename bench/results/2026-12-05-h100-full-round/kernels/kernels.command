@@ -1,0 +1,1 @@
+cuda_kernel_bench --ops 1 --filter PagedAttention
