@@ -67,6 +67,7 @@ bool StreamRecorder::OnBody(std::string_view bytes, Clock::time_point at) {
     if (!chunk->text.empty()) r_.token_times_s.push_back(t);
     if (chunk->prompt_tokens) usage_prompt_ = chunk->prompt_tokens;
     if (chunk->completion_tokens) usage_completion_ = chunk->completion_tokens;
+    if (chunk->cached_tokens) usage_cached_ = chunk->cached_tokens;
     if (chunk->timing) r_.server_timing = chunk->timing;
   }
   return true;
@@ -112,6 +113,7 @@ RequestRecord StreamRecorder::Finish(const HttpResult& http, Clock::time_point e
   r.prompt_tokens = usage_prompt_.value_or(planned_prompt_len);
   r.output_tokens_from_usage = usage_completion_.has_value();
   r.output_tokens = usage_completion_.value_or(static_cast<int32_t>(r.token_times_s.size()));
+  r.cached_tokens = usage_cached_;
   if (!r.server_timing && !http.timing_header.empty()) {
     if (auto t = ParseTimingHeader(http.timing_header); t.ok()) r.server_timing = *t;
   }

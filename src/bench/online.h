@@ -77,7 +77,7 @@ class StreamRecorder {
   bool any_event_ = false;
   double done_s_ = 0;
   std::string error_class_, error_message_;
-  std::optional<int32_t> usage_prompt_, usage_completion_;
+  std::optional<int32_t> usage_prompt_, usage_completion_, usage_cached_;
   std::string first_bytes_;  // of the body, for messages
 };
 

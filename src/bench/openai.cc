@@ -148,6 +148,14 @@ StatusOr<StreamChunk> ParseStreamChunk(std::string_view data, ApiKind api) {
     if (auto p = u->find("completion_tokens"); p != u->end() && p->is_number_integer()) {
       c.completion_tokens = p->get<int32_t>();
     }
+    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+      if (auto p = d->find("cached_tokens"); p != d->end() && p->is_number_integer()) {
+        c.cached_tokens = p->get<int32_t>();
+      }
+    }
+    if (auto p = u->find("prompt_cache_hit_tokens"); !c.cached_tokens && p != u->end() && p->is_number_integer()) {
+      c.cached_tokens = p->get<int32_t>();
+    }
   }
   if (auto t = j.find("fathom_timing"); t != j.end() && t->is_object()) {
     FATHOM_ASSIGN_OR_RETURN(c.timing, ParseTimingJson(*t));

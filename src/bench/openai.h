@@ -44,6 +44,9 @@ struct StreamChunk {
   std::string text;                      // completions: choices[0].text; chat: delta.content + delta.reasoning_content
   std::optional<int32_t> prompt_tokens;  // usage
   std::optional<int32_t> completion_tokens;  // usage
+  // usage.prompt_tokens_details.cached_tokens (OpenAI, vLLM, fathom), else DeepSeek's usage.prompt_cache_hit_tokens:
+  // the prompt tokens the server's prefix cache served
+  std::optional<int32_t> cached_tokens;
   std::optional<ServerTiming> timing;        // fathom_timing
   std::optional<std::string> error;          // an {"error": ...} event
 };

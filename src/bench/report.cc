@@ -106,6 +106,11 @@ std::string FormatOnlineTable(const OnlineRunInfo& info, const std::vector<Level
                             m.output_token_source == "usage"    ? "usage"
                             : m.output_token_source == "chunks" ? "token-bearing chunks: no usage"
                                                                 : "usage where sent, else chunks"));
+    if (const std::optional<double> hit = m.prefix_cache_hit_rate()) {
+      out += Line("Input tokens from the prefix cache",
+                  fmt::format("{} ({}{})", m.cached_input_tokens, Pct(*hit),
+                              *hit >= 0.5 ? ": repeated prompts, whose prefill the server skipped" : ""));
+    }
     out += Line("Request throughput (req/s)", fmt::format("{:.2f}", m.request_throughput));
     out += Line("Output token throughput (tok/s)", fmt::format("{:.2f}", m.output_throughput));
     out += Line("Total token throughput (tok/s)", fmt::format("{:.2f}", m.total_token_throughput));
@@ -170,6 +175,10 @@ std::string FormatOnlineTable(const OnlineRunInfo& info, const std::vector<Level
   out += "(latencies in ms; goodput in req/s)\n";
   for (const LevelResult& l : levels) {
     if (l.metrics.failed > 0) out += fmt::format("failures at {}: {}\n", l.shape.Label(), FailureLine(l.metrics));
+    if (const std::optional<double> hit = l.metrics.prefix_cache_hit_rate(); hit && *hit > 0) {
+      out += fmt::format("prefix cache at {}: {} of the input tokens ({})\n", l.shape.Label(), Pct(*hit),
+                         l.metrics.cached_input_tokens);
+    }
     if (l.metrics.server) {
       const ServerTimingSummary& st = *l.metrics.server;
       out += fmt::format("server timing at {}: queue {}  prefill {}  decode {}  (of mean total {} ms)\n",
@@ -221,6 +230,9 @@ json OnlineJson(const OnlineRunInfo& info, const std::vector<LevelResult>& level
     lj["total_input_tokens"] = m.total_input_tokens;
     lj["total_output_tokens"] = m.total_output_tokens;
     lj["output_token_source"] = m.output_token_source;
+    const std::optional<double> hit = m.prefix_cache_hit_rate();
+    lj["cached_input_tokens"] = hit ? json(m.cached_input_tokens) : json(nullptr);
+    lj["prefix_cache_hit_rate"] = hit ? json(*hit) : json(nullptr);
     lj["request_throughput"] = m.request_throughput;
     lj["output_throughput"] = m.output_throughput;
     lj["total_token_throughput"] = m.total_token_throughput;
@@ -256,6 +268,7 @@ json OnlineJson(const OnlineRunInfo& info, const std::vector<LevelResult>& level
                    {"send_s", r.send_s},
                    {"http_status", r.http_status},
                    {"prompt_tokens", r.prompt_tokens},
+                   {"cached_tokens", r.cached_tokens ? json(*r.cached_tokens) : json(nullptr)},
                    {"output_tokens", r.output_tokens}};
         if (r.ok) {
           rj["ttft_ms"] = r.ttft_s * 1e3;

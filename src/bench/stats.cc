@@ -172,6 +172,11 @@ LevelMetrics ComputeMetrics(const std::vector<RequestRecord>& records, double du
     ++m.completed;
     m.total_input_tokens += r.prompt_tokens;
     m.total_output_tokens += r.output_tokens;
+    if (r.cached_tokens) {
+      ++m.cached_reported;
+      m.cached_input_tokens += *r.cached_tokens;
+      m.cached_reported_input_tokens += r.prompt_tokens;
+    }
     (r.output_tokens_from_usage ? from_usage : from_chunks) += 1;
     ttft.push_back(r.ttft_s);
     e2e.push_back(r.e2e_s);

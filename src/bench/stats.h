@@ -39,6 +39,7 @@ struct RequestRecord {
   int32_t prompt_tokens = 0;          // usage.prompt_tokens, else the planned prompt length
   int32_t output_tokens = 0;          // usage.completion_tokens, else the number of token-bearing chunks
   bool output_tokens_from_usage = false;
+  std::optional<int32_t> cached_tokens;  // of prompt_tokens, those the server's prefix cache served, where reported
   std::optional<ServerTiming> server_timing;
 };
 
@@ -90,6 +91,16 @@ struct LevelMetrics {
   int64_t total_input_tokens = 0;
   int64_t total_output_tokens = 0;
   std::string output_token_source;  // "usage", "chunks" or "mixed": where output token counts came from
+  // Prompt tokens the server's prefix cache served, over the completed requests whose usage reported them (vLLM's
+  // and fathom's prompt_tokens_details.cached_tokens): repeated prompts skip their prefill, so a high rate makes
+  // TTFT and throughput read better than fresh prompts would.
+  int64_t cached_reported = 0;  // completed requests whose usage gave cached tokens
+  int64_t cached_input_tokens = 0;
+  int64_t cached_reported_input_tokens = 0;  // those requests' prompt tokens
+  std::optional<double> prefix_cache_hit_rate() const {
+    if (cached_reported == 0 || cached_reported_input_tokens == 0) return std::nullopt;
+    return static_cast<double>(cached_input_tokens) / static_cast<double>(cached_reported_input_tokens);
+  }
   double request_throughput = 0;    // completed requests / duration
   double output_throughput = 0;     // output tokens / duration
   double total_token_throughput = 0;

@@ -72,6 +72,7 @@ TEST(BenchCliTest, EveryRequestFailingExitsNonZero) {
   EXPECT_EQ(j["levels"][0]["completed"], 0);
   EXPECT_EQ(j["levels"][0]["failed"], 4);
   EXPECT_EQ(j["levels"][0]["failures"]["connection_refused"]["count"], 4);
+  EXPECT_TRUE(j["levels"][0]["prefix_cache_hit_rate"].is_null());  // no usage came back
   fs::remove(dataset);
   fs::remove(out);
 }
@@ -88,6 +89,7 @@ TEST(BenchCliTest, SweepAgainstAFakeServer) {
                             server.url(), out.string(), svg.string()));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("concurrency 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefix cache at concurrency 3: 75.0% of the input tokens (36)"), std::string::npos) << r.out;
   const json j = ReadJson(out);
   ASSERT_EQ(j["levels"].size(), 2u);
   EXPECT_EQ(j["config"]["model"], "fake-model");
@@ -95,6 +97,8 @@ TEST(BenchCliTest, SweepAgainstAFakeServer) {
     EXPECT_EQ(l["completed"], 6);
     EXPECT_EQ(l["failed"], 0);
     EXPECT_EQ(l["total_output_tokens"], 24);
+    EXPECT_EQ(l["cached_input_tokens"], 36);  // the fake server's usage: 6 of each 8 prompt tokens cached
+    EXPECT_EQ(l["prefix_cache_hit_rate"], 0.75);
     EXPECT_GT(l["ttft_ms"]["p99"].get<double>(), 0);
     EXPECT_GT(l["itl_ms"]["median"].get<double>(), 0);
     EXPECT_EQ(l["goodput"]["good_requests"], 6);

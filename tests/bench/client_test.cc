@@ -73,6 +73,8 @@ TEST(OnlineTest, SuccessPathTimings) {
   EXPECT_EQ(m.total_output_tokens, 50);
   EXPECT_EQ(m.output_token_source, "usage");
   EXPECT_EQ(m.total_input_tokens, 80);  // usage.prompt_tokens, not the planned 3
+  EXPECT_EQ(m.cached_input_tokens, 60);  // usage.prompt_tokens_details.cached_tokens: 6 of each 8
+  EXPECT_EQ(m.prefix_cache_hit_rate(), 0.75);
   // The server waits 20 ms before each chunk: TTFT >= ~20 ms, ITL ~20 ms, E2E >= ~100 ms. Upper bounds are loose
   // (a loaded 2-core machine under ASan).
   EXPECT_GE(m.ttft_s.min, 0.015);

@@ -193,7 +193,9 @@ class FakeServer {
           } else if (o_.usage) {
             co_await Write(s,
                            Chunk(fmt::format("id: {}\ndata: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":8,"
-                                             "\"completion_tokens\":{},\"total_tokens\":{}}},\"fathom_timing\":{{"
+                                             "\"completion_tokens\":{},\"total_tokens\":{},"
+                                             "\"prompt_tokens_details\":{{\"cached_tokens\":6}}}},"
+                                             "\"fathom_timing\":{{"
                                              "\"queue\":0.001,\"tokenize\":0.0002,\"prefill\":0.01,\"decode\":0.08,"
                                              "\"detokenize\":0.0005,\"serialize\":0.0003,\"total\":0.092}}}}\n\n",
                                              chunks, chunks, chunks + 8)),

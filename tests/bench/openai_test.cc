@@ -69,9 +69,22 @@ TEST(OpenAiTest, ParseChunks) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(*c->prompt_tokens, 12);
   EXPECT_EQ(*c->completion_tokens, 5);
+  EXPECT_FALSE(c->cached_tokens.has_value());  // not reported
   ASSERT_TRUE(c->timing.has_value());
   EXPECT_DOUBLE_EQ(c->timing->prefill, 0.01);
   EXPECT_DOUBLE_EQ(c->timing->total, 0.2127);
+  // The prompt tokens the server's prefix cache served: OpenAI's field, and DeepSeek's where only it is sent.
+  c = ParseStreamChunk(R"({"choices":[],"usage":{"prompt_tokens":512,"completion_tokens":5,)"
+                       R"("prompt_tokens_details":{"cached_tokens":496},"prompt_cache_hit_tokens":1}})",
+                       ApiKind::kCompletions);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cached_tokens, 496);
+  c = ParseStreamChunk(R"({"choices":[],"usage":{"prompt_tokens":512,"prompt_cache_hit_tokens":256}})", ApiKind::kChat);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cached_tokens, 256);
+  c = ParseStreamChunk(R"({"choices":[],"usage":{"prompt_tokens_details":{"cached_tokens":"x"}}})", ApiKind::kChat);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->cached_tokens.has_value());  // not a number: not reported
   EXPECT_TRUE(ParseStreamChunk("[DONE]", ApiKind::kCompletions)->done);
   EXPECT_FALSE(ParseStreamChunk("{not json", ApiKind::kCompletions).ok());
   EXPECT_FALSE(ParseStreamChunk("42", ApiKind::kCompletions).ok());
@@ -111,7 +124,7 @@ TEST(StreamRecorderTest, Classification) {
     EXPECT_TRUE(rec.OnBody("ta: {\"choices\":[{\"text\":\"b\"}]}\n\n", at(120)));
     EXPECT_TRUE(
         rec.OnBody("data: {\"choices\":[{\"text\":\"\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":"
-                   "2}}\n\ndata: [DONE]\n\n",
+                   "2,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\ndata: [DONE]\n\n",
                    at(130)));
     RequestRecord r = rec.Finish(ok_http, at(131), 7);
     EXPECT_TRUE(r.ok) << r.error_class;
@@ -121,6 +134,7 @@ TEST(StreamRecorderTest, Classification) {
     EXPECT_EQ(r.output_tokens, 2);
     EXPECT_TRUE(r.output_tokens_from_usage);
     EXPECT_EQ(r.prompt_tokens, 3);
+    EXPECT_EQ(r.cached_tokens, 2);
   }
   {
     StreamRecorder rec(ApiKind::kCompletions, t0);

@@ -117,6 +117,7 @@ TEST(ComputeMetricsTest, Aggregates) {
   std::vector<RequestRecord> rs;
   rs.push_back(Synthetic({0.1, 0.12, 0.14}, 0.15, 3));
   rs.back().output_tokens_from_usage = true;
+  rs.back().cached_tokens = 4;  // of its 10 prompt tokens; the other request reports none
   rs.push_back(Synthetic({0.2, 0.25}, 0.25, 2));
   rs.back().send_s = 1.0;
   rs.back().server_timing = ServerTiming{.queue = 0.01, .prefill = 0.04, .decode = 0.05, .total = 0.1};
@@ -137,6 +138,10 @@ TEST(ComputeMetricsTest, Aggregates) {
   EXPECT_EQ(m.failures.at("connection_refused").count, 1);
   EXPECT_EQ(m.total_input_tokens, 20);
   EXPECT_EQ(m.total_output_tokens, 5);
+  EXPECT_EQ(m.cached_reported, 1);
+  EXPECT_EQ(m.cached_input_tokens, 4);
+  ASSERT_TRUE(m.prefix_cache_hit_rate().has_value());
+  EXPECT_DOUBLE_EQ(*m.prefix_cache_hit_rate(), 0.4);  // over the reporting request's prompt only
   EXPECT_EQ(m.output_token_source, "mixed");
   EXPECT_DOUBLE_EQ(m.request_throughput, 1.0);
   EXPECT_DOUBLE_EQ(m.output_throughput, 2.5);
