@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -132,7 +133,14 @@ struct Lt {
   cudaStream_t s = nullptr;
   int sm_count = 0;  // the GPU's multiprocessors, which size some launchers' grids
   // The kernel switches of the FATHOM_CUDA_* environment (kernel_options.h), as a CudaBackend would read them.
-  fathom::cuda::KernelOptions options = fathom::cuda::KernelOptions::FromEnvironment();
+  fathom::cuda::KernelOptions options = [] {
+    auto o = fathom::cuda::KernelOptions::FromEnvironment();
+    if (!o.ok()) {  // a switch with a value it does not take: say so rather than measure something else
+      std::fprintf(stderr, "%s\n", o.status().ToString().c_str());
+      std::exit(2);
+    }
+    return *o;
+  }();
   fathom::cuda::SplitAttentionKernels split_kernels() const {
     return {options.mla_attention, options.mma_attention, options.gqa_attention};
   }

@@ -508,7 +508,7 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
     // workspace, falls to a kernel that cannot hold long contexts.
     return InvalidArgumentError(fmt::format(
         "--kv-cache-dtype {} is not served for MLA models (DeepSeek-V2/V3) on the {} backend with the MLA kernel's "
-        "FP8 form off (FATHOM_CUDA_MLA_FP8 other than 1, or FATHOM_CUDA_NO_MLA_ATTENTION set): use auto or bfloat16",
+        "FP8 form off (FATHOM_CUDA_MLA_FP8=0, or FATHOM_CUDA_NO_MLA_ATTENTION=1): use auto or bfloat16",
         o.kv_cache_dtype, m.backend->name()));
   }
   ec.block_size = o.block_size;

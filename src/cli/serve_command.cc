@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -37,6 +36,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
+  std::string prefix_cache_isolation = "per-key";
   std::vector<std::string> served_model_names;
   std::string reasoning_parser = "auto";
   std::string tool_call_parser = "auto";
@@ -49,7 +49,9 @@ struct ServeOptions {
   double shutdown_grace_s = 30;
   std::string access_log = "-";
   int http_threads = 2;
+  int api_threads = 2;
   std::string max_request_bytes = "8MiB";
+  std::string max_buffered_request_bytes = "256MiB";
   double header_timeout_s = 10;
   double idle_timeout_s = 60;
   double write_timeout_s = 60;
@@ -112,12 +114,9 @@ Status Serve(ServeOptions o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   RaiseFileLimit();
-  // glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so after one burst of
-  // multi-megabyte request bodies the later ones come from the heap and stay resident: RSS rose 125 MB after such a
-  // burst and stayed there, flat over two more (no leak: bench/results/2026-12-02-rss.json). Fixing the threshold
-  // at glibc's own starting value keeps large buffers in mmap, handed back when freed (+9 MB after the same bursts).
-  // MALLOC_MMAP_THRESHOLD_ in the environment still decides, when set.
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  // RSS after bursts of large request bodies is kept flat by the HTTP layer (HttpExchange hands free heap pages back
+  // after a large request), not by a low M_MMAP_THRESHOLD: mmapping every block over 128 KiB made string-heavy work
+  // (a long chat template) 12x slower. MALLOC_MMAP_THRESHOLD_ in the environment still sets one, if wanted.
 
   FATHOM_ASSIGN_OR_RETURN(const bool demo, UseDemoWithoutModel(o.engine));
   // The demo answers to the DeepSeek API's names too, so that a DeepSeek client works against it unchanged.
@@ -134,6 +133,7 @@ Status Serve(ServeOptions o) {
   }
   if (o.port < 0 || o.port > 65535) return InvalidArgumentError("--port must be in [0, 65535]");
   if (o.http_threads < 1 || o.http_threads > 64) return InvalidArgumentError("--http-threads must be in [1, 64]");
+  if (o.api_threads < 1 || o.api_threads > 64) return InvalidArgumentError("--api-threads must be in [1, 64]");
   if (o.private_port < 0 || o.private_port > 65535) return InvalidArgumentError("--private-port must be in [0, 65535]");
   if (o.private_port != 0 && o.private_port == o.port) {
     return InvalidArgumentError("--private-port must differ from --port");
@@ -163,17 +163,34 @@ Status Serve(ServeOptions o) {
   so.http.host = o.host;
   so.http.port = static_cast<uint16_t>(o.port);
   so.http.threads = o.http_threads;
+  so.work_threads = o.api_threads;
   so.http.reuse_port = o.reuse_port;
   so.handoff_on_drain = o.reuse_port;
   so.private_port = static_cast<uint16_t>(o.private_port);
   FATHOM_ASSIGN_OR_RETURN(int64_t max_body, ParseBytes(o.max_request_bytes, "--max-request-bytes"));
   so.http.max_body_bytes = static_cast<size_t>(max_body);
+  FATHOM_ASSIGN_OR_RETURN(int64_t max_buffered,
+                          ParseBytes(o.max_buffered_request_bytes, "--max-buffered-request-bytes"));
+  if (max_buffered < max_body) {
+    return InvalidArgumentError(
+        fmt::format("--max-buffered-request-bytes ({}) must be at least --max-request-bytes ({})",
+                    o.max_buffered_request_bytes, o.max_request_bytes));
+  }
+  so.http.max_buffered_request_bytes = static_cast<size_t>(max_buffered);
   so.http.header_timeout_s = o.header_timeout_s;
   so.http.idle_timeout_s = o.idle_timeout_s;
   so.http.write_timeout_s = o.write_timeout_s;
   so.served_model_name = o.served_model_names.front();
   so.served_model_aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
   so.api_key = o.api_key;
+  if (o.prefix_cache_isolation == "per-key") {
+    so.prefix_cache_isolation = server::ServerOptions::PrefixCacheIsolation::kPerKey;
+  } else if (o.prefix_cache_isolation == "shared") {
+    so.prefix_cache_isolation = server::ServerOptions::PrefixCacheIsolation::kShared;
+  } else {
+    return InvalidArgumentError(
+        fmt::format("--prefix-cache-isolation: '{}' is not one of per-key, shared", o.prefix_cache_isolation));
+  }
   FATHOM_ASSIGN_OR_RETURN(so.reasoning, server::ParseReasoningParser(o.reasoning_parser, &so.reasoning_auto));
   FATHOM_ASSIGN_OR_RETURN(so.tool_format, server::ParseToolCallParser(o.tool_call_parser));
   so.stream_logs.retention_s = o.stream_retention_s;
@@ -197,16 +214,23 @@ Status Serve(ServeOptions o) {
     FATHOM_RETURN_IF_ERROR(obs::StartTracing());
     FATHOM_LOG_INFO("tracing to {} (written at shutdown)", o.trace_file);
   }
-  // Listen first, so that /health answers 503 "loading" while the weights load.
+  // Listen first, so that /health answers 503 "loading" while the weights load. A process that shares its port
+  // (--reuse-port) listens only once ready instead: the kernel hands a listener its share of new connections at
+  // once, and during a rolling restart those would be answered 503 while the process next to it could serve them.
   server::ServerMetrics metrics;
   server::OpenAiServer srv(so);
   srv.SetRecordHook([&metrics](const server::RequestRecord& r) { metrics.OnRequest(r); });
   srv.SetMetricsHandler([&metrics] { return metrics.Expose(); });
   srv.SetInternalErrorHook([&metrics](std::string_view where) { metrics.OnInternalError(where); });
-  FATHOM_RETURN_IF_ERROR(srv.Start());
-  FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading){}", o.host, srv.port(),
-                  fmt::join(o.served_model_names, "', '"),
-                  srv.private_port() != 0 ? fmt::format("; private port {}", srv.private_port()) : std::string());
+  if (!o.reuse_port) {
+    FATHOM_RETURN_IF_ERROR(srv.Start());
+    FATHOM_LOG_INFO("listening on http://{}:{} (model '{}' loading){}", o.host, srv.port(),
+                    fmt::join(o.served_model_names, "', '"),
+                    srv.private_port() != 0 ? fmt::format("; private port {}", srv.private_port()) : std::string());
+  } else {
+    FATHOM_LOG_INFO("loading model '{}'; port {} is shared (--reuse-port), so it is bound once ready",
+                    fmt::join(o.served_model_names, "', '"), o.port);
+  }
 
   // One model, KV cache and engine per replica. Replicas that share a device share its --gpu-memory-utilization.
   const int n = o.data_parallel_size;
@@ -252,6 +276,11 @@ Status Serve(ServeOptions o) {
   }
   srv.Attach(
       {.engines = &engines, .tokenizer = m.tokenizer.get(), .chat = chat.get(), .vocab_size = m.config.vocab_size});
+  if (o.reuse_port) {
+    FATHOM_RETURN_IF_ERROR(srv.Start());
+    FATHOM_LOG_INFO("listening on http://{}:{} (shared port){}", o.host, srv.port(),
+                    srv.private_port() != 0 ? fmt::format("; private port {}", srv.private_port()) : std::string());
+  }
   const EngineStats st = replicas.front()->Stats();
   FATHOM_LOG_INFO("ready: serving '{}' on http://{}:{} | max_model_len {} | KV cache {} blocks of {} tokens{}{}",
                   fmt::join(o.served_model_names, "', '"), o.host, srv.port(), engines.config().scheduler.max_model_len,
@@ -310,7 +339,15 @@ void AddServeCommand(CLI::App& app) {
   const std::string http = "HTTP";
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str()->group(http);
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->group(http);
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (or set FATHOM_API_KEY)")->group(http);
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' (or set FATHOM_API_KEY); several keys: KEY1,KEY2")
+      ->group(http);
+  cmd->add_option("--prefix-cache-isolation", o->prefix_cache_isolation,
+                  "per-key: clients of different API keys never share prefix-cache blocks (a shared cache shows "
+                  "one client whether another's prompt began the same way); shared: they do. A request's "
+                  "cache_salt always separates it further")
+      ->capture_default_str()
+      ->group(http);
   cmd->add_flag("--metrics-require-key", o->metrics_require_key, "GET /metrics needs the API key too (default: open)")
       ->group(http);
   cmd->add_option("--served-model-name", o->served_model_names,
@@ -318,7 +355,14 @@ void AddServeCommand(CLI::App& app) {
                   "name; the demo: deepseek-v3-demo deepseek-chat deepseek-reasoner)")
       ->delimiter(',')
       ->group(http);
-  cmd->add_option("--http-threads", o->http_threads, "I/O threads")->capture_default_str()->group(http);
+  cmd->add_option("--http-threads", o->http_threads, "I/O threads: they only move bytes")
+      ->capture_default_str()
+      ->group(http);
+  cmd->add_option("--api-threads", o->api_threads,
+                  "Threads that parse requests, render chat templates, tokenize and compile grammars (off the I/O "
+                  "threads)")
+      ->capture_default_str()
+      ->group(http);
   cmd->add_flag("--reuse-port", o->reuse_port,
                 "Share --port with other fathom processes (SO_REUSEPORT): the kernel spreads new connections among "
                 "them, and one that drains hands its new connections to the others")
@@ -329,6 +373,10 @@ void AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->group(http);
   cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body (413 above)")
+      ->capture_default_str()
+      ->group(http);
+  cmd->add_option("--max-buffered-request-bytes", o->max_buffered_request_bytes,
+                  "Request bodies being received at once, over all connections (503 above)")
       ->capture_default_str()
       ->group(http);
   cmd->add_option("--header-timeout-s", o->header_timeout_s, "Time to receive a request (408 after)")

@@ -30,11 +30,22 @@ struct ParallelConfig {
   // KV heads (GQA), as vLLM splits them: `n` heads divide into the ranks, or, when the ranks outnumber them and
   // their count divides by `n`, each rank holds one, shared by tp_size / n ranks (rank r: head r / (tp_size / n),
   // the head its query heads read).
-  bool SplitsKvHeads(int64_t n) const { return n % tp_size == 0 || tp_size % n == 0; }
-  int64_t KvHeads(int64_t n) const { return n % tp_size == 0 ? n / tp_size : 1; }
+  // Total functions: a count that does not split (SplitsKvHeads false, callers refuse it by name) gives 0 parts
+  // rather than a division by zero (3 KV heads on 2 ranks: 2 / 3 is 0).
+  bool SplitsKvHeads(int64_t n) const { return n > 0 && tp_size > 0 && (n % tp_size == 0 || tp_size % n == 0); }
+  int64_t KvHeads(int64_t n) const {
+    if (!SplitsKvHeads(n)) return 0;
+    return n % tp_size == 0 ? n / tp_size : 1;
+  }
   // The KV projections' column split: into how many parts, and this rank's part.
-  int64_t KvParts(int64_t n) const { return n % tp_size == 0 ? tp_size : n; }
-  int64_t KvPart(int64_t n) const { return n % tp_size == 0 ? tp_rank : tp_rank / (tp_size / n); }
+  int64_t KvParts(int64_t n) const {
+    if (!SplitsKvHeads(n)) return 0;
+    return n % tp_size == 0 ? tp_size : n;
+  }
+  int64_t KvPart(int64_t n) const {
+    if (!SplitsKvHeads(n)) return 0;
+    return n % tp_size == 0 ? tp_rank : tp_rank / (tp_size / n);
+  }
 
   // Expert parallelism over `n` routed experts (callers check Divides(n)): this rank's first expert.
   int64_t ExpertBegin(int64_t n) const { return tp_rank * Part(n); }

@@ -312,7 +312,8 @@ RequestOutput EngineCore::BaseOutput(const SampleState& s) const {
   return out;
 }
 
-void EngineCore::FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler) {
+void EngineCore::FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler,
+                              bool drop_last_token) {
   auto it = samples_.find(sample_id);
   FATHOM_CHECK(it != samples_.end());
   SampleState& s = *it->second;
@@ -324,7 +325,7 @@ void EngineCore::FinishSample(const std::string& sample_id, RequestOutput out, b
   out.timings.detokenize = s.detok_s;
   out.timings.grammar = s.grammar_s;
   if (const sched::Request* r = sched_.Find(sample_id); r != nullptr) {
-    out.completion_tokens = r->num_output_tokens();
+    out.completion_tokens = r->num_output_tokens() - (drop_last_token ? 1 : 0);
     if (r->started) {
       out.prompt_cache_hit_tokens = r->prompt_cache_hit_tokens;
       out.prompt_cache_miss_tokens = r->prompt_cache_miss_tokens();
@@ -411,8 +412,18 @@ void EngineCore::EmitToken(const std::string& sample_id, const SampleResult& r) 
     const auto t0 = sched::SteadyClock::now();
     const bool accepted = s.matcher->AcceptToken(r.token);
     s.grammar_s += Seconds(t0, sched::SteadyClock::now());
+    if (!accepted && s.matcher->CanEnd()) {
+      // The grammar is complete here and its end was all it allowed, but min_tokens (or a stop id or logit_bias)
+      // kept EOS from being sampled, so the mask left nothing. The grammar wins: the output ends here, valid, and
+      // the token sampled from nothing is dropped. (The server refuses a min_tokens that no choice could reach.)
+      out.token_ids.clear();
+      out.logprobs.clear();
+      out.finish_reason = FinishReason::kStop;
+      FinishSample(sample_id, std::move(out), /*in_scheduler=*/true, /*drop_last_token=*/true);
+      return;
+    }
     if (!accepted) {
-      // Only when the mask left nothing to sample (min_tokens or logit_bias against the one allowed token, say).
+      // Only when the mask left nothing to sample (logit_bias against every allowed token, say).
       out.finish_reason = FinishReason::kError;
       out.status = FailedPreconditionError(
           fmt::format("structured output: token {} is not allowed by the request's grammar here (no allowed token "

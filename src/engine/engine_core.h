@@ -133,7 +133,8 @@ class EngineCore {
   // Captures the decode graphs at startup where the backend and model support them (not with --enforce-eager).
   Status SetUpGraphs();
   void EmitToken(const std::string& sample_id, const SampleResult& r);
-  void FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler);
+  // `drop_last_token`: the token just appended is not part of the output (usage does not count it).
+  void FinishSample(const std::string& sample_id, RequestOutput out, bool in_scheduler, bool drop_last_token = false);
   void FailRequest(const std::string& request_id, FinishReason reason, const Status& status);
   void EndAll(FinishReason reason, const Status& status);
   RequestOutput BaseOutput(const SampleState& s) const;

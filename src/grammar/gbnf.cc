@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 namespace fathom::grammar {
@@ -42,7 +43,17 @@ class GbnfParser {
   Status Error(std::string_view expected) const {
     return InvalidArgumentError(fmt::format("gbnf: line {}: expected {}", Line(), expected));
   }
-  size_t Line() const { return 1 + static_cast<size_t>(std::count(s_.begin(), s_.begin() + pos_, '\n')); }
+  // The line of pos_, counted on from the last call (pos_ only moves forward, so a whole parse counts each newline
+  // once: recounting from the start for every rule made 200k one-line rules take minutes).
+  size_t Line() const {
+    if (pos_ < line_pos_) {  // not expected; recount rather than answer wrong
+      line_pos_ = 0;
+      line_ = 1;
+    }
+    line_ += static_cast<size_t>(std::count(s_.begin() + line_pos_, s_.begin() + pos_, '\n'));
+    line_pos_ = pos_;
+    return line_;
+  }
 
   void SkipSpace() {
     while (pos_ < s_.size()) {
@@ -111,8 +122,14 @@ class GbnfParser {
   }
 
   StatusOr<ExprPtr> Repetition(ExprPtr atom) {
-    while (pos_ < s_.size()) {
+    // Each operator wraps the item once more, and every later pass over the tree recurses through the wrappers:
+    // `x` followed by a million '*' would nest a million deep. A few are all a grammar ever needs (`x{2}?`).
+    constexpr int kMaxOperators = 8;
+    for (int operators = 0; pos_ < s_.size(); ++operators) {
       const char c = s_[pos_];
+      if ((c == '*' || c == '+' || c == '?' || c == '{') && operators == kMaxOperators) {
+        return Error(fmt::format("at most {} repetition operators on one item", kMaxOperators));
+      }
       if (c == '*') {
         atom = Star(atom);
       } else if (c == '+') {
@@ -280,6 +297,7 @@ class GbnfParser {
 
   std::string_view s_;
   size_t pos_ = 0;
+  mutable size_t line_pos_ = 0, line_ = 1;  // Line()'s count so far: line_ is the line of line_pos_
   GrammarBuilder b_;
   std::map<std::string, int32_t> ids_;
   std::map<int32_t, size_t> defined_, used_;

@@ -1,6 +1,7 @@
 #include "grammar/grammar.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <functional>
@@ -306,6 +307,7 @@ struct Nfa {
   std::vector<State> states;
   size_t limit = 0;
   bool over = false;
+  bool too_deep = false;  // over because rules and groups nest deeper than NfaBuilder::kMaxBuildDepth
 
   int32_t Add() {
     if (states.size() >= limit) {
@@ -324,6 +326,27 @@ class NfaBuilder {
   // Thompson fragment of `e`: (start, end).
   std::pair<int32_t, int32_t> Build(const Expr& e) {
     if (nfa_.over) return {0, 0};
+    // Inlined rules and nested groups recurse here: a client's grammar may chain 150,000 rules (r_i ::= r_i+1), so
+    // the depth is bounded and the grammar refused past it, rather than the stack.
+    if (depth_ >= kMaxBuildDepth || (stack_floor_ != 0 && FrameAddress() < stack_floor_)) {
+      nfa_.over = true;
+      nfa_.too_deep = true;
+      return {0, 0};
+    }
+    ++depth_;
+    const std::pair<int32_t, int32_t> fragment = BuildAt(e);
+    --depth_;
+    return fragment;
+  }
+
+  static constexpr int kMaxBuildDepth = 2000;
+  // Build also stops this close to the end of the thread's stack: a level costs a few KB (2.5 KB under ASan), and
+  // the compiling thread's stack may be smaller than the main thread's.
+  static constexpr uintptr_t kStackMarginBytes = 512 << 10;
+  void set_stack_floor(uintptr_t floor) { stack_floor_ = floor; }
+
+ private:
+  std::pair<int32_t, int32_t> BuildAt(const Expr& e) {
     switch (e.kind) {
       case ExprKind::kEmpty: {
         const int32_t s = nfa_.Add();
@@ -407,7 +430,6 @@ class NfaBuilder {
     return {0, 0};
   }
 
- private:
   // The product of the item's automaton (characters as single edges) with a counter of characters 0..K, where K is
   // max, or min when unbounded (the counter then stays at K).
   std::pair<int32_t, int32_t> BuildCount(const Expr& e) {
@@ -416,9 +438,12 @@ class NfaBuilder {
     inner.limit = nfa_.limit;
     NfaBuilder ib(g_, kept_, inner);
     ib.count_chars_ = true;
+    ib.depth_ = depth_;
+    ib.stack_floor_ = stack_floor_;
     auto [is, ie] = ib.Build(*e.items[0]);
     if (inner.over) {
       nfa_.over = true;
+      nfa_.too_deep = nfa_.too_deep || inner.too_deep;
       return {0, 0};
     }
     const int32_t levels = (e.max < 0 ? e.min : e.max) + 1;
@@ -452,7 +477,11 @@ class NfaBuilder {
     return {base + is, end};
   }
 
+  static uintptr_t FrameAddress() { return reinterpret_cast<uintptr_t>(__builtin_frame_address(0)); }
+
   bool count_chars_ = false;
+  int depth_ = 0;
+  uintptr_t stack_floor_ = 0;  // 0: no check
   const Grammar& g_;
   const std::vector<bool>& kept_;
   Nfa& nfa_;
@@ -476,40 +505,68 @@ void EpsClosure(const Nfa& nfa, std::vector<int32_t>& set) {
   std::sort(set.begin(), set.end());
 }
 
-// Tarjan's strongly connected components over the rule reference graph: which rules are recursive.
+// The lowest address this thread's stack may grow to before NfaBuilder stops (its margin above the real end), or 0
+// when the stack's extent cannot be read.
+uintptr_t StackFloor() {
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return 0;
+  void* addr = nullptr;
+  size_t size = 0;
+  const bool ok = pthread_attr_getstack(&attr, &addr, &size) == 0;
+  pthread_attr_destroy(&attr);
+  if (!ok || size <= 2 * NfaBuilder::kStackMarginBytes) return 0;
+  return reinterpret_cast<uintptr_t>(addr) + NfaBuilder::kStackMarginBytes;
+}
+
+// Tarjan's strongly connected components over the rule reference graph: which rules are recursive. Iterative (an
+// explicit stack of (rule, next reference) frames), since a grammar may chain 100k+ rules and a client writes it.
 std::vector<bool> RecursiveRules(const std::vector<std::set<int32_t>>& refs) {
   const size_t n = refs.size();
   std::vector<int32_t> index(n, -1), low(n, 0);
   std::vector<bool> on_stack(n, false), recursive(n, false);
   std::vector<int32_t> stack;
   int32_t counter = 0;
-  std::function<void(int32_t)> visit = [&](int32_t v) {
+  struct Frame {
+    int32_t v;
+    std::set<int32_t>::const_iterator next;
+  };
+  std::vector<Frame> frames;
+  auto open = [&](int32_t v) {
     index[v] = low[v] = counter++;
     stack.push_back(v);
     on_stack[v] = true;
-    for (int32_t w : refs[v]) {
-      if (index[w] < 0) {
-        visit(w);
-        low[v] = std::min(low[v], low[w]);
-      } else if (on_stack[w]) {
-        low[v] = std::min(low[v], index[w]);
-      }
-    }
-    if (low[v] == index[v]) {
-      std::vector<int32_t> scc;
-      int32_t w;
-      do {
-        w = stack.back();
-        stack.pop_back();
-        on_stack[w] = false;
-        scc.push_back(w);
-      } while (w != v);
-      const bool cyclic = scc.size() > 1 || refs[v].count(v) > 0;
-      for (int32_t x : scc) recursive[x] = cyclic;
-    }
+    frames.push_back({v, refs[v].begin()});
   };
-  for (size_t v = 0; v < n; ++v) {
-    if (index[v] < 0) visit(static_cast<int32_t>(v));
+  for (size_t root = 0; root < n; ++root) {
+    if (index[root] >= 0) continue;
+    open(static_cast<int32_t>(root));
+    while (!frames.empty()) {
+      Frame& f = frames.back();
+      const int32_t v = f.v;
+      if (f.next != refs[v].end()) {
+        const int32_t w = *f.next++;
+        if (index[w] < 0) {
+          open(w);  // invalidates `f`
+        } else if (on_stack[w]) {
+          low[v] = std::min(low[v], index[w]);
+        }
+        continue;
+      }
+      if (low[v] == index[v]) {
+        std::vector<int32_t> scc;
+        int32_t w;
+        do {
+          w = stack.back();
+          stack.pop_back();
+          on_stack[w] = false;
+          scc.push_back(w);
+        } while (w != v);
+        const bool cyclic = scc.size() > 1 || refs[v].count(v) > 0;
+        for (int32_t x : scc) recursive[x] = cyclic;
+      }
+      frames.pop_back();
+      if (!frames.empty()) low[frames.back().v] = std::min(low[frames.back().v], low[v]);
+    }
   }
   return recursive;
 }
@@ -640,14 +697,22 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
 
   auto out = std::shared_ptr<CompiledGrammar>(new CompiledGrammar());
   out->root_ = 0;
+  const uintptr_t stack_floor = StackFloor();
   size_t nfa_total = 0;
   for (int32_t r : order) {
     Nfa nfa;
     nfa.limit = options.max_nfa_states - std::min(nfa_total, options.max_nfa_states);
     NfaBuilder builder(grammar, kept, nfa);
+    builder.set_stack_floor(stack_floor);
     // Plain variables, not a structured binding: `intern` below captures `end` (clang 14 cannot capture bindings).
     const std::pair<int32_t, int32_t> fragment = builder.Build(*grammar.rules[r].body);
     const int32_t start = fragment.first, end = fragment.second;
+    if (nfa.too_deep) {
+      return InvalidArgumentError(fmt::format(
+          "grammar too deep: rule '{}' nests rules and groups more than {} deep, or deeper than the compiling "
+          "thread's stack allows (a chain of rules that each use the next, say)",
+          grammar.rules[r].name, NfaBuilder::kMaxBuildDepth));
+    }
     if (nfa.over) {
       return InvalidArgumentError(fmt::format("grammar too large: rule '{}' needs more than {} automaton states",
                                               grammar.rules[r].name, options.max_nfa_states));
@@ -675,6 +740,9 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
     out->rule_start_.push_back(intern({start}));
     out->rule_names_.push_back(grammar.rules[r].name);
     while (!pending.empty()) {
+      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
+        return CancelledError("grammar compilation cancelled (the server is shutting down)");
+      }
       if (out->states_.size() > options.max_dfa_states) {
         return InvalidArgumentError(fmt::format("grammar too large: rule '{}' needs more than {} DFA states",
                                                 grammar.rules[r].name, options.max_dfa_states));
@@ -795,11 +863,27 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
   }
 
   // Left recursion: a rule that can call itself before reading a byte would make the matcher's stacks grow forever.
+  // Worklists and explicit stacks throughout: a client's grammar may hold 100k+ mutually recursive rules, which a
+  // recursive walk or a pass-until-nothing-changes loop (one pass per rule of a chain: quadratic) would not survive.
   const size_t nr = order.size();
+  // callers[t]: the rules with a call edge to t, to revisit when t turns out nullable.
+  std::vector<std::vector<int32_t>> callers(nr);
+  {
+    std::set<std::pair<int32_t, int32_t>> edges;  // (callee, caller)
+    for (const auto& st : out->states_) {
+      for (const auto& c : st.calls) edges.insert({c.rule, st.rule});
+    }
+    for (const auto& [callee, caller] : edges) callers[callee].push_back(caller);
+  }
   std::vector<bool> nullable(nr, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < nr; ++r) {
+  {
+    std::vector<int32_t> pending(nr);
+    for (size_t r = 0; r < nr; ++r) pending[r] = static_cast<int32_t>(nr - 1 - r);
+    std::vector<bool> queued(nr, true);
+    while (!pending.empty()) {
+      const int32_t r = pending.back();
+      pending.pop_back();
+      queued[r] = false;
       if (nullable[r]) continue;
       std::vector<int32_t> work = {out->rule_start_[r]};
       std::set<int32_t> seen = {work[0]};
@@ -811,39 +895,53 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
           if (nullable[c.rule] && seen.insert(c.to).second) work.push_back(c.to);
         }
       }
-      changed |= nullable[r];
+      if (nullable[r]) {
+        for (int32_t caller : callers[r]) {
+          if (!nullable[caller] && !queued[caller]) {
+            queued[caller] = true;
+            pending.push_back(caller);
+          }
+        }
+      }
     }
   }
-  std::vector<std::set<int32_t>> left(nr);
+  std::vector<std::vector<int32_t>> left(nr);
   for (size_t r = 0; r < nr; ++r) {
+    std::set<int32_t> callees;
     std::vector<int32_t> work = {out->rule_start_[r]};
     std::set<int32_t> seen = {work[0]};
     while (!work.empty()) {
       const int32_t s = work.back();
       work.pop_back();
       for (const auto& c : out->states_[s].calls) {
-        left[r].insert(c.rule);
+        callees.insert(c.rule);
         if (nullable[c.rule] && seen.insert(c.to).second) work.push_back(c.to);
       }
     }
+    left[r].assign(callees.begin(), callees.end());
   }
-  std::vector<int> color(nr, 0);
-  std::function<int32_t(int32_t)> cycle = [&](int32_t r) -> int32_t {
-    color[r] = 1;
-    for (int32_t t : left[r]) {
-      if (color[t] == 1) return t;
-      if (color[t] == 0) {
-        if (int32_t c = cycle(t); c >= 0) return c;
+  // A cycle in the left-call graph, by depth-first search with an explicit stack of (rule, next edge).
+  std::vector<int> color(nr, 0);  // 0 unvisited, 1 on the stack, 2 done
+  std::vector<std::pair<int32_t, size_t>> stack;
+  for (size_t root_rule = 0; root_rule < nr; ++root_rule) {
+    if (color[root_rule] != 0) continue;
+    stack.push_back({static_cast<int32_t>(root_rule), 0});
+    color[root_rule] = 1;
+    while (!stack.empty()) {
+      auto& [r, next] = stack.back();
+      if (next == left[r].size()) {
+        color[r] = 2;
+        stack.pop_back();
+        continue;
       }
-    }
-    color[r] = 2;
-    return -1;
-  };
-  for (size_t r = 0; r < nr; ++r) {
-    if (color[r] == 0) {
-      if (int32_t c = cycle(static_cast<int32_t>(r)); c >= 0) {
+      const int32_t t = left[r][next++];
+      if (color[t] == 1) {
         return InvalidArgumentError(
-            fmt::format("grammar: rule '{}' is left-recursive, which is not supported", out->rule_names_[c]));
+            fmt::format("grammar: rule '{}' is left-recursive, which is not supported", out->rule_names_[t]));
+      }
+      if (color[t] == 0) {
+        color[t] = 1;
+        stack.push_back({t, 0});  // invalidates r and next
       }
     }
   }

@@ -11,6 +11,7 @@
 //   FATHOM_ASSIGN_OR_RETURN(auto g, Compile(b.Finish(value), CompileOptions{}));
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -101,6 +102,8 @@ struct CompileOptions {
   // Bounds on the automata, so that a grammar that blows up is refused instead of stalling its caller.
   size_t max_nfa_states = 400'000;
   size_t max_dfa_states = 100'000;
+  // Set from another thread to stop a compile early (kCancelled): a server that shuts down.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // The compiled grammar: states of all rules' DFAs in one numbering.

@@ -38,6 +38,7 @@ struct Object {
   int depth = 1;
   bool holds_namespace = false;
   const Value* Find(std::string_view key) const;
+  Value* FindMutable(std::string_view key) { return const_cast<Value*>(Find(key)); }
   // Adds or replaces a member; std::length_error past kMaxValueNesting.
   void Set(std::string key, Value value);
 };
@@ -97,6 +98,8 @@ class Value {
   int64_t as_int() const { return std::get<int64_t>(v_); }
   double as_double() const { return is_int() ? static_cast<double>(as_int()) : std::get<double>(v_); }
   const std::string& as_string() const { return std::get<std::string>(v_); }
+  // The string itself, to append to in place (is_string() first).
+  std::string& mutable_string() { return std::get<std::string>(v_); }
   Array& as_array() const { return *std::get<std::shared_ptr<Array>>(v_); }
   Object& as_object() const { return *std::get<std::shared_ptr<Object>>(v_); }
   Function& as_function() const { return *std::get<std::shared_ptr<Function>>(v_); }

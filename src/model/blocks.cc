@@ -50,6 +50,7 @@ void GatedMlp::Forward(Backend& be, const TensorView& x, const TensorView& out) 
 void GqaAttention::AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const ModelConfig& c) {
   b.RequireSplit("num_attention_heads", c.num_heads);
   b.RequireKvSplit(c.num_kv_heads);
+  if (!b.ok()) return;  // a split that does not divide: nothing below may divide by it
   const int64_t h = c.hidden_size, q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   b.Linear(prefix + "q_proj", q_dim, h, {.bias = c.qkv_bias, .split = LinearSplit::kColumns});
   // Fewer KV heads than ranks: each rank loads the one head its query heads read.

@@ -1,5 +1,5 @@
 // DeepSeek's expert choice for one token, written once for the host (model/moe.cc) and the GPU
-// (backend/cuda/moe_kernels.cu): the same float operations in the same order, so both backends choose the same
+// (backend/cuda/moe.cu): the same float operations in the same order, so both backends choose the same
 // experts with the same weights, ties included.
 //
 //   moe_route::Params p = ...;                       // from RouterConfig (model/moe.h)

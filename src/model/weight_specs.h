@@ -57,6 +57,8 @@ class WeightSpecBuilder {
   StatusOr<std::vector<WeightSpec>> Finish();
 
   const ParallelConfig& parallel() const { return parallel_; }
+  // False once a check or a spec has failed: callers stop there (Finish returns the error).
+  bool ok() const { return status_.ok(); }
 
  private:
   const ModelConfig& cfg_;

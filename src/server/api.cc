@@ -66,12 +66,17 @@ class Reader {
     const Json* v = Get(key);
     if (v == nullptr || failed_) return std::nullopt;
     int64_t x = 0;
-    if (v->is_number_integer()) {
-      x = v->get<int64_t>();
-    } else if (v->is_number_unsigned()) {
+    // Unsigned first: nlohmann's is_number_integer() is true for unsigned numbers too, and get<int64_t>() of one
+    // above 2^63 wraps to a negative value (2^64 - 1 became -1, a valid top_k).
+    if (v->is_number_unsigned()) {
       const uint64_t u = v->get<uint64_t>();
-      x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
-                                                                         : static_cast<int64_t>(u);
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        Fail(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, u));
+        return std::nullopt;
+      }
+      x = static_cast<int64_t>(u);
+    } else if (v->is_number_integer()) {
+      x = v->get<int64_t>();
     } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
                std::fabs(v->get<double>()) < 9e15) {
       x = static_cast<int64_t>(v->get<double>());  // 2.0 is an integer in JSON Schema terms
@@ -485,6 +490,11 @@ bool ParseConstraint(Reader& r, ParsedRequest* out) {
   auto schema_text = [](const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); };
   auto add_json = [&](const std::string& param, const Json& v) {
     if (v.is_string()) {  // vLLM takes guided_json as a JSON string too
+      // JSON inside a string is client JSON too: the body's limits apply to it before it is parsed (a string of an
+      // array nested 200,000 deep would otherwise overflow the stack of every recursive walk that follows).
+      if (Status s = CheckJsonLimits(v.get_ref<const std::string&>()); !s.ok()) {
+        return r.Fail(param, fmt::format("'{}': {}", param, s.message()));
+      }
       Json parsed = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded()) return r.Fail(param, fmt::format("'{}' is a string that is not JSON", param));
       specs.push_back({ConstraintSpec::Kind::kJsonSchema, param, schema_text(parsed)});
@@ -654,7 +664,10 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
       return r.Fail("best_of", "'best_of' other than n is not supported", StatusCode::kUnimplemented);
     }
   }
-  if (auto v = r.Integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+  // A seed is 64 bits either way: any signed or unsigned 64-bit integer is taken as its bits.
+  if (const Json* seed = r.Get("seed"); seed != nullptr && seed->is_number_unsigned()) {
+    sp.seed = seed->get<uint64_t>();
+  } else if (auto v = r.Integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
     sp.seed = static_cast<uint64_t>(*v);
   }
   if (auto v = r.Number("presence_penalty", -2, 2)) sp.presence_penalty = static_cast<float>(*v);
@@ -715,6 +728,10 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
     }
   }
   if (auto v = r.String("user")) out->user = *v;
+  if (auto v = r.String("cache_salt")) {
+    if (v->empty() || v->size() > 1024) return r.Fail("cache_salt", "'cache_salt' must be a string of 1 to 1024 bytes");
+    out->cache_salt = *v;
+  }
   if (auto v = r.Integer("priority", -1000000, 1000000)) out->priority = static_cast<int32_t>(*v);
   return !r.failed();
 }

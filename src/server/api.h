@@ -89,6 +89,8 @@ struct ParsedRequest {
   bool event_ids = false;
   int32_t priority = 0;
   std::string user;
+  // vLLM's cache_salt: requests share prefix-cache blocks only when their salts (and API-key namespaces) are equal.
+  std::string cache_salt;
   // Logprobs as asked: chat `logprobs: true` + `top_logprobs`; completions `logprobs: N`.
   bool logprobs = false;
   int32_t top_logprobs = 0;

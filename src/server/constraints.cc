@@ -87,11 +87,14 @@ StatusOr<std::shared_ptr<grammar::GrammarCache>> ConstraintCompiler::Get(const s
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<grammar::Grammar> g = ToGrammar(spec);
   StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> c =
-      g.ok() ? grammar::Compile(*g, grammar::CompileOptions{})
+      g.ok() ? grammar::Compile(*g, grammar::CompileOptions{.cancel = cancel_})
              : StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>(g.status());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard lock(mu_);
   if (compile_s != nullptr) *compile_s = seconds;
+  if (!c.ok() && c.status().code() == StatusCode::kCancelled) {
+    return UnavailableError("the server is shutting down");
+  }
   if (!c.ok()) {
     return InvalidArgumentError(fmt::format("'{}': {}", spec.param, c.status().message()));
   }

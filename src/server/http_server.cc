@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <boost/asio/dispatch.hpp>
@@ -39,6 +40,15 @@ std::string HttpDate() {
   std::strftime(buf, sizeof(buf), "%a, %d %b %Y %H:%M:%S GMT", &tm);
   return buf;
 }
+
+// The read buffer holds a request head (max_header_bytes) and this much more: room for a read's worth of body bytes,
+// and the bound on a chunk-size line, its extensions and a trailer.
+constexpr size_t kReadSlackBytes = 64 << 10;
+// A lingering close (HttpSession::Linger) drops this much input, or waits this long, at most.
+constexpr int kLingerSeconds = 2;
+constexpr size_t kLingerBytes = size_t{8} << 20;
+// A request body at least this large gives its freed heap pages back when its exchange ends (~HttpExchange).
+constexpr size_t kTrimAfterBodyBytes = size_t{1} << 20;
 
 std::string StatusLine(int status) {
   return fmt::format("HTTP/1.1 {} {}\r\n", status, HttpReason(status));
@@ -79,17 +89,40 @@ std::string_view HttpReason(int status) {
   }
 }
 
+Status CheckRequestFraming(const http::request_header<>& head) {
+  const size_t te_count = head.count(http::field::transfer_encoding);
+  if (te_count == 0) return OkStatus();
+  if (head.count(http::field::content_length) > 0) {
+    return InvalidArgumentError("a request may not have both Transfer-Encoding and Content-Length");
+  }
+  std::string_view te;
+  if (te_count == 1) {
+    const beast::string_view v = head[http::field::transfer_encoding];
+    te = std::string_view(v.data(), v.size());
+    while (!te.empty() && (te.front() == ' ' || te.front() == '\t')) te.remove_prefix(1);
+    while (!te.empty() && (te.back() == ' ' || te.back() == '\t')) te.remove_suffix(1);
+  }
+  if (te_count > 1 || !beast::iequals(te, "chunked")) {
+    return InvalidArgumentError("Transfer-Encoding must be exactly 'chunked'");
+  }
+  return OkStatus();
+}
+
 std::string SseEvent(uint64_t id, std::string_view data) {
   return fmt::format("id: {}\ndata: {}\n\n", id, data);
 }
 
-std::string SseData(std::string_view data) { return fmt::format("data: {}\n\n", data); }
+std::string SseData(std::string_view data) {
+  return fmt::format("data: {}\n\n", data);
+}
 
 // The live connections of a server, and whether they close after their current response.
 struct SessionSet {
   std::mutex mu;
   std::unordered_map<HttpSession*, std::weak_ptr<HttpSession>> live;
   std::atomic<bool> closing{false};
+  // Bytes of request bodies being received, over every connection (HttpOptions::max_buffered_request_bytes).
+  std::atomic<int64_t> buffered_bytes{0};
 };
 
 // One TCP connection: reads a request, hands it to the handler as an HttpExchange, writes what the exchange sends,
@@ -103,7 +136,8 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
         options_(options),
         handler_(handler),
         counter_(std::move(counter)),
-        sessions_(std::move(sessions)) {
+        sessions_(std::move(sessions)),
+        buffer_(options.max_header_bytes + kReadSlackBytes) {
     counter_->fetch_add(1);
     beast::error_code ec;
     auto ep = stream_.socket().remote_endpoint(ec);
@@ -157,26 +191,107 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   void DoRead() {
     if (closing_) return;
     if (num_requests_ > 0 && sessions_->closing.load()) return Close();
+    // A client that half-closed after pipelining requests gets every one answered: those already buffered are
+    // read from buffer_; with nothing left, the connection is done.
+    if (peer_closed_ && buffer_.size() == 0) return Close();
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
-    // Our own timer rather than the stream's expiry, which would close the socket before a 408 could be sent.
+    if (num_requests_ > 0 && buffer_.size() == 0) return WaitForRequest();
+    StartRead();
+  }
+
+  // Keep-alive: the idle timeout runs until the next request's first byte; from there the header timeout bounds
+  // the whole request, as it does a connection's first (a request begun after an idle minute gets no more time).
+  void WaitForRequest() {
     reading_ = true;
     timed_out_ = false;
-    read_timer_.expires_after(Seconds(num_requests_ == 0 ? options_.header_timeout_s : options_.idle_timeout_s));
+    waiting_ = true;
+    ArmReadTimer(options_.idle_timeout_s);
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      self->waiting_ = false;
+      if (self->closing_) return;
+      if (ec) {
+        self->reading_ = false;
+        self->read_timer_.cancel();
+        return self->Close();  // the idle timeout (the wait was cancelled) or a dead socket
+      }
+      self->StartRead();
+    });
+  }
+
+  void ArmReadTimer(double seconds) {
+    read_timer_.expires_after(Seconds(seconds));
     read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || !self->reading_) return;
       self->timed_out_ = true;
       beast::error_code ignored;
       self->stream_.socket().cancel(ignored);
     });
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
-  void OnRead(beast::error_code ec) {
+  // Our own timer rather than the stream's expiry, which would close the socket before a 408 could be sent.
+  void StartRead() {
+    reading_ = true;
+    timed_out_ = false;
+    ArmReadTimer(options_.header_timeout_s);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    // RFC 9112 6.1 and 6.3: a request whose Transfer-Encoding is not exactly a final `chunked`, or that has
+    // Content-Length as well, is refused and the connection closed. Framing it by Content-Length (what a lenient
+    // parser does with `xchunked`, `gzip` or a folded header) would let a chunked-reading proxy in front smuggle a
+    // second request inside the body.
+    if (Status framing = CheckRequestFraming(parser_->get()); !framing.ok()) {
+      return FailRead(400, "bad_request", std::string(framing.message()));
+    }
+    if (parser_->is_done()) return OnRequest();
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read_some(stream_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    // The bytes of bodies being received, summed over every connection, stay under a cap: stalled uploads cannot
+    // hold the server's memory (120 stalled 8 MiB bodies held 957 MB).
+    const int64_t held = static_cast<int64_t>(parser_->get().body().size());
+    if (held > reserved_) {
+      const int64_t delta = held - reserved_;
+      const int64_t total = sessions_->buffered_bytes.fetch_add(delta) + delta;
+      reserved_ = held;
+      if (total > static_cast<int64_t>(options_.max_buffered_request_bytes)) {
+        ReleaseReserved();
+        return FailRead(503, "server_busy",
+                        fmt::format("the server is receiving more than {} bytes of request bodies at once; retry",
+                                    options_.max_buffered_request_bytes));
+      }
+    }
+    if (parser_->is_done()) return OnRequest();
+    ReadBody();
+  }
+
+  void ReleaseReserved() {
+    if (reserved_ > 0) sessions_->buffered_bytes.fetch_sub(reserved_);
+    reserved_ = 0;
+  }
+
+  void FailRead(int status, std::string_view code, const std::string& message) {
     reading_ = false;
     read_timer_.cancel();
+    ReplyAndClose(status, code, message);
+  }
+
+  void OnReadError(beast::error_code ec) {
+    reading_ = false;
+    read_timer_.cancel();
+    ReleaseReserved();
     if (timed_out_ && ec) ec = beast::error::timeout;
     if (ec == http::error::end_of_stream || ec == asio::error::connection_reset || ec == asio::error::eof) {
       return Close();
@@ -194,10 +309,22 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
     if (ec == http::error::header_limit) {
       return ReplyAndClose(431, "header_too_large", "the request head is too large");
     }
+    if (ec == http::error::buffer_overflow) {
+      // A chunk-size line, chunk extension or trailer that never ends: each is bounded by the read buffer.
+      return ReplyAndClose(parser_->is_header_done() ? 400 : 431, "bad_request",
+                           fmt::format("a line of the request is longer than {} bytes", buffer_.max_size()));
+    }
+    if (ec == http::error::partial_message && peer_closed_) return Close();  // half-closed mid-request
     if (ec) {
       if (ec == asio::error::operation_aborted) return Close();
       return ReplyAndClose(400, "bad_request", fmt::format("malformed HTTP request: {}", ec.message()));
     }
+  }
+
+  void OnRequest() {
+    reading_ = false;
+    read_timer_.cancel();
+    ReleaseReserved();  // the body is the handler's now
     ++num_requests_;
     // A request that arrives in time gets as long as its handler needs; writes have their own timeout.
     stream_.expires_never();
@@ -239,16 +366,19 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   }
 
   // The client shut down its sending side (a half-close) after a complete request. HTTP allows that, and such a
-  // client still reads: the response is produced and written as usual, then the connection closes. A client that
-  // is really gone shows as a reset or a failed write (Fail), which tells the exchange.
-  void PeerClosed() { keep_alive_ = false; }
+  // client still reads: the response is produced and written as usual, then any requests it pipelined before the
+  // half-close (already in buffer_) are answered in turn, then the connection closes. A client that is really gone
+  // shows as a reset or a failed write (Fail), which tells the exchange.
+  void PeerClosed() { peer_closed_ = true; }
 
   void QueueWrite(std::string bytes, bool complete, bool close_after) {
     if (closing_ || responded_) return;
     if (complete) responded_ = true;
     pending_bytes_ += bytes.size();
     out_.push_back({std::move(bytes), complete, close_after});
-    if (pending_bytes_ > options_.max_pending_output_bytes) {
+    // The cap is on output piling up unread (a stream to a client that does not read). One complete response is
+    // written whole however large it is (a 20 MB answer with logprobs is delivered, never dropped).
+    if (out_.size() > 1 && pending_bytes_ > options_.max_pending_output_bytes) {
       FATHOM_LOG_WARN("{}: {} bytes of output unread; closing the connection", client_, pending_bytes_);
       return Fail();
     }
@@ -278,7 +408,9 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
     if (!done.complete) return;
     // The response is complete.
     current_.reset();
+    if (linger_) return Linger();
     if (done.close_after || !keep_alive_ || closing_ || sessions_->closing.load()) return Close();
+    if (peer_closed_ && buffer_.size() == 0) return Close();
     if (watching_) {
       watching_ = false;
       ++watch_generation_;
@@ -305,7 +437,35 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
                             body.size(), HttpDate()) +
                         body;
     responded_ = false;
+    linger_ = true;
     QueueWrite(std::move(bytes), /*complete=*/true, /*close_after=*/true);
+  }
+
+  // A lingering close (RFC 9112 9.6): after an error answered before the request was read to its end, the sending
+  // side is shut and what the client still sends is read and dropped for a while (up to kLingerSeconds or
+  // kLingerBytes) before the socket closes. Closing with unread input makes the kernel send a reset, and a client
+  // still writing its body would lose the 400 or 413 it was sent.
+  void Linger() {
+    if (closing_ || lingering_) return;
+    lingering_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    read_timer_.expires_after(std::chrono::seconds(kLingerSeconds));
+    read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec) self->Close();
+    });
+    buffer_.consume(buffer_.size());
+    DiscardInput();
+  }
+
+  void DiscardInput() {
+    if (closing_) return;
+    stream_.socket().async_read_some(buffer_.prepare(std::min<size_t>(16 << 10, buffer_.max_size())),
+                                     [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                       self->lingered_bytes_ += n;
+                                       if (ec || self->lingered_bytes_ > kLingerBytes) return self->Close();
+                                       self->DiscardInput();
+                                     });
   }
 
   // The client is gone or misbehaves: drop the connection and tell the exchange.
@@ -320,6 +480,7 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   void Close() {
     if (closing_) return;
     closing_ = true;
+    ReleaseReserved();
     read_timer_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -341,6 +502,8 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   std::shared_ptr<std::atomic<int64_t>> counter_;
   std::shared_ptr<SessionSet> sessions_;
   std::string client_;
+  // Bounded: a request's head, a chunk-size line with its extensions, and a trailer must each fit (the parser
+  // needs a whole line in it); body bytes pass through it into the body as they come.
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<HttpExchange> current_;
@@ -353,6 +516,12 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   bool timed_out_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;
+  bool peer_closed_ = false;  // the client half-closed (EOF seen while a response was pending)
+  bool linger_ = false;       // close by Linger() after this response (an error answered by the HTTP layer)
+  bool lingering_ = false;
+  size_t lingered_bytes_ = 0;
+  bool waiting_ = false;  // WaitForRequest's wait is pending
+  int64_t reserved_ = 0;  // this connection's share of SessionSet::buffered_bytes
   bool responded_ = false;
   bool closing_ = false;
 };
@@ -360,7 +529,15 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
 HttpExchange::HttpExchange(std::shared_ptr<HttpSink> sink, HttpRequest request, std::string client)
     : sink_(std::move(sink)), request_(std::move(request)), client_(std::move(client)) {}
 
-HttpExchange::~HttpExchange() = default;
+HttpExchange::~HttpExchange() {
+  // glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so after one burst of
+  // multi-megabyte bodies the later ones come from the heap, whose pages stay resident once freed (RSS rose 125 MB
+  // after such a burst and stayed there). Handing the free heap pages back after each large request keeps RSS flat
+  // at the cost of one malloc_trim per such request, where mmapping every block over 128 KiB cost 12x on string work.
+  const bool large = request_.body().capacity() >= kTrimAfterBodyBytes;
+  request_ = {};
+  if (large) malloc_trim(0);
+}
 
 std::string_view HttpExchange::path() const {
   std::string_view t = target();
@@ -382,7 +559,9 @@ void HttpExchange::Reply(int status, std::string content_type, std::string body,
   head += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
   head += "\r\n";
-  head += body;
+  // HEAD: the same head (Content-Length included), no body (RFC 9110 9.3.2). Bytes after it would be read as the
+  // next response by a client or proxy on the same connection.
+  if (request_.method() != boost::beast::http::verb::head) head += body;
   sink_->Write(std::move(head), /*complete=*/true, /*close_after=*/!keep_alive);
 }
 

@@ -45,7 +45,9 @@ struct HttpOptions {
   double header_timeout_s = 10;                        // to receive a whole request head, and its body
   double idle_timeout_s = 60;                          // keep-alive: between requests
   double write_timeout_s = 60;                         // one write may not take longer
-  size_t max_pending_output_bytes = size_t{16} << 20;  // unread output before the client is cut off
+  size_t max_pending_output_bytes = size_t{16} << 20;  // unread stream output before the client is cut off
+  // Request bodies being received, summed over every connection: past it a request gets 503 (server_busy).
+  size_t max_buffered_request_bytes = size_t{256} << 20;
   // SO_REUSEPORT: several processes listen on one port, and the kernel spreads new connections among them by the
   // hash of their address 4-tuple (--reuse-port).
   bool reuse_port = false;
@@ -148,6 +150,12 @@ class HttpServer {
   // The live connections, for CloseConnectionsAfterResponses.
   std::shared_ptr<SessionSet> sessions_;
 };
+
+// The framing rules a request head must pass before its body is read (RFC 9112 6.1 and 6.3): a Transfer-Encoding
+// is exactly one final `chunked`, never with a Content-Length as well. A lenient parser frames `xchunked`, `gzip`,
+// `identity` or a folded Transfer-Encoding by Content-Length, and a proxy in front that frames the same bytes as
+// chunked then smuggles a second request inside the body. kInvalidArgument (answered 400, connection closed).
+Status CheckRequestFraming(const boost::beast::http::request_header<>& head);
 
 // "id: <id>\ndata: <data>\n\n" (data holds no newline: JSON from dump() never does).
 std::string SseEvent(uint64_t id, std::string_view data);

@@ -683,6 +683,14 @@ OpenAiServer::OpenAiServer(ServerOptions options)
     o.threads = 1;
     private_http_ = std::make_unique<HttpServer>(o, [this](std::shared_ptr<HttpExchange> ex) { Handle(ex); });
   }
+  for (size_t start = 0; start < options_.api_key.size();) {
+    const size_t comma = std::min(options_.api_key.find(',', start), options_.api_key.size());
+    if (comma > start) api_keys_.push_back(options_.api_key.substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (options_.work_threads > 0) {
+    work_ = std::make_unique<asio::thread_pool>(static_cast<size_t>(options_.work_threads));
+  }
   std::random_device rd;
   id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   created_ = static_cast<int64_t>(EpochSeconds());
@@ -712,6 +720,7 @@ void OpenAiServer::Attach(ServedModel model) {
   model_ = model;
   constraints_ = std::make_unique<ConstraintCompiler>(
       model_.tokenizer, model_.engines != nullptr ? model_.engines->config().eos_token_ids : std::vector<int64_t>{});
+  constraints_->SetCancelFlag(&cancel_work_);
   if (options_.reasoning_auto && model_.chat != nullptr && TemplateOpensThink(*model_.chat)) {
     options_.reasoning = ReasoningParser::kDeepSeekR1;
     FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
@@ -744,6 +753,9 @@ Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr) cons
 // connection closing after its response.
 void OpenAiServer::BeginDrain() {
   draining_.store(true);
+  // Without a hand-off, no new generation is served from here on: work not yet submitted (a long compile, say) is
+  // cut short and answered 503 "draining" rather than holding the shutdown.
+  if (!options_.handoff_on_drain) cancel_work_.store(true);
   if (options_.handoff_on_drain) {
     http_.StopAccepting(/*take_backlog=*/true);
     http_.CloseConnectionsAfterResponses();
@@ -763,6 +775,9 @@ bool OpenAiServer::WaitIdle(std::chrono::duration<double> timeout) const {
 }
 
 void OpenAiServer::Stop() {
+  // Work in flight ends early (compiles are cancelled) and queued work answers 503 before the I/O threads stop.
+  cancel_work_.store(true);
+  if (work_) work_->join();
   http_.Stop();
   if (private_http_) private_http_->Stop();
 }
@@ -798,11 +813,36 @@ std::string OpenAiServer::NewSecretId(std::string_view prefix) {
   return id;
 }
 
-bool OpenAiServer::Authorized(const HttpExchange& ex) const {
-  if (options_.api_key.empty()) return true;
+bool OpenAiServer::Authorized(const HttpExchange& ex, int* key_index) const {
+  if (key_index != nullptr) *key_index = -1;
+  if (api_keys_.empty()) return true;
   const std::string auth = ex.header("Authorization");
   const std::string_view token = BearerToken(auth);
-  return !token.empty() && ConstantTimeEquals(token, options_.api_key);
+  if (token.empty()) return false;
+  // Every key is compared, whichever matches: the time taken says nothing about which one did.
+  int found = -1;
+  for (size_t i = 0; i < api_keys_.size(); ++i) {
+    if (ConstantTimeEquals(token, api_keys_[i]) && found < 0) found = static_cast<int>(i);
+  }
+  if (key_index != nullptr) *key_index = found;
+  return found >= 0;
+}
+
+uint64_t OpenAiServer::CacheSalt(const HttpExchange& ex, const std::string& cache_salt) const {
+  // FNV-1a over the namespace and the salt; 0 (no salt) only when neither is given.
+  uint64_t h = 0;
+  auto mix = [&h](std::string_view bytes, uint64_t tag) {
+    uint64_t x = 1469598103934665603ULL ^ tag;
+    for (unsigned char c : bytes) x = (x ^ c) * 1099511628211ULL;
+    h = (h ^ x) * 0x9e3779b97f4a7c15ULL + tag;
+  };
+  if (options_.prefix_cache_isolation == ServerOptions::PrefixCacheIsolation::kPerKey && api_keys_.size() > 1) {
+    int key = -1;
+    Authorized(ex, &key);
+    if (key >= 0) mix(api_keys_[static_cast<size_t>(key)], 1);
+  }
+  if (!cache_salt.empty()) mix(cache_salt, 2);
+  return h;
 }
 
 void OpenAiServer::ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
@@ -810,8 +850,10 @@ void OpenAiServer::ReplyError(const std::shared_ptr<HttpExchange>& ex, const Api
   record.http_status = error.http_status;
   if (record.error_code.empty()) record.error_code = error.code;
   // Every 429 says when to come back.
-  const bool has_retry = std::any_of(headers.begin(), headers.end(), [](const auto& h) { return h.first == "Retry-After"; });
-  if (error.http_status == 429 && !has_retry) headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
+  const bool has_retry =
+      std::any_of(headers.begin(), headers.end(), [](const auto& h) { return h.first == "Retry-After"; });
+  if (error.http_status == 429 && !has_retry)
+    headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
   headers.emplace_back("X-Request-Id", record.request_id);
   Finish(record);  // metrics first: a client that reads /metrics right after its answer sees itself counted
   if (error.http_status != 499)
@@ -856,7 +898,7 @@ void OpenAiServer::Guard(const char* where, const std::shared_ptr<HttpExchange>&
 }
 
 void OpenAiServer::CaughtException(const char* where, const std::shared_ptr<HttpExchange>& ex,
-                                 const char* what) noexcept {
+                                   const char* what) noexcept {
   internal_errors_.fetch_add(1);
   try {
     FATHOM_LOG_ERROR("internal error ({}, {} {}): {}", where, ex ? ex->method() : "", ex ? ex->path() : "", what);
@@ -874,6 +916,38 @@ void OpenAiServer::CaughtException(const char* where, const std::shared_ptr<Http
 
 void OpenAiServer::Handle(const std::shared_ptr<HttpExchange>& ex) {
   Guard("handler", ex, [&] { Route(ex); });
+}
+
+void OpenAiServer::Offload(const std::shared_ptr<HttpExchange>& ex, const char* where, std::function<void()> f) {
+  auto refuse = [this, &ex](std::string_view code, const std::string& message, bool retry) {
+    RequestRecord record = NewRecord(*ex);
+    record.error_code = std::string(code);
+    HttpHeaders headers;
+    if (retry) headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
+    ReplyError(ex, ApiErrorFromStatus(UnavailableError(message), "", std::string(code)), record, std::move(headers));
+  };
+  if (!work_) {
+    Guard(where, ex, f);
+    return;
+  }
+  if (work_queued_.fetch_add(1) >= options_.max_work_queue) {
+    work_queued_.fetch_sub(1);
+    return refuse("server_busy",
+                  fmt::format("more than {} requests are waiting to be parsed; retry", options_.max_work_queue), true);
+  }
+  const Clock::time_point queued = Clock::now();
+  asio::post(*work_, [this, ex, where, f = std::move(f), queued, refuse] {
+    work_queued_.fetch_sub(1);
+    Guard(where, ex, [&] {
+      if (cancel_work_.load()) return refuse("draining", "the server is shutting down", false);
+      if (SecondsSince(queued) > options_.max_work_wait_s) {
+        return refuse(
+            "server_busy",
+            fmt::format("the request waited more than {:.0f} s to be parsed; retry", options_.max_work_wait_s), true);
+      }
+      f();
+    });
+  });
 }
 
 void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
@@ -951,14 +1025,15 @@ void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
                       {{"Retry-After", "5"}});
   }
   if (path == "/v1/models") return HandleModels(ex);
-  if (path == "/tokenize") return HandleTokenize(ex);
-  if (path == "/detokenize") return HandleDetokenize(ex);
+  if (path == "/tokenize") return Offload(ex, "tokenize", [this, ex] { HandleTokenize(ex); });
+  if (path == "/detokenize") return Offload(ex, "detokenize", [this, ex] { HandleDetokenize(ex); });
   if (resume) return HandleResume(ex, path.substr(std::string_view("/v1/streams/").size()));
   if (path == "/debug/trace") return HandleTrace(ex, record);
   if (draining_.load() && !options_.handoff_on_drain) {
     return ReplyError(ex, ApiErrorFromStatus(UnavailableError("the server is shutting down"), "", "draining"), record);
   }
-  HandleGenerate(ex, path == "/v1/chat/completions");
+  const bool chat = path == "/v1/chat/completions";
+  Offload(ex, "generate", [this, ex, chat] { HandleGenerate(ex, chat); });
 }
 
 void OpenAiServer::HandleModels(const std::shared_ptr<HttpExchange>& ex) {
@@ -1149,6 +1224,29 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
       return ReplyError(ex, ApiErrorFromStatus(g.status(), req.constraint->param), record);
     }
     req.sampling.grammar = *g;
+    // min_tokens past every choice cannot be met: the choice ends the output first (at run time the grammar's end
+    // wins over min_tokens, and the output stops early). Refused up front, naming both.
+    if (req.constraint->kind == ConstraintSpec::Kind::kChoice && req.sampling.min_tokens > 0 &&
+        model_.tokenizer != nullptr) {
+      const auto choices = nlohmann::json::parse(req.constraint->body, nullptr, /*allow_exceptions=*/false);
+      size_t longest = 0;
+      for (const auto& c : choices) {
+        if (c.is_string()) {
+          longest =
+              std::max(longest, model_.tokenizer->Encode(c.get<std::string>(), {.add_special_tokens = false}).size());
+        }
+      }
+      if (static_cast<size_t>(req.sampling.min_tokens) > longest) {
+        record.error_code = "invalid";
+        return ReplyError(ex,
+                          ApiErrorFromStatus(InvalidArgumentError(fmt::format(
+                                                 "'min_tokens' ({}) cannot be met: the longest of the choices is {} "
+                                                 "token(s), and the output ends with the choice",
+                                                 req.sampling.min_tokens, longest)),
+                                             "min_tokens"),
+                          record);
+      }
+    }
     // An R1 model thinks first: the constraint holds from its "</think>" on (when that is one token).
     if (chat && options_.reasoning == ReasoningParser::kDeepSeekR1 && model_.tokenizer != nullptr) {
       if (auto think_end = model_.tokenizer->TokenToId("</think>")) req.sampling.grammar_after_token = *think_end;
@@ -1231,6 +1329,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
   er.prompt = std::move(prompt);
   er.sampling = req.sampling;
   er.priority = req.priority;
+  er.cache_salt = CacheSalt(*ex, req.cache_salt);
   er.arrival = arrival;
   er.trace_flow_id = flow;
   span.Arg("request_id", record.request_id).Arg("prompt_tokens", er.prompt.size());

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -42,7 +43,12 @@ struct ServerOptions {
   std::string served_model_name = "fathom";
   // More names the model answers to (vLLM's several --served-model-name); a response names the one asked for.
   std::vector<std::string> served_model_aliases;
-  std::string api_key;  // empty: no authentication
+  // Accepted API keys, comma-separated (--api-key a,b); empty: no authentication.
+  std::string api_key;
+  // Whether clients of different API keys may share prefix-cache blocks. kPerKey (the default) gives each key its
+  // own namespace, so that one tenant cannot tell from cached_tokens (or latency) what another's prompts began with.
+  enum class PrefixCacheIsolation { kPerKey, kShared };
+  PrefixCacheIsolation prefix_cache_isolation = PrefixCacheIsolation::kPerKey;
   // kNone, or kDeepSeekR1; `reasoning_auto` picks R1 when the chat template opens a <think> block.
   ReasoningParser reasoning = ReasoningParser::kNone;
   bool reasoning_auto = true;
@@ -52,8 +58,8 @@ struct ServerOptions {
   // A resumable stream (the client opted in) whose client drops keeps generating this long for a resume to pick it
   // up; without a resume by then it is aborted. Streams that did not opt in are aborted at once.
   double stream_resume_grace_s = 30;
-  std::string access_log = "-";  // a file, "-" for stdout, or "" for none
-  int retry_after_s = 1;         // Retry-After of 429 answers
+  std::string access_log = "-";      // a file, "-" for stdout, or "" for none
+  int retry_after_s = 1;             // Retry-After of 429 answers
   bool metrics_require_key = false;  // GET /metrics needs the API key too (default: open, as Prometheus expects)
   // The port is shared with other processes (--reuse-port): a drain closes the listener (new connections go to
   // the others), serves what arrives on its open connections, and closes each after its response.
@@ -61,6 +67,14 @@ struct ServerOptions {
   // A second listener on this port of the same host, for this process alone (not shared: --private-port), serving
   // the same routes: a scrape or a resume that must reach this process when the main port is shared. 0: none.
   uint16_t private_port = 0;
+  // Threads that parse generation requests, render chat templates, tokenize, detokenize and compile grammars, so
+  // that an I/O thread only moves bytes (one client's 8 MiB /tokenize or 60k-rule grammar stalls nobody's stream
+  // or /health). 0: that work runs on the I/O thread (tests and fuzz targets that drive Dispatch synchronously).
+  int work_threads = 0;
+  // Requests waiting for a work thread; past it, 503 (server_busy) with Retry-After.
+  int64_t max_work_queue = 1024;
+  // A request that waited this long for a work thread is answered 503 instead of being started late.
+  double max_work_wait_s = 30;
 };
 
 // What the server needs of the loaded model. Pointers outlive the server's use of them (until Stop()).
@@ -117,7 +131,9 @@ class OpenAiServer {
     extra_route_ = std::move(route);
   }
   // Called (any thread) each time the exception barrier catches something, with where it was caught: a bug.
-  void SetInternalErrorHook(std::function<void(std::string_view where)> hook) { internal_error_hook_ = std::move(hook); }
+  void SetInternalErrorHook(std::function<void(std::string_view where)> hook) {
+    internal_error_hook_ = std::move(hook);
+  }
   // Exceptions the barrier caught since the start (each answered as a 500 and logged).
   int64_t internal_errors() const { return internal_errors_.load(); }
 
@@ -147,13 +163,19 @@ class OpenAiServer {
   void CaughtException(const char* where, const std::shared_ptr<HttpExchange>& ex, const char* what) noexcept;
   void Handle(const std::shared_ptr<HttpExchange>& ex);
   void Route(const std::shared_ptr<HttpExchange>& ex);
+  // Runs `f` on a work thread (inline when there are none), through the exception barrier; refuses with 503 when
+  // the queue is full, when the request waited past max_work_wait_s, or once the server shuts down.
+  void Offload(const std::shared_ptr<HttpExchange>& ex, const char* where, std::function<void()> f);
   void HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool chat);
   void HandleTokenize(const std::shared_ptr<HttpExchange>& ex);
   void HandleDetokenize(const std::shared_ptr<HttpExchange>& ex);
   void HandleModels(const std::shared_ptr<HttpExchange>& ex);
   void HandleResume(const std::shared_ptr<HttpExchange>& ex, const std::string& response_id);
   void HandleTrace(const std::shared_ptr<HttpExchange>& ex, RequestRecord record);
-  bool Authorized(const HttpExchange& ex) const;
+  // Whether the request carries an accepted key (always, without --api-key); `key_index` gets which one (-1: none).
+  bool Authorized(const HttpExchange& ex, int* key_index = nullptr) const;
+  // The prefix-cache salt of a request: its API key's namespace (per-key isolation) and its cache_salt.
+  uint64_t CacheSalt(const HttpExchange& ex, const std::string& cache_salt) const;
   void ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& error, RequestRecord record,
                   HttpHeaders headers = {});
   void Finish(const RequestRecord& record);
@@ -168,12 +190,17 @@ class OpenAiServer {
   HttpServer http_;
   std::unique_ptr<HttpServer> private_http_;  // --private-port
   ServedModel model_;
+  std::vector<std::string> api_keys_;                // options_.api_key split at commas
   std::unique_ptr<ConstraintCompiler> constraints_;  // structured output, at the model's vocabulary
   ToolFormat tool_format_ = ToolFormat::kNone;       // resolved at Attach
   // Fills `cr` from a chat request: messages, tools (server/tools.h) and the template switches.
   Status PrepareChat(const ParsedRequest& req, ChatRequest* cr) const;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
+  // Set when a shutdown begins (without hand-off) or at Stop: queued work answers 503 and compiles stop.
+  std::atomic<bool> cancel_work_{false};
+  std::unique_ptr<boost::asio::thread_pool> work_;  // ServerOptions::work_threads; null: inline
+  std::atomic<int64_t> work_queued_{0};
   std::shared_ptr<std::atomic<int64_t>> active_ = std::make_shared<std::atomic<int64_t>>(0);
   StreamLogs logs_;
   std::function<void(const RequestRecord&)> record_hook_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "grammar/json_schema.h"
+#include "server/json_limits.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -361,6 +362,9 @@ bool ToolCallParser::TakeJsonCalls(std::string_view text, ToolDelta& out) {
   for (std::string_view part : parts) {
     const std::string trimmed = Trim(part);
     if (trimmed.empty() && format_ == ToolFormat::kLlama3Json) continue;
+    // The model's text is bounded like a client's JSON before it is parsed (max_tokens can reach a depth that the
+    // recursive dump below would not survive).
+    if (!CheckJsonLimits(trimmed).ok()) return false;
     Json j = Json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j.at("name").is_string()) return false;
     const char* key = j.contains("arguments") ? "arguments" : "parameters";

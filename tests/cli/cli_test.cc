@@ -108,6 +108,30 @@ TEST(CliTest, TensorParallelLogitsMatchTheOracle) {
   EXPECT_NE(bad.err.find("does not split into 3 tensor-parallel"), std::string::npos) << bad.err;
 }
 
+// 6 query heads and 3 KV heads on 2 ranks: the heads split, the KV heads neither split nor share evenly. The split of
+// the KV projections divided by zero (2 / 3 ranks per head) before the check's error came back: SIGFPE.
+TEST(CliTest, KvHeadsThatDoNotSplitAreRefusedNotACrash) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_tp_kv_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "config.json")
+        << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 48,
+              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 6, "num_key_value_heads": 3,
+              "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000, "torch_dtype": "bfloat16"})";
+  }
+  RunResult two =
+      RunFathom("logits --load-format dummy --tensor-parallel-size 2 --model " + dir.string() + " --tokens 1,2");
+  EXPECT_EQ(two.exit_code, 1) << two.err;  // an error, not a signal (SIGFPE was 136)
+  EXPECT_NE(two.err.find("num_key_value_heads (3) does not split into 2"), std::string::npos) << two.err;
+  RunResult four =
+      RunFathom("logits --load-format dummy --tensor-parallel-size 4 --model " + dir.string() + " --tokens 1,2");
+  EXPECT_EQ(four.exit_code, 1) << four.err;
+  EXPECT_NE(four.err.find("num_attention_heads (6) does not split into 4"), std::string::npos) << four.err;
+  RunResult one = RunFathom("logits --load-format dummy --model " + dir.string() + " --tokens 1,2");
+  fs::remove_all(dir);
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+}
+
 // A GPTQ checkpoint (act-order, v1 zeros) through the CLI's loader gives its float32 twin's logits.
 TEST(CliTest, LogitsOfAGptqCheckpointMatchItsTwin) {
   const std::string dir = std::string(FATHOM_QUANT_TEST_DATA) + "/qwen2-distill-tiny-gptq-actorder";

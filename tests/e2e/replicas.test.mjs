@@ -49,6 +49,22 @@ const migratesQueuedConnections = (() => {
   }
 })();
 
+// One completion; a connect-time reset is retried once (see migratesQueuedConnections), calling onRetry. Resolves
+// with {status, body}, or {status: 0, error} on any other failure.
+async function completionRetryingConnect(port, body, onRetry = () => {}) {
+  for (let attempt = 0; ; ++attempt) {
+    try {
+      return await post(port, '/v1/completions', body);
+    } catch (e) {
+      if (!migratesQueuedConnections && attempt === 0 && e.code === 'ECONNRESET' && e.syscall === 'connect') {
+        onRetry();
+        continue;
+      }
+      return {status: 0, error: String(e)};
+    }
+  }
+}
+
 // `total` completions, `concurrency` at a time; `onDone(i)` after each. Every outcome is kept, failures included.
 // load.connectRetries counts the connect-time resets retried (only where the kernel does not migrate them).
 async function load(port, total, concurrency, body, onDone = () => {}) {
@@ -58,18 +74,7 @@ async function load(port, total, concurrency, body, onDone = () => {}) {
   const worker = async () => {
     while (next < total) {
       const i = next++;
-      for (let attempt = 0; ; ++attempt) {
-        try {
-          results[i] = await post(port, '/v1/completions', body);
-        } catch (e) {
-          if (!migratesQueuedConnections && attempt === 0 && e.code === 'ECONNRESET' && e.syscall === 'connect') {
-            ++load.connectRetries;
-            continue;
-          }
-          results[i] = {status: 0, error: String(e)};
-        }
-        break;
-      }
+      results[i] = await completionRetryingConnect(port, body, () => ++load.connectRetries);
       onDone(i);
     }
   };
@@ -111,9 +116,10 @@ test('SIGTERM to one of two --reuse-port processes under load: no request fails,
   try {
     b = await startServer(['--model', model.dir, '--reuse-port'], {port});
     let done = 0, signalled = false, aBefore = 0;
-    // 16 tokens each, so that requests are in flight on both processes when the signal comes.
-    const results = await load(port, 120, 16, {prompt: 'Loop', max_tokens: 16, ignore_eos: true}, () => {
-      if (++done === 40 && !signalled) {
+    // 8 tokens each, 16 at a time, so that requests are in flight on both processes when the signal comes.
+    const total = 60, signalAt = 20, tokens = 8;
+    const results = await load(port, total, 16, {prompt: 'Loop', max_tokens: tokens, ignore_eos: true}, () => {
+      if (++done === signalAt && !signalled) {
         signalled = true;
         aBefore = generations(a).length;
         a.child.kill('SIGTERM');
@@ -121,21 +127,52 @@ test('SIGTERM to one of two --reuse-port processes under load: no request fails,
     });
     const bad = results.filter((r) => r.status !== 200);
     assert.equal(bad.length, 0, `${bad.length} failed: ${JSON.stringify(bad.slice(0, 3))}`);
-    for (const r of results) assert.equal(JSON.parse(r.body).usage.completion_tokens, 16);
+    for (const r of results) assert.equal(JSON.parse(r.body).usage.completion_tokens, tokens);
     // The kernel's gap is an instant: at most a couple of connections can land in it.
     assert.ok(load.connectRetries <= 2, `${load.connectRetries} connect-time resets`);
     if (load.connectRetries > 0) console.log(`connect-time resets retried: ${load.connectRetries}`);
     assert.equal(await a.exited, 0, a.stderr);
     assert.match(a.stderr, /SIGTERM: draining/);
     const na = generations(a).length, nb = generations(b).length;
-    assert.equal(na + nb, 120);
+    assert.equal(na + nb, total);
     assert.ok(aBefore > 0, 'a served nothing before the signal');
     // After its drain began, a finished what it held (at most the 16 in flight); the rest went to b.
-    assert.ok(na <= aBefore + 16 && nb >= 120 - 40 - 16, `a served ${na}, b served ${nb}`);
+    assert.ok(na <= aBefore + 16 && nb >= total - signalAt - 16, `a served ${na}, b served ${nb}`);
     console.log(`drain: a served ${na} (${aBefore} done before SIGTERM), b served ${nb}`);
     // b is unaffected and serves on.
     const after = await post(port, '/v1/completions', {prompt: 'Count:', max_tokens: 8});
     assert.equal(after.status, 200);
+  } finally {
+    await a.stop();
+    if (b) await b.stop();
+  }
+});
+
+test('a rolling restart under load: the new --reuse-port process takes connections only once ready, none fail', async () => {
+  const port = await freePort();
+  const a = await startServer(['--model', model.dir, '--reuse-port', '--shutdown-grace-s', '30'], {port});
+  let b = null;
+  try {
+    let stop = false;
+    const body = {prompt: 'Count:', max_tokens: 4};
+    const results = [];
+    const workers = Array.from({length: 6}, async () => {
+      while (!stop) results.push(await completionRetryingConnect(port, body));
+    });
+    await sleep(200);
+    // b loads while the load runs: a process that listened before it was ready answered its share 503 "loading".
+    b = await startServer(['--model', model.dir, '--reuse-port'], {port});
+    assert.match(b.stderr, /port \d+ is shared \(--reuse-port\), so it is bound once ready/);
+    await sleep(300);
+    a.child.kill('SIGTERM');
+    assert.equal(await a.exited, 0, a.stderr);
+    await sleep(300);
+    stop = true;
+    await Promise.all(workers);
+    const bad = results.filter((r) => r.status !== 200);
+    assert.equal(bad.length, 0, `${bad.length} of ${results.length} failed: ${JSON.stringify(bad.slice(0, 3))}`);
+    assert.ok(generations(b).length > 0, 'b served nothing');
+    console.log(`rolling restart: ${results.length} requests, a served ${generations(a).length}, b ${generations(b).length}`);
   } finally {
     await a.stop();
     if (b) await b.stop();
@@ -203,16 +240,13 @@ async function runWorkload(args) {
   }
 }
 
-test('--data-parallel-size 2: prefix placement at least doubles round-robin\'s hit ratio, outputs equal one replica\'s', async () => {
-  const single = await runWorkload([]);
-  const rr = await runWorkload(['--data-parallel-size', '2', '--placement-policy', 'round-robin']);
+// Behind the HTTP front: the hit ratio against round-robin's and the outputs against one engine's are the unit
+// test's (EngineGroupTest.PrefixPlacementDoublesTheHitRatioOfRoundRobinWithTheSameOutputs); here, one server with
+// two replicas places by prefix, and its metrics and timings name the replicas.
+test('--data-parallel-size 2: prefix placement behind one front keeps the hit ratio, and metrics and timings name the replica', async () => {
   const prefix = await runWorkload(['--data-parallel-size', '2']);  // prefix is the default
-  console.log(`hit ratio: one replica ${single.ratio.toFixed(3)}, round-robin ${rr.ratio.toFixed(3)}, ` +
-              `prefix ${prefix.ratio.toFixed(3)}`);
-  assert.deepEqual(rr.texts, single.texts);
-  assert.deepEqual(prefix.texts, single.texts);
+  console.log(`hit ratio: prefix placement over 2 replicas ${prefix.ratio.toFixed(3)}`);
   assert.ok(prefix.ratio > 0.5, `prefix ratio ${prefix.ratio}`);
-  assert.ok(prefix.ratio >= 2 * rr.ratio, `prefix ${prefix.ratio} vs round-robin ${rr.ratio}`);
   // Metrics name each replica and its device; requests are counted by replica and placement.
   const m = prefix.metrics;
   assert.equal(m['fathom_replica_info{replica="0",device="cpu",policy="prefix"}'], 1);
@@ -224,7 +258,6 @@ test('--data-parallel-size 2: prefix placement at least doubles round-robin\'s h
   assert.equal(placed(0, 'prefix') + placed(1, 'prefix'), 18);  // every request after the first round
   // The access log's timing names the replica.
   assert.deepEqual([...new Set(prefix.access.map((l) => l.timing.replica))].sort(), [0, 1]);
-  assert.deepEqual([...new Set(single.access.map((l) => l.timing.replica))], [0]);
 });
 
 test('--data-parallel-size 2: each replica\'s resumable stream resumes, and timings name the replica', async () => {

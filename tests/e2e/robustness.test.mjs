@@ -2,6 +2,7 @@
 // SIGTERM under load, against `fathom serve` with the scripted test model.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import {buildScriptedModel, parseResponse, rawRequest, readSse, scrape, sleep, startServer, tmpDir} from './lib/fathom.mjs';
 
@@ -311,6 +312,206 @@ test('every 429 carries Retry-After and is counted as queue_full, however the ra
     assert.equal(after[key] - (before[key] || 0), refused.length);
   } finally {
     await local.stop('SIGKILL');
+  }
+});
+
+// ---- One client's request cannot take the server down, desync a proxy, eat its memory or stall the others.
+
+const countResponses = (data) => (data.match(/HTTP\/1\.1 \d{3} /g) || []).length;
+const rssKiB = (pid) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]);
+
+test('Transfer-Encoding other than a final chunked, or with Content-Length, is a 400 and a closed connection', async () => {
+  // Each would be framed by Content-Length by a lenient server, while a proxy reading it as chunked sees the GET
+  // inside as a second request (smuggling).
+  const inner = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
+  const cases = [
+    'Transfer-Encoding: chunked\r\nContent-Length: 4\r\n',
+    'Transfer-Encoding: xchunked\r\nContent-Length: 4\r\n',
+    'Transfer-Encoding: identity\r\nContent-Length: 4\r\n',
+    'Transfer-Encoding: gzip\r\nContent-Length: 4\r\n',
+    'Transfer-Encoding: gzip, chunked\r\n',
+    'Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n',
+    'Transfer-Encoding:\r\n chunked\r\nContent-Length: 4\r\n',  // obs-fold
+  ];
+  for (const te of cases) {
+    const r = await rawRequest(srv.port, [`POST /v1/completions HTTP/1.1\r\nHost: x\r\n${te}\r\n0\r\n\r\n${inner}`]);
+    assert.equal(countResponses(r.data), 1, `${JSON.stringify(te)}: ${r.data.slice(0, 300)}`);
+    assert.equal(parseResponse(r.data).status, 400, JSON.stringify(te));
+    assert.equal(r.timedOut, false, 'the connection was not closed');
+  }
+  // A plain chunked body is fine.
+  const body = JSON.stringify({prompt: 'Count:', max_tokens: 1});
+  const ok = await rawRequest(srv.port, [`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                                         `Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n` +
+                                         `${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`]);
+  assert.equal(parseResponse(ok.data).status, 200, ok.data);
+});
+
+test('HEAD gets the head alone, and requests pipelined before a half-close are all answered', async () => {
+  const r = await rawRequest(srv.port, ['HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n' +
+                                        'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n']);
+  const head = parseResponse(r.data);
+  assert.equal(head.status, 200);
+  assert.ok(Number(head.headers['content-length']) > 0);
+  assert.ok(head.body.startsWith('HTTP/1.1 200 OK'), `bytes after HEAD's head: ${JSON.stringify(head.body.slice(0, 40))}`);
+  assert.equal(countResponses(r.data), 2);
+  // Three requests, then the client shuts down its sending side: three answers, then the close.
+  const get = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
+  const body = JSON.stringify({prompt: 'Count:', max_tokens: 2});
+  const gen = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+  const p = await rawRequest(srv.port, [get + gen + get], {halfClose: true});
+  assert.equal(countResponses(p.data), 3, p.data);
+  assert.match(p.data, /" one two"/);
+  assert.equal(p.timedOut, false);
+});
+
+test('chunk-size lines, chunk extensions and trailers are bounded; a stalled request keeps its header timeout', async () => {
+  const pid = srv.child.pid;
+  const before = rssKiB(pid);
+  const head = 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n';
+  const mb = 'a'.repeat(1 << 20);
+  const endless = [
+    [head + '5;ext=', ...Array(8).fill(mb)],            // a chunk extension that never ends
+    [head + 'f'.repeat(1000), ...Array(8).fill('f'.repeat(1 << 20))],  // a chunk-size line that never ends
+    [head + '0\r\nX-Trailer: ', ...Array(8).fill(mb)],  // a trailer that never ends
+  ];
+  const results = await Promise.all(endless.map((chunks) => rawRequest(srv.port, chunks, {timeoutMs: 10000})));
+  for (const r of results) {
+    assert.ok(r.data.length > 0, `no answer (${r.error || 'timeout'})`);
+    assert.ok([400, 431].includes(parseResponse(r.data).status), r.data.slice(0, 200));
+  }
+  const grew = rssKiB(pid) - before;
+  assert.ok(grew < 64 * 1024, `RSS grew by ${grew} KiB`);
+  // After one complete request, a second that begins and stalls gets 408 after --header-timeout-s (5 s), not the
+  // keep-alive idle timeout (60 s).
+  const t0 = Date.now();
+  const req = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
+  const stalled = await rawRequest(srv.port, [req, 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{'],
+                                   {delayMs: 200, timeoutMs: 20000});
+  assert.equal(countResponses(stalled.data), 2);
+  assert.match(stalled.data, /HTTP\/1\.1 408 /);
+  assert.ok(Date.now() - t0 < 12000, `took ${Date.now() - t0} ms`);
+});
+
+test('structured output: min_tokens past every choice is a 400; top_k and priority past 2^63 are 400s', async () => {
+  const r = await completion(srv.url, {prompt: 'Count:', guided_choice: ['yes'], min_tokens: 3, max_tokens: 8});
+  assert.equal(r.status, 400, JSON.stringify(r.body));
+  assert.equal(r.body.error.param, 'min_tokens');
+  const fine = await completion(srv.url, {prompt: 'Count:', guided_choice: ['yes'], min_tokens: 1, max_tokens: 8});
+  assert.equal(fine.status, 200, JSON.stringify(fine.body));
+  assert.equal(fine.body.choices[0].text, 'yes');
+  for (const field of ['"top_k":18446744073709551615', '"priority":18446744073708551616']) {
+    const raw = await rawRequest(srv.port, [post('/v1/completions', `{"prompt":"Count:",${field}}`)]);
+    assert.equal(parseResponse(raw.data).status, 400, field);
+  }
+});
+
+test('guided_json as a string nested 200,000 deep, and a 150,000-rule GBNF chain, are 400s (they crashed the server)', async () => {
+  const local = await startServer(['--model', model.dir, '--access-log', 'off']);
+  try {
+    const deep = '['.repeat(200000) + ']'.repeat(200000);
+    const a = await completion(local.url, {prompt: 'x', guided_json: deep});
+    assert.equal(a.status, 400);
+    assert.equal(a.body.error.param, 'guided_json');
+    let gbnf = 'root ::= r0\n';
+    for (let i = 0; i < 150000; i++) gbnf += `r${i} ::= r${i + 1}\n`;
+    gbnf += 'r150000 ::= "x"\n';
+    const b = await completion(local.url, {prompt: 'x', guided_grammar: gbnf});
+    assert.equal(b.status, 400, JSON.stringify(b.body));
+    assert.match(b.body.error.message, /too deep/);
+    assert.equal((await fetch(local.url + '/health')).status, 200);
+  } finally {
+    assert.equal(await local.stop(), 0, local.stderr);
+  }
+});
+
+test('heavy requests run off the I/O threads, large answers arrive whole, and buffered bodies have a global cap', async () => {
+  const local = await startServer(['--model', model.dir, '--access-log', 'off', '--max-request-bytes', '8MiB',
+                                   '--max-buffered-request-bytes', '16MiB', '--http-threads', '2', '--api-threads', '2']);
+  try {
+    // Two clients loop 8 MiB /tokenize requests; /health stays responsive meanwhile.
+    const big = JSON.stringify({prompt: 'word '.repeat((8 << 20) / 5 - 10)});
+    let stop = false;
+    const loops = [0, 1].map(async () => {
+      let n = 0;
+      while (!stop && n < 4) {
+        const r = await fetch(local.url + '/tokenize', {method: 'POST', headers: {'content-type': 'application/json'}, body: big});
+        assert.equal(r.status, 200);
+        await r.arrayBuffer();
+        n++;
+      }
+      return n;
+    });
+    await sleep(300);
+    const waits = [];
+    for (let i = 0; i < 40; i++) {
+      const t0 = performance.now();
+      assert.equal((await fetch(local.url + '/health')).status, 200);
+      waits.push(performance.now() - t0);
+      await sleep(50);
+    }
+    stop = true;
+    await Promise.all(loops);
+    waits.sort((x, y) => x - y);
+    console.log(`/health under two 8 MiB /tokenize loops: p50 ${waits[20].toFixed(1)} ms, max ${waits.at(-1).toFixed(1)} ms`);
+    assert.ok(waits.at(-1) < 1000, `/health waited ${waits.at(-1).toFixed(0)} ms`);
+
+    // An answer larger than 16 MiB (the cap on unread stream output) arrives whole: /detokenize of many copies of a
+    // long token (128 spaces are one token of the DeepSeek-V3 vocabulary).
+    const probe = await (await fetch(local.url + '/tokenize', {method: 'POST', headers: {'content-type': 'application/json'},
+                                                             body: JSON.stringify({prompt: ' '.repeat(128)})})).json();
+    const id = probe.tokens.at(-1);  // after the BOS
+    const piece = (await (await fetch(local.url + '/detokenize', {method: 'POST', headers: {'content-type': 'application/json'},
+                                                                 body: JSON.stringify({tokens: [id]})})).json()).prompt;
+    assert.ok(piece.length >= 64, `token ${id} (${JSON.stringify(piece)}) is too short for the test`);
+    const n = Math.ceil((20 << 20) / piece.length);  // a 20 MiB answer
+    const d = await fetch(local.url + '/detokenize', {method: 'POST', headers: {'content-type': 'application/json'},
+                                                      body: JSON.stringify({tokens: Array(n).fill(id)})});
+    assert.equal(d.status, 200);
+    assert.equal((await d.json()).prompt.length, n * piece.length);
+
+    // Three stalled 7 MiB uploads: the third would pass 16 MiB buffered in all, and is answered 503 at once.
+    const part = 'x'.repeat(7 << 20);
+    const stalled = [0, 1, 2].map(() => rawRequest(local.port, [
+      `POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${(7 << 20) + 100}\r\n\r\n`, part,
+    ], {delayMs: 100, timeoutMs: 15000}));
+    const answers = await Promise.all(stalled);
+    const statuses = answers.map((r) => (r.data ? parseResponse(r.data).status : 0));
+    assert.ok(statuses.includes(503), `statuses ${statuses}`);
+    const busy = answers.find((r) => r.data && parseResponse(r.data).status === 503);
+    assert.equal(JSON.parse(parseResponse(busy.data).body).error.code, 'server_busy');
+    assert.equal((await fetch(local.url + '/health')).status, 200);
+  } finally {
+    assert.equal(await local.stop(), 0, local.stderr);
+  }
+});
+
+test('cache_salt and API keys separate the prefix cache; --prefix-cache-isolation shared lets keys share it', async () => {
+  const prompt = 'word '.repeat(80);
+  const cached = async (url, extra = {}, key = null) => {
+    const headers = {'content-type': 'application/json'};
+    if (key) headers.authorization = `Bearer ${key}`;
+    const r = await fetch(url + '/v1/completions', {method: 'POST', headers, body: JSON.stringify({prompt, max_tokens: 1, ...extra})});
+    const body = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(body));
+    return body.usage.prompt_tokens_details.cached_tokens;
+  };
+  const salt = `s-${Date.now()}`;
+  assert.equal(await cached(srv.url, {cache_salt: salt}), 0);
+  assert.ok(await cached(srv.url, {cache_salt: salt}) > 0);
+  assert.equal(await cached(srv.url, {cache_salt: salt + 'x'}), 0);  // a wrong guess learns nothing
+  for (const [isolation, shared] of [['per-key', false], ['shared', true]]) {
+    const local = await startServer(['--model', model.dir, '--access-log', 'off', '--api-key', 'k1,k2',
+                                     '--prefix-cache-isolation', isolation]);
+    try {
+      assert.equal(await cached(local.url, {}, 'k1'), 0);
+      assert.ok(await cached(local.url, {}, 'k1') > 0);
+      assert.equal((await cached(local.url, {}, 'k2')) > 0, shared, isolation);
+      const r = await fetch(local.url + '/v1/models', {headers: {authorization: 'Bearer k3'}});
+      assert.equal(r.status, 401);
+    } finally {
+      assert.equal(await local.stop(), 0, local.stderr);
+    }
   }
 });
 

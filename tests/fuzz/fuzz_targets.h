@@ -32,6 +32,14 @@ int FuzzModelFiles(const uint8_t* data, size_t size);
 int FuzzTokenizer(const uint8_t* data, size_t size);
 // A chat template source: parsed and rendered over a fixed conversation with tools, under tight render limits.
 int FuzzChatTemplate(const uint8_t* data, size_t size);
+// A JSON Schema, regex or GBNF grammar (the first byte picks which) through the structured-output grammar compiler
+// under small automata bounds; errors must be InvalidArgument. When it compiles, strings walked along the compiled
+// grammar must match it (prefixes at least), and a JSON Schema's must be JSON.
+int FuzzGrammar(const uint8_t* data, size_t size);
+// A stream of pipelined requests framed twice, by fathom (Beast's parser and CheckRequestFraming, as its sessions
+// read) and by a strict RFC 9112 parser standing for a proxy in front: a request both accept must be framed alike
+// (method, target, body, end), or a request could be smuggled past the proxy.
+int FuzzHttpFraming(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // also the corpus folder: tests/data/fuzz/<name>/
@@ -39,7 +47,8 @@ struct Target {
 };
 inline constexpr Target kTargets[] = {
     {"http", FuzzHttp},           {"json_routes", FuzzJsonRoutes},     {"model_files", FuzzModelFiles},
-    {"tokenizer", FuzzTokenizer}, {"chat_template", FuzzChatTemplate},
+    {"tokenizer", FuzzTokenizer}, {"chat_template", FuzzChatTemplate}, {"grammar", FuzzGrammar},
+    {"http_framing", FuzzHttpFraming},
 };
 
 // `input` split at the first line equal to `marker` (the marker line and its newline removed); `second` is empty

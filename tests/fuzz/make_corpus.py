@@ -2,6 +2,7 @@
 """Writes the seed corpora of the fuzz targets (tests/fuzz/fuzz_targets.h) into tests/data/fuzz/<target>/.
 
     /usr/bin/python3 tests/fuzz/make_corpus.py          # from the repository root; standard library only
+    /usr/bin/python3 tests/fuzz/make_corpus.py grammar http_framing   # only these targets' seeds
 
 Seeds are small and valid (or nearly so), so that mutations reach deep: whole tiny checkpoints in the real tensor
 layouts of Llama, Qwen2 and DeepSeek-V3, tokenizers cut down from the real ones in tests/data/tokenizers, the real
@@ -12,6 +13,7 @@ import json
 import os
 import random
 import struct
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -307,10 +309,110 @@ def json_routes():
         write("json_routes", name + ".json", json.dumps(body))
 
 
+# --- grammar: a front-end byte ('0' JSON Schema, '1' regex, '2' GBNF), then its text --------------------------------
+def grammar():
+    schemas = {
+        "object": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                                    "tags": {"type": "array", "items": {"type": "string"},
+                                                             "maxItems": 3}},
+                   "required": ["name"], "additionalProperties": False},
+        "enum_const": {"anyOf": [{"enum": ["red", "green", 3, None, True]}, {"const": {"k": [1, 2]}}]},
+        "recursive": {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "number"},
+                                                                          "kids": {"type": "array",
+                                                                                   "items": {"$ref": "#/$defs/node"}}},
+                                         "required": ["v"]}}, "$ref": "#/$defs/node"},
+        "formats": {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
+                                                     "id": {"type": "string", "format": "uuid"},
+                                                     "ip": {"type": "string", "format": "ipv4"},
+                                                     "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}}},
+        "arrays": {"type": "array", "prefixItems": [{"type": "boolean"}, {"type": ["string", "null"]}],
+                   "items": {"type": "number", "exclusiveMinimum": -1.5}, "minItems": 2, "uniqueItems": True},
+        "allof_extra": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                  {"properties": {"b": {"type": "string", "minLength": 2}}, "required": ["b"]}],
+                        "additionalProperties": {"type": "integer"}, "minProperties": 1},
+        "pattern_props": {"type": "object", "properties": {"x": {}}, "patternProperties": {"^y[0-9]+$": {}},
+                          "additionalProperties": False},
+        "any": {},
+    }
+    for name, schema in schemas.items():
+        write("grammar", "schema_" + name, "0" + json.dumps(schema))
+    write("grammar", "schema_draft4", "0" + json.dumps({"type": "array", "items": [{"type": "integer"}],
+                                                        "additionalItems": False,
+                                                        "definitions": {"n": {"type": "integer", "maximum": 9,
+                                                                              "exclusiveMaximum": True}}}))
+    write("grammar", "schema_refused", "0" + json.dumps({"type": "string", "not": {"const": "x"}}))
+    regexes = {
+        "phone": r"\(\d{3}\) \d{3}-\d{4}",
+        "alternation": r"^(?:yes|no|maybe)$|[0-9]+(\.[0-9]{1,2})?",
+        "classes": r"[A-Za-z_][\w-]{0,15}@[^\s@]+\.[a-z]{2,6}",
+        "unicode": r"[\u00e9\u4e2d-\u4e2f]+\u{1F98A}?.\x41",
+        "groups": r"(?<year>\d{4})-(0[1-9]|1[0-2])-(?:[0-2]\d|3[01])",
+        "lazy_counted": r"a{2,}?b*?(c|d){0,3}e+?",
+        "refused": r"(a)\1|(?=x)",
+    }
+    for name, rx in regexes.items():
+        write("grammar", "regex_" + name, "1" + rx)
+    gbnfs = {
+        "arith": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
+                 'factor ::= [0-9]+ | "(" expr ")"\n',
+        "json": 'root ::= value\nvalue ::= object | array | string | number | ("true" | "false" | "null")\n'
+                'object ::= "{" ( string ":" value ("," string ":" value)* )? "}"\n'
+                'array ::= "[" ( value ("," value)* )? "]"\n'
+                'string ::= "\\"" ( [^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] )* "\\""\n'
+                'number ::= "-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?\n',
+        "list": '# a comment\nroot ::= item ("," item){0,4}\nitem ::= "\\u00e9" | [a-c]{2} | . | "x"?\n',
+        "nested": 'root ::= "(" inner ")" | "x"\ninner ::= root (" " root)*\n',
+        "left_recursive": 'root ::= root "a" | "b"\n',
+        "undefined": 'root ::= missing\n',
+    }
+    for name, g in gbnfs.items():
+        write("grammar", "gbnf_" + name, "2" + g)
+
+
+# --- http_framing: a byte stream of pipelined requests ----------------------------------------------------------------
+def http_framing():
+    get = "GET /v1/models?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"
+    body = '{"prompt":"hi"}'
+    post = f"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    chunked = ("POST /tokenize HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "7\r\n{\"promp\r\n8;ext=1;q=\"a b\"\r\nt\":\"hi\"}\r\n0\r\n\r\n")
+    seeds = {
+        "get": get,
+        "post": post,
+        "chunked": chunked,
+        "chunked_trailers": ("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
+                             "000A\r\n0123456789\r\n0;last\r\nX-Checksum: 1\r\nX-Other: 2\r\n\r\n"),
+        "pipelined": get + post + chunked + "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n" + get,
+        "http10": "POST /x HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc" + get,
+        "http10_keepalive": "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + get,
+        "zero_length": "POST /x HTTP/1.1\r\nContent-Length: 0\r\n\r\n" + post,
+        "ows_values": "POST /x HTTP/1.1\r\nContent-Length:\t 2 \t\r\nX: \x80\xff\r\n\r\nok" + get,
+        # Refused by fathom (and a strict proxy), each a classic smuggling shape.
+        "te_and_cl": "POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + get,
+        "te_gzip_chunked": "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + get,
+        "te_twice": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "te_obs_fold": "POST / HTTP/1.1\r\nTransfer-Encoding:\r\n chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n" + get,
+        "te_xchunked": "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n" + get,
+        "cl_list": "POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc" + get,
+        "cl_twice": "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc" + get,
+        "cl_sign": "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc" + get,
+        "space_before_colon": "POST / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc" + get,
+        "bare_lf": "GET / HTTP/1.1\nHost: a\n\n" + get,
+        "chunk_size_ws": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3 \r\nabc\r\n0\r\n\r\n" + get,
+        "chunk_bad_crlf": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n" + get,
+        "trailer_cl": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nContent-Length: 5\r\n\r\n" + get,
+        "truncated_body": "POST / HTTP/1.1\r\nContent-Length: 99\r\n\r\nabc",
+        "leading_crlf": "\r\n" + get,
+    }
+    for name, data in seeds.items():
+        write("http_framing", name, data.encode("latin-1"))
+
+
 if __name__ == "__main__":
-    model_files()
-    tokenizers()
-    chat_templates()
-    http_tokenizer()
-    http_requests()
-    json_routes()
+    generators = {"model_files": [model_files], "tokenizer": [tokenizers], "chat_template": [chat_templates],
+                  "http": [http_tokenizer, http_requests], "json_routes": [json_routes], "grammar": [grammar],
+                  "http_framing": [http_framing]}
+    for target in sys.argv[1:] or generators:
+        for generate in generators[target]:
+            generate()

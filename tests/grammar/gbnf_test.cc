@@ -1,5 +1,6 @@
 #include "grammar/gbnf.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace fathom::grammar {
@@ -68,6 +69,48 @@ TEST(GbnfTest, ErrorsNameTheLineAndTheProblem) {
   EXPECT_NE(Refusal("root = \"a\"").find("'::='"), std::string::npos);
   EXPECT_NE(Refusal("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
   EXPECT_NE(Refusal("root ::= ( \"a\"").find("closing ')'"), std::string::npos);
+}
+
+// A client's grammar that chains 150,000 rules (r_i ::= r_i+1) crashed the server: inlining recursed once per rule,
+// and so did the search for recursive rules. Now the search is iterative and the inlining depth is bounded; the
+// grammar is refused by name. A chain within the bound compiles.
+TEST(GbnfTest, LongRuleChainsAreRefusedNotACrash) {
+  auto chain = [](int n) {
+    std::string text = "root ::= r0\n";
+    for (int i = 0; i < n; ++i) text += fmt::format("r{} ::= r{}\n", i, i + 1);
+    text += fmt::format("r{} ::= \"x\"\n", n);
+    return text;
+  };
+  const std::string refusal = Refusal(chain(150000));
+  EXPECT_NE(refusal.find("grammar too deep"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("2000"), std::string::npos) << refusal;
+  auto g = FromGbnf(chain(500));
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(Matches(*g, "x"));
+  // Mutual recursion through a long cycle is found as recursion (iteratively), and compiles.
+  std::string cycle = "root ::= \"(\" c0 \")\" | \"x\"\n";
+  for (int i = 0; i < 20000; ++i) cycle += fmt::format("c{} ::= c{}\n", i, i + 1);
+  cycle += "c20000 ::= root\n";
+  EXPECT_EQ(Refusal(cycle).find("grammar too deep"), std::string::npos);
+}
+
+// Each repetition operator wraps its item once more; a million of them nested a million deep.
+TEST(GbnfTest, RepetitionOperatorsAreBounded) {
+  EXPECT_NE(Refusal("root ::= \"a\"" + std::string(1000000, '*')).find("at most 8 repetition operators"),
+            std::string::npos);
+  auto g = FromGbnf("root ::= \"a\"{2}?");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(Matches(*g, "aa"));
+  EXPECT_TRUE(Matches(*g, ""));
+}
+
+// Line numbers in errors are counted once over the text (they were recounted from the start for every rule, which
+// made 200k one-line rules take minutes); they stay right deep into a long grammar.
+TEST(GbnfTest, LineNumbersStayRightInLongGrammars) {
+  std::string text = "root ::= r0\n";
+  for (int i = 0; i < 50000; ++i) text += fmt::format("r{} ::= \"a\" | r{}\n", i, i + 1);
+  text += "r50000 ::= \"b\"\nr7 ::= \"c\"\n";  // line 50,003 defines r7 again
+  EXPECT_NE(Refusal(text).find("line 50003: rule 'r7' is defined twice"), std::string::npos) << Refusal(text);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 namespace fathom::grammar {
 namespace {
 
@@ -135,6 +137,46 @@ TEST(GrammarTest, GrammarsOverTheBoundsAreRefused) {
   auto c = Compile(b.Finish(root), CompileOptions{.max_nfa_states = 100'000, .max_dfa_states = 10'000});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("grammar too large: rule 'root'"), std::string::npos) << c.status().ToString();
+}
+
+// A server that shuts down stops compiles in progress through CompileOptions::cancel.
+TEST(GrammarTest, ACompileStopsWhenCancelled) {
+  GrammarBuilder b;
+  const int32_t root = b.Add("root", Repeat(Bytes({{'a', 'z'}}), 0, 50));
+  const Grammar g = b.Finish(root);
+  std::atomic<bool> cancel{true};
+  auto c = Compile(g, CompileOptions{.cancel = &cancel});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kCancelled);
+  cancel.store(false);
+  EXPECT_TRUE(Compile(g, CompileOptions{.cancel = &cancel}).ok());
+}
+
+// Left recursion through a cycle of 30,000 kept rules, and nullability that reaches back along a chain of them, are
+// found without recursion (a recursive search overflowed the stack) and in linear passes (one pass per rule of the
+// chain was quadratic).
+TEST(GrammarTest, LongCyclesOfRulesAreAnalysedIteratively) {
+  constexpr int kRules = 30000;  // two DFA states each: within the 100,000-state bound
+  GrammarBuilder b;
+  std::vector<int32_t> ids;
+  for (int i = 0; i <= kRules; ++i) ids.push_back(b.Declare("c" + std::to_string(i)));
+  const int32_t root = b.Declare("root");
+  for (int i = 0; i < kRules; ++i) b.Define(ids[i], Ref(ids[i + 1]));
+  // The last rule may be empty or go round again after a byte: every rule is recursive (kept) and nullable.
+  b.Define(ids[kRules], Alt({Empty(), Seq({Lit("("), Ref(ids[0]), Lit(")")})}));
+  b.Define(root, Ref(ids[0]));
+  auto ok = Compile(b.Finish(root), {});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)->num_rules(), static_cast<size_t>(kRules + 2));  // every rule kept: all of them recursive
+  // Now the last rule calls the first before any byte: left recursion, named.
+  GrammarBuilder l;
+  std::vector<int32_t> lids;
+  for (int i = 0; i <= kRules; ++i) lids.push_back(l.Declare("c" + std::to_string(i)));
+  for (int i = 0; i < kRules; ++i) l.Define(lids[i], Ref(lids[i + 1]));
+  l.Define(lids[kRules], Alt({Lit("x"), Seq({Ref(lids[0]), Lit("y")})}));
+  auto left = Compile(l.Finish(lids[0]), {});
+  ASSERT_FALSE(left.ok());
+  EXPECT_NE(left.status().message().find("left-recursive"), std::string::npos) << left.status().ToString();
 }
 
 TEST(GrammarTest, GrammarsThatMatchNothingAreRefusedAndDeadEndsTrimmed) {

@@ -244,6 +244,44 @@ TEST(ApiTest, MalformedAndHostileJson) {
   EXPECT_EQ(Bad("{\"messages\": \"\xff\xfe\"}").code, "invalid_json");  // not UTF-8
 }
 
+// JSON inside a string field (guided_json as a string) is client JSON too: the body's limits hold for it. A string
+// of an array nested 200,000 deep (400 KB) crashed the server (every walk of it recursed once per level).
+TEST(ApiTest, JsonInsideAStringIsBoundLikeTheBody) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const ApiError e = Bad(R"({"prompt":"x","guided_json":")" + deep + R"("})", Endpoint::kCompletion);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "guided_json");
+  EXPECT_NE(e.message.find("deeper than 64"), std::string::npos) << e.message;
+  // Within the limits a string schema is taken as before.
+  EXPECT_EQ(Ok(R"({"prompt":"x","guided_json":"[[[1]]]"})", Endpoint::kCompletion).constraint->body, "[[[1]]]");
+}
+
+// Integers above 2^63 arrive as unsigned JSON numbers; they used to wrap to negative values and pass the range
+// checks (top_k 2^64 - 1 became -1, "no top-k"; priority 2^64 - 10^6 became -10^6).
+TEST(ApiTest, IntegersAbove2To63AreOutOfRangeNotWrapped) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  for (const char* field :
+       {R"("top_k":18446744073709551615)", R"("priority":18446744073709551615)", R"("priority":18446744073708551616)",
+        R"("max_tokens":9223372036854775808)", R"("n":18446744073709551615)"}) {
+    const ApiError e = Bad(chat + field + "}");
+    EXPECT_EQ(e.http_status, 400) << field;
+    EXPECT_NE(e.message.find("must be in"), std::string::npos) << field << ": " << e.message;
+  }
+  // A seed is 64 bits either way.
+  EXPECT_EQ(Ok(chat + R"("seed":18446744073709551615})").sampling.seed, 18446744073709551615ULL);
+  EXPECT_EQ(Ok(chat + R"("seed":-2})").sampling.seed, static_cast<uint64_t>(-2));
+}
+
+// vLLM's cache_salt: a non-empty string, kept for the prefix cache's namespace.
+TEST(ApiTest, CacheSaltIsAString) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(Ok(chat + R"("cache_salt":"tenant-1"})").cache_salt, "tenant-1");
+  EXPECT_EQ(Ok(chat + "\"max_tokens\":1}").cache_salt, "");
+  EXPECT_EQ(Bad(chat + R"("cache_salt":""})").param, "cache_salt");
+  EXPECT_EQ(Bad(chat + R"("cache_salt":7})").param, "cache_salt");
+  EXPECT_EQ(Bad(chat + R"("cache_salt":")" + std::string(1025, 'a') + "\"}").param, "cache_salt");
+}
+
 TEST(ApiErrorTest, OneTableMapsCodesToHttp) {
   EXPECT_EQ(ApiErrorFromStatus(InvalidArgumentError("x")).http_status, 400);
   EXPECT_EQ(ApiErrorFromStatus(UnauthenticatedError("x")).http_status, 401);

@@ -147,6 +147,16 @@ TEST(ToolCallParserTest, Hermes) {
   EXPECT_EQ(open.calls[0].arguments, R"({"k":1})");
 }
 
+// The model's text is bounded like a client's JSON before it is parsed as a call: arguments nested 100,000 deep
+// stay content (a recursive dump of them would overflow the stack).
+TEST(ToolCallParserTest, HermesCallNestedTooDeepStaysContent) {
+  const std::string text = "<tool_call>\n{\"name\": \"f\", \"arguments\": " + std::string(100000, '[') +
+                           std::string(100000, ']') + "}\n</tool_call>";
+  Parsed p = Parse(ToolFormat::kHermes, text, text.size() + 1);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, text);
+}
+
 TEST(ToolCallParserTest, Llama3Json) {
   Parsed p = ParseBoth(ToolFormat::kLlama3Json,
                        "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": \"1;2\"}}; {\"name\": \"b\", "

@@ -51,7 +51,8 @@ cuda::CacheView Cache(const TensorView& c, const TensorView& scale = TensorView(
 }  // namespace
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
-  return Create(device, cuda::KernelOptions::FromEnvironment());
+  FATHOM_ASSIGN_OR_RETURN(const cuda::KernelOptions options, cuda::KernelOptions::FromEnvironment());
+  return Create(device, options);
 }
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cuda::KernelOptions& options) {

@@ -1,10 +1,10 @@
 #include "backend/cuda/kernel_options.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string_view>
+#include <optional>
 
 #include "backend/cuda/launcher.h"
+#include "core/env.h"
 
 namespace fathom::cuda {
 
@@ -19,34 +19,41 @@ bool ProgrammaticLaunch() {
   return g_programmatic_launch.load(std::memory_order_relaxed);
 }
 
-KernelOptions KernelOptions::FromEnvironment() {
-  const auto set = [](const char* name) { return std::getenv(name) != nullptr; };
+StatusOr<KernelOptions> KernelOptions::FromEnvironment() {
   KernelOptions o;
-  o.generic_linear = set("FATHOM_CUDA_GENERIC_LINEAR");
-  o.f32_gemm = set("FATHOM_CUDA_F32_GEMM");
-  if (const char* v = std::getenv("FATHOM_CUDA_FP8_GEMM_TOKENS")) o.fp8_gemm_tokens = std::atoll(v);
-  if (const char* v = std::getenv("FATHOM_CUDA_GEMM_TUNE")) o.gemm_tune = std::string_view(v) == "1";
-  o.split_attention = !set("FATHOM_CUDA_NO_SPLIT_ATTENTION");
-  o.gqa_attention = !set("FATHOM_CUDA_NO_GQA_ATTENTION");
-  o.mma_attention = !set("FATHOM_CUDA_NO_MMA_ATTENTION");
-  o.mla_attention = !set("FATHOM_CUDA_NO_MLA_ATTENTION");
-  if (const char* v = std::getenv("FATHOM_CUDA_MLA_CONTEXT_MMA")) o.mla_context_mma = std::string_view(v) != "0";
-  o.host_moe = set("FATHOM_CUDA_HOST_MOE");
-  if (const char* v = std::getenv("FATHOM_CUDA_MOE_MMA_TOKENS")) o.moe_mma_tokens = std::atoll(v);
-  if (const char* v = std::getenv("FATHOM_CUDA_INT4_GEMM_TOKENS")) o.int4_gemm_tokens = std::atoll(v);
-  o.profile = set("FATHOM_CUDA_PROFILE");
-  o.pdl = !set("FATHOM_CUDA_NO_PDL");
-  if (const char* v = std::getenv("FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES")) {
-    o.attention_one_chunk_waves = std::atoll(v);
-  }
-  if (const char* v = std::getenv("FATHOM_CUDA_GEMV_PREFETCH_BYTES")) o.gemv_prefetch_bytes = std::atoll(v);
-  if (const char* v = std::getenv("FATHOM_CUDA_FUSED_SILU")) o.fused_silu_staging = std::string_view(v) == "1";
-  if (const char* v = std::getenv("FATHOM_CUDA_MLA_FP8")) o.mla_fp8 = std::string_view(v) == "1";  // default on
-  if (const char* v = std::getenv("FATHOM_CUDA_MLA_PIPELINE")) o.mla_pipeline = std::string_view(v) == "1";
-  if (const char* v = std::getenv("FATHOM_CUDA_MLA_WIDE")) o.mla_wide = std::string_view(v) == "1";  // default on
-  if (const char* v = std::getenv("FATHOM_CUDA_PREFILL_MMA_ATTENTION")) {
-    o.prefill_mma_attention = std::string_view(v) == "1";
-  }
+  // Every variable through core/env.h: switches take 1/true/on/yes or 0/false/off/no, numbers a decimal integer,
+  // and anything else is refused by name (FATHOM_CUDA_FUSED_SILU=true used to turn the feature off).
+  const auto flag = [](const char* name, bool& field, bool invert = false) -> Status {
+    FATHOM_ASSIGN_OR_RETURN(const std::optional<bool> v, EnvSwitch(name));
+    if (v) field = invert ? !*v : *v;
+    return OkStatus();
+  };
+  const auto number = [](const char* name, int64_t& field) -> Status {
+    FATHOM_ASSIGN_OR_RETURN(const std::optional<int64_t> v, EnvInteger(name));
+    if (v) field = *v;
+    return OkStatus();
+  };
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_GENERIC_LINEAR", o.generic_linear));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_F32_GEMM", o.f32_gemm));
+  FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_FP8_GEMM_TOKENS", o.fp8_gemm_tokens));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_GEMM_TUNE", o.gemm_tune));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_SPLIT_ATTENTION", o.split_attention, /*invert=*/true));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_GQA_ATTENTION", o.gqa_attention, /*invert=*/true));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_MMA_ATTENTION", o.mma_attention, /*invert=*/true));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_MLA_ATTENTION", o.mla_attention, /*invert=*/true));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_CONTEXT_MMA", o.mla_context_mma));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_HOST_MOE", o.host_moe));
+  FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_MOE_MMA_TOKENS", o.moe_mma_tokens));
+  FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_INT4_GEMM_TOKENS", o.int4_gemm_tokens));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_PROFILE", o.profile));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_PDL", o.pdl, /*invert=*/true));
+  FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES", o.attention_one_chunk_waves));
+  FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_GEMV_PREFETCH_BYTES", o.gemv_prefetch_bytes));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_FUSED_SILU", o.fused_silu_staging));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_FP8", o.mla_fp8));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_PIPELINE", o.mla_pipeline));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_WIDE", o.mla_wide));
+  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_PREFILL_MMA_ATTENTION", o.prefill_mma_attention));
   return o;
 }
 

@@ -7,7 +7,11 @@
 //   o.f32_gemm = true;                  // every GEMM on float32 inputs
 //   gpu->set_kernel_options(o);
 //
-// Variable (set: any value)          Field             Default  What it does
+// Every variable is read one way (core/env.h): a switch takes 1/true/on/yes or 0/false/off/no (any case), a number
+// a decimal integer, and any other value makes CudaBackend::Create fail naming the variable. A FATHOM_CUDA_NO_*
+// switch set true turns its feature off. Unset or empty: the default.
+//
+// Variable                           Field             Default  What it does
 // FATHOM_CUDA_GENERIC_LINEAR         generic_linear    false    every Linear on the generic kernel (no 16-byte GEMV,
 //                                                               no one-launch LinearFanOut): to measure one against
 //                                                               the other
@@ -18,59 +22,59 @@
 //                                                               block-scaled FP8 GEMM on activations quantized per
 //                                                               token and 128 columns (W8A8, opt-in); N <= 0: off
 // FATHOM_CUDA_GEMM_TUNE=1            gemm_tune         false    prefill-sized cuBLASLt GEMMs (n >= 64) time the top 8
-//                                                               heuristics once per shape and keep the fastest (only
-//                                                               the value "1" turns it on)
+//                                                               heuristics once per shape and keep the fastest
 // FATHOM_CUDA_NO_SPLIT_ATTENTION     split_attention   true     false: PagedAttention always one block per (token,
 //                                                               head), never split-K
 // FATHOM_CUDA_NO_GQA_ATTENTION       gqa_attention     true     false: no GQA-packed split kernel (per-head chunks)
 // FATHOM_CUDA_NO_MMA_ATTENTION       mma_attention     true     false: no tensor-core split kernel for 16-bit caches
 // FATHOM_CUDA_NO_MLA_ATTENTION       mla_attention     true     false: no MLA decode kernel (the generic split kernels
 //                                                               serve MLA's latent cache)
-// FATHOM_CUDA_MLA_CONTEXT_MMA=0      mla_context_mma   true     false (only the value "0"): MlaContextAttention on the
-//                                                               plain float32 kernel instead of the tensor-core one
+// FATHOM_CUDA_MLA_CONTEXT_MMA=0      mla_context_mma   true     false: MlaContextAttention on the plain float32
+//                                                               kernel instead of the tensor-core one
 // FATHOM_CUDA_HOST_MOE               host_moe          false    MoeExperts always on the host-sorted path
 // FATHOM_CUDA_MOE_MMA_TOKENS=N       moe_mma_tokens    8        routed experts of batches of N tokens or more as
 //                                                               grouped tensor-core GEMMs, smaller ones as grouped
-//                                                               GEMVs (N as std::atoll reads it)
+//                                                               GEMVs
 // FATHOM_CUDA_INT4_GEMM_TOKENS=N     int4_gemm_tokens  256      4-bit linears of more than N tokens dequantized to
 //                                                               bf16 for cuBLASLt; up to N (and in captured graphs)
-//                                                               on the W4A16 tensor-core kernel (N as std::atoll
-//                                                               reads it). 256: every decode graph's batch
+//                                                               on the W4A16 tensor-core kernel. 256: every decode
+//                                                               graph's batch
 // FATHOM_CUDA_PROFILE                profile           false    every launch timed with CUDA events (ProfileReport);
 //                                                               no CUDA graphs then
 // FATHOM_CUDA_NO_PDL                 pdl               true     false: kernels launched without programmatic
 //                                                               dependent launch (launch.cuh; process-wide)
 // FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES=N                      the tensor-core attention kernel keeps one chunk of
 //                                    attention_one_chunk_waves  keys a token when its grid fills N waves of resident
-//                                                      0 (off)  blocks without splitting (N as std::atoll reads it);
-//                                                               0: the wave rule always (attention_mma.cu)
+//                                                      0 (off)  blocks without splitting; 0: the wave rule always
+//                                                               (attention_mma.cu)
 // FATHOM_CUDA_GEMV_PREFETCH_BYTES=N  gemv_prefetch_bytes  0     each GEMV warp takes the first N bytes of its weight
 //                                                      (off)    row into L2 before waiting on the kernel before
 //                                                               (linear.h); 0: none
 // FATHOM_CUDA_FUSED_SILU=0           fused_silu_staging true    SiluMulLinear on cuBLASLt rounds silu(gate) * up to
 //                                                               bf16 straight into the GEMM's input (one pass, no
-//                                                               float32 product; the same values); any value but "1"
-//                                                               turns it off (the two ops)
+//                                                               float32 product; the same values); off: the two ops
 // FATHOM_CUDA_PREFILL_MMA_ATTENTION=0 prefill_mma_attention    batches of 16 or more query rows a sequence (on
 //                                                     true     average) take the tensor-core flash-attention prefill
-//                                                              kernel where it fits (attention.h); any value but "1"
-//                                                              turns it off (the split decode kernels then)
+//                                                              kernel where it fits (attention.h); off: the split
+//                                                              decode kernels then
 // FATHOM_CUDA_MLA_FP8=0              mla_fp8           true     MLA's decode kernel reads an f8 latent cache (codes
 //                                                              widened to bf16 in shared memory), and the CLI serves
-//                                                              --kv-cache-dtype fp8 for MLA models; any value but "1"
-//                                                              turns it off (the CLI then refuses fp8 for MLA)
+//                                                              --kv-cache-dtype fp8 for MLA models; off: the CLI
+//                                                              refuses fp8 for MLA
 // FATHOM_CUDA_MLA_PIPELINE=1         mla_pipeline      false    MLA's decode kernel loads the next 64-key tile while
 //                                                              it computes on this one (two buffers, one block a
-//                                                              multiprocessor); only "1"
+//                                                              multiprocessor)
 // FATHOM_CUDA_MLA_WIDE=0             mla_wide          true     MLA's decode kernel takes 64 heads a block (8 warps)
 //                                                              where the heads come in 64s (V3's 128: the latent
 //                                                              cache read twice a token, not eight times) and the
 //                                                              longest context has mla_wide_min_keys (256) or more;
-//                                                              one stage, so it overrides mla_pipeline there; any
-//                                                              value but "1" turns it off (16 heads a block)
+//                                                              one stage, so it overrides mla_pipeline there; off:
+//                                                              16 heads a block
 #pragma once
 
 #include <cstdint>
+
+#include "core/status.h"
 
 namespace fathom::cuda {
 
@@ -101,8 +105,9 @@ struct KernelOptions {
   bool mla_wide = true;
   int64_t mla_wide_min_keys = 256;  // the wide instance from this longest context on (AttentionArgs::mla_wide_min_keys)
 
-  // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above).
-  static KernelOptions FromEnvironment();
+  // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above); kInvalidArgument naming a
+  // variable whose value is not a switch (1/true/on/yes, 0/false/off/no) or a decimal integer (core/env.h).
+  static StatusOr<KernelOptions> FromEnvironment();
 };
 
 }  // namespace fathom::cuda

@@ -42,53 +42,74 @@ class ScopedEnv {
   std::vector<Saved> saved_;
 };
 
+KernelOptions Read() {
+  StatusOr<KernelOptions> o = KernelOptions::FromEnvironment();
+  EXPECT_TRUE(o.ok()) << o.status().ToString();
+  return o.ok() ? *o : KernelOptions();
+}
+
 TEST(KernelOptionsTest, MeasuredDefaultsAreOnAndOptInsOff) {
   ScopedEnv env;
   for (const char* name : {"FATHOM_CUDA_MLA_WIDE", "FATHOM_CUDA_MLA_FP8", "FATHOM_CUDA_MLA_PIPELINE",
-                           "FATHOM_CUDA_FUSED_SILU", "FATHOM_CUDA_PREFILL_MMA_ATTENTION"}) {
+                           "FATHOM_CUDA_FUSED_SILU", "FATHOM_CUDA_PREFILL_MMA_ATTENTION", "FATHOM_CUDA_NO_PDL"}) {
     env.Set(name, nullptr);
   }
-  const KernelOptions o = KernelOptions::FromEnvironment();
+  const KernelOptions o = Read();
   EXPECT_TRUE(o.mla_wide);
   EXPECT_EQ(o.mla_wide_min_keys, 256);
   EXPECT_TRUE(o.fused_silu_staging);
   EXPECT_TRUE(o.prefill_mma_attention);
   EXPECT_TRUE(o.mla_fp8);
   EXPECT_FALSE(o.mla_pipeline);
+  EXPECT_TRUE(o.pdl);
 }
 
-TEST(KernelOptionsTest, AnyValueButOneTurnsTheWideMlaInstanceOff) {
-  for (const char* value : {"0", "off", "", "yes"}) {
+// Every switch reads 1/true/on/yes and 0/false/off/no alike, in any case: FATHOM_CUDA_FUSED_SILU=true used to turn
+// the feature off, and FATHOM_CUDA_NO_PDL=0 turned PDL off too.
+TEST(KernelOptionsTest, EverySwitchTakesTheSameWords) {
+  for (const char* on : {"1", "true", "on", "yes", "TRUE", " On "}) {
     ScopedEnv env;
-    env.Set("FATHOM_CUDA_MLA_WIDE", value);
-    EXPECT_FALSE(KernelOptions::FromEnvironment().mla_wide) << "FATHOM_CUDA_MLA_WIDE=" << value;
+    env.Set("FATHOM_CUDA_MLA_PIPELINE", on);
+    env.Set("FATHOM_CUDA_FUSED_SILU", on);
+    env.Set("FATHOM_CUDA_NO_PDL", on);
+    const KernelOptions o = Read();
+    EXPECT_TRUE(o.mla_pipeline) << on;
+    EXPECT_TRUE(o.fused_silu_staging) << on;
+    EXPECT_FALSE(o.pdl) << "FATHOM_CUDA_NO_PDL=" << on;
+  }
+  for (const char* off : {"0", "false", "off", "no", "False"}) {
+    ScopedEnv env;
+    env.Set("FATHOM_CUDA_MLA_WIDE", off);
+    env.Set("FATHOM_CUDA_MLA_FP8", off);
+    env.Set("FATHOM_CUDA_NO_PDL", off);
+    const KernelOptions o = Read();
+    EXPECT_FALSE(o.mla_wide) << off;
+    EXPECT_FALSE(o.mla_fp8) << off;
+    EXPECT_TRUE(o.pdl) << "FATHOM_CUDA_NO_PDL=" << off;
+  }
+  ScopedEnv empty;
+  empty.Set("FATHOM_CUDA_MLA_WIDE", "");  // set to nothing: the default
+  EXPECT_TRUE(Read().mla_wide);
+}
+
+TEST(KernelOptionsTest, AnythingElseIsRefusedByName) {
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"FATHOM_CUDA_MLA_WIDE", "yes please"},
+           {"FATHOM_CUDA_PROFILE", "2"},
+           {"FATHOM_CUDA_NO_PDL", "enable"},
+           {"FATHOM_CUDA_MOE_MMA_TOKENS", "8k"},
+           {"FATHOM_CUDA_INT4_GEMM_TOKENS", "99999999999999999999"},
+       }) {
+    ScopedEnv env;
+    env.Set(name, value);
+    StatusOr<KernelOptions> o = KernelOptions::FromEnvironment();
+    ASSERT_FALSE(o.ok()) << name << "=" << value;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(name), std::string::npos) << o.status().message();
   }
   ScopedEnv env;
-  env.Set("FATHOM_CUDA_MLA_WIDE", "1");
-  EXPECT_TRUE(KernelOptions::FromEnvironment().mla_wide);
-}
-
-TEST(KernelOptionsTest, AnyValueButOneTurnsTheFp8MlaFormOff) {
-  for (const char* value : {"0", "off", "", "yes"}) {
-    ScopedEnv env;
-    env.Set("FATHOM_CUDA_MLA_FP8", value);
-    EXPECT_FALSE(KernelOptions::FromEnvironment().mla_fp8) << "FATHOM_CUDA_MLA_FP8=" << value;
-  }
-  ScopedEnv env;
-  env.Set("FATHOM_CUDA_MLA_FP8", "1");
-  EXPECT_TRUE(KernelOptions::FromEnvironment().mla_fp8);
-}
-
-TEST(KernelOptionsTest, OptInsTakeOnlyOne) {
-  ScopedEnv env;
-  env.Set("FATHOM_CUDA_MLA_PIPELINE", "true");  // not "1": stays off
-  env.Set("FATHOM_CUDA_FUSED_SILU", "0");
-  const KernelOptions o = KernelOptions::FromEnvironment();
-  EXPECT_FALSE(o.mla_pipeline);
-  EXPECT_FALSE(o.fused_silu_staging);
-  ScopedEnv on;
-  on.Set("FATHOM_CUDA_MLA_PIPELINE", "1");
-  EXPECT_TRUE(KernelOptions::FromEnvironment().mla_pipeline);
+  env.Set("FATHOM_CUDA_MOE_MMA_TOKENS", " 16 ");
+  EXPECT_EQ(Read().moe_mma_tokens, 16);
 }
 
 }  // namespace
