@@ -8,8 +8,10 @@
 //   FATHOM_RETURN_IF_ERROR(be.Synchronize());            // first error of any op since the last call
 //
 // Contract for every op: outputs are allocated by the caller, inputs and outputs live on device(), ops never
-// allocate device memory and never throw. Ops record the first failure; Synchronize() returns it (CUDA launch
-// errors become a Status there). Shapes are documented per op as comments.
+// allocate device memory and never throw. Compute ops record the first failure; Synchronize() returns it (CUDA
+// launch errors become a Status there). The ops that can fail on input a kernel cannot serve, or that copy to the
+// host, return a Status of their own (MoeExperts, SampleRows, MaskLogits), as do the memory, load-time and graph
+// calls. Shapes are documented per op as comments.
 #pragma once
 
 #include <cstdint>
