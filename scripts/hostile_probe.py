@@ -913,7 +913,8 @@ def probe_large_answers(ctx, res):
         if isinstance(piece, str) and len(piece) > len(text):
             best, text = t, piece
     if best is not None:
-        count = int(7.5 * MiB) // (len(str(best)) + 1)
+        # At most 1M ids: a request's JSON holds at most 2^20 values (the finding's 1M long tokens fit).
+        count = min(int(7.5 * MiB) // (len(str(best)) + 1), 1_000_000)
         body = ('{"tokens":[' + ",".join([str(best)] * count) + "]}").encode()
         st, data, secs = request(srv.port, "POST", "/detokenize", body, timeout=180)
         got = json_of(data).get("prompt")

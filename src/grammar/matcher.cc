@@ -93,9 +93,12 @@ int32_t GrammarCache::NodeId(int32_t pos, int32_t parent) {
   return it->second;
 }
 
-void GrammarCache::Close(int32_t node, std::vector<int32_t>& out, bool& accept, std::vector<int32_t>& visited) {
-  if (std::find(visited.begin(), visited.end(), node) != visited.end()) return;
-  visited.push_back(node);
+void GrammarCache::Close(int32_t node, std::vector<int32_t>& out, bool& accept, std::unordered_set<int32_t>& visited) {
+  if (over_budget_ || !visited.insert(node).second) return;
+  if (visited.size() > options_.max_closure_stacks) {
+    over_budget_ = true;
+    return;
+  }
   const ArenaNode an = arena_[node];
   const CompiledGrammar::State& st = grammar_->states()[an.pos];
   if (!st.bytes.empty()) out.push_back(node);
@@ -132,7 +135,8 @@ int32_t GrammarCache::Intern(std::vector<int32_t> stacks, bool accept) {
 
 int32_t GrammarCache::ComputeStep(int32_t config, uint8_t byte) {
   if (over_budget_) return 0;
-  std::vector<int32_t> out, visited;
+  std::vector<int32_t> out;
+  std::unordered_set<int32_t> visited;
   bool accept = false;
   // configs_ may grow below: copy the stacks first.
   const std::vector<int32_t> stacks = configs_[config].stacks;
@@ -140,20 +144,21 @@ int32_t GrammarCache::ComputeStep(int32_t config, uint8_t byte) {
     const ArenaNode an = arena_[node];
     const int32_t to = grammar_->Next(an.pos, byte);
     if (to < 0) continue;
-    visited.clear();
     Close(NodeId(to, an.parent), out, accept, visited);
   }
-  const int32_t next = Intern(std::move(out), accept);
+  // A closure cut short is not the configuration: nothing is allowed from here (the dead one).
+  const int32_t next = over_budget_ ? 0 : Intern(std::move(out), accept);
   steps_[static_cast<size_t>(config) * 256 + byte] = next;  // steps_ may have grown: index again
   return next;
 }
 
 int32_t GrammarCache::Initial() {
   if (initial_ < 0) {
-    std::vector<int32_t> out, visited;
+    std::vector<int32_t> out;
+    std::unordered_set<int32_t> visited;
     bool accept = false;
     Close(NodeId(grammar_->root_start(), -1), out, accept, visited);
-    initial_ = Intern(std::move(out), accept);
+    initial_ = over_budget_ ? 0 : Intern(std::move(out), accept);
   }
   return initial_;
 }
@@ -161,10 +166,11 @@ int32_t GrammarCache::Initial() {
 int32_t GrammarCache::Continuation(int32_t parent_node) {
   auto it = continuations_.find(parent_node);
   if (it != continuations_.end()) return it->second;
-  std::vector<int32_t> out, visited;
+  std::vector<int32_t> out;
+  std::unordered_set<int32_t> visited;
   bool accept = false;
   Close(parent_node, out, accept, visited);
-  const int32_t c = Intern(std::move(out), accept);
+  const int32_t c = over_budget_ ? 0 : Intern(std::move(out), accept);
   continuations_.emplace(parent_node, c);
   return c;
 }

@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -66,10 +67,15 @@ class TokenVocab {
 };
 
 struct MatcherOptions {
-  int32_t max_depth = 256;                // nesting of rule calls
+  int32_t max_depth = 256;  // nesting of rule calls
   // Interned stack sets, each with a 1 KB transition row: bounded so that a grammar's memory is (100 MB). Past it no
   // new configuration is made, and a token that needs one is not allowed (a request then ends with an error).
   size_t max_configurations = 100'000;
+  // Stacks one closure may visit (the calls a configuration makes before its next byte, followed to their ends). A
+  // grammar whose rules each call two others first has exponentially many such stacks: 18 rules of 885 bytes took
+  // 10 s for a first mask. Past the budget the grammar is over budget (GrammarCache::over_budget): the server refuses
+  // it when its start already is, and a configuration met later allows no token (the request ends with an error).
+  size_t max_closure_stacks = 50'000;
 };
 
 // What one grammar knows about one vocabulary: interned configurations, their transitions, per-state token masks.
@@ -82,6 +88,12 @@ class GrammarCache {
 
   const CompiledGrammar& grammar() const { return *grammar_; }
   const TokenVocab& vocab() const { return *vocab_; }
+  // Whether a closure or the configurations outgrew MatcherOptions' budgets (then the tokens they would have
+  // allowed are not allowed).
+  bool over_budget() {
+    std::lock_guard lock(mu_);
+    return over_budget_;
+  }
 
  private:
   friend class GrammarMatcher;
@@ -96,7 +108,9 @@ class GrammarCache {
   using SharedMask = std::shared_ptr<const PositionMask>;
 
   int32_t NodeId(int32_t pos, int32_t parent);
-  void Close(int32_t node, std::vector<int32_t>& out, bool& accept, std::vector<int32_t>& visited);
+  // The stacks reachable from `node` before a byte is read, into `out`; `visited` (this closure's stacks) also
+  // counts them against max_closure_stacks.
+  void Close(int32_t node, std::vector<int32_t>& out, bool& accept, std::unordered_set<int32_t>& visited);
   int32_t Intern(std::vector<int32_t> stacks, bool accept);
   int32_t Step(int32_t config, uint8_t byte) {
     const int32_t cached = steps_[static_cast<size_t>(config) * 256 + byte];

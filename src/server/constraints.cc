@@ -99,6 +99,15 @@ StatusOr<std::shared_ptr<grammar::GrammarCache>> ConstraintCompiler::Get(const s
     return InvalidArgumentError(fmt::format("'{}': {}", spec.param, c.status().message()));
   }
   auto cache = std::make_shared<grammar::GrammarCache>(*c, vocab);
+  // The start's closure is computed here, on this thread, not first on the engine's: a grammar whose rules each call
+  // two others before a byte expands to exponentially many stacks, and one over the budget is refused now.
+  { grammar::GrammarMatcher start(cache); }
+  if (cache->over_budget()) {
+    return InvalidArgumentError(fmt::format(
+        "'{}': grammar too complex: its start expands to more than {} stacks of rule calls (rules that each call "
+        "others before reading a byte); simplify it",
+        spec.param, grammar::MatcherOptions().max_closure_stacks));
+  }
   if (auto it = index_.find(key); it != index_.end()) return it->second->second;  // compiled meanwhile
   lru_.emplace_front(key, cache);
   index_[key] = lru_.begin();

@@ -1220,8 +1220,10 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     record.constraint = kKinds[static_cast<int>(req.constraint->kind)];
     auto g = constraints_->Get(*req.constraint, &record.grammar_compile);
     if (!g.ok()) {
-      record.error_code = "invalid";
-      return ReplyError(ex, ApiErrorFromStatus(g.status(), req.constraint->param), record);
+      // kUnavailable: the compile was cancelled by a shutdown.
+      const bool draining = g.status().code() == StatusCode::kUnavailable;
+      record.error_code = draining ? "draining" : "invalid";
+      return ReplyError(ex, ApiErrorFromStatus(g.status(), req.constraint->param, draining ? "draining" : ""), record);
     }
     req.sampling.grammar = *g;
     // min_tokens past every choice cannot be met: the choice ends the output first (at run time the grammar's end
