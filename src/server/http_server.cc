@@ -206,10 +206,8 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   void WaitForRequest() {
     reading_ = true;
     timed_out_ = false;
-    waiting_ = true;
     ArmReadTimer(options_.idle_timeout_s);
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      self->waiting_ = false;
       if (self->closing_) return;
       if (ec) {
         self->reading_ = false;
@@ -267,7 +265,6 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
       const int64_t total = sessions_->buffered_bytes.fetch_add(delta) + delta;
       reserved_ = held;
       if (total > static_cast<int64_t>(options_.max_buffered_request_bytes)) {
-        ReleaseReserved();
         return FailRead(503, "server_busy",
                         fmt::format("the server is receiving more than {} bytes of request bodies at once; retry",
                                     options_.max_buffered_request_bytes));
@@ -532,7 +529,6 @@ class HttpSession final : public HttpSink, public std::enable_shared_from_this<H
   bool linger_ = false;       // close by Linger() after this response (an error answered by the HTTP layer)
   bool lingering_ = false;
   size_t lingered_bytes_ = 0;
-  bool waiting_ = false;  // WaitForRequest's wait is pending
   int64_t reserved_ = 0;  // this connection's share of SessionSet::buffered_bytes
   bool responded_ = false;
   bool closing_ = false;

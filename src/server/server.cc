@@ -919,12 +919,14 @@ void OpenAiServer::Handle(const std::shared_ptr<HttpExchange>& ex) {
 }
 
 void OpenAiServer::Offload(const std::shared_ptr<HttpExchange>& ex, const char* where, std::function<void()> f) {
-  auto refuse = [this, &ex](std::string_view code, const std::string& message, bool retry) {
-    RequestRecord record = NewRecord(*ex);
+  // Takes the exchange as an argument: the posted task outlives this call, and with it the caller's reference.
+  auto refuse = [this](const std::shared_ptr<HttpExchange>& to, std::string_view code, const std::string& message,
+                       bool retry) {
+    RequestRecord record = NewRecord(*to);
     record.error_code = std::string(code);
     HttpHeaders headers;
     if (retry) headers.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
-    ReplyError(ex, ApiErrorFromStatus(UnavailableError(message), "", std::string(code)), record, std::move(headers));
+    ReplyError(to, ApiErrorFromStatus(UnavailableError(message), "", std::string(code)), record, std::move(headers));
   };
   if (!work_) {
     Guard(where, ex, f);
@@ -932,17 +934,17 @@ void OpenAiServer::Offload(const std::shared_ptr<HttpExchange>& ex, const char* 
   }
   if (work_queued_.fetch_add(1) >= options_.max_work_queue) {
     work_queued_.fetch_sub(1);
-    return refuse("server_busy",
+    return refuse(ex, "server_busy",
                   fmt::format("more than {} requests are waiting to be parsed; retry", options_.max_work_queue), true);
   }
   const Clock::time_point queued = Clock::now();
   asio::post(*work_, [this, ex, where, f = std::move(f), queued, refuse] {
     work_queued_.fetch_sub(1);
     Guard(where, ex, [&] {
-      if (cancel_work_.load()) return refuse("draining", "the server is shutting down", false);
+      if (cancel_work_.load()) return refuse(ex, "draining", "the server is shutting down", false);
       if (SecondsSince(queued) > options_.max_work_wait_s) {
         return refuse(
-            "server_busy",
+            ex, "server_busy",
             fmt::format("the request waited more than {:.0f} s to be parsed; retry", options_.max_work_wait_s), true);
       }
       f();
