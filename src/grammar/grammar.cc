@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <set>
@@ -571,48 +572,153 @@ std::vector<bool> RecursiveRules(const std::vector<std::set<int32_t>>& refs) {
   return recursive;
 }
 
-// Minimizes the DFA of one rule (states[begin, end), its start `start`) by partition refinement (Moore), then
+// Rules with more transitions than this are left unminimized (the index takes about 12 bytes a transition).
+constexpr size_t kMaxMinimizeTransitions = size_t{1} << 20;
+
+// The byte classes of states[begin, end): the maximal byte ranges that no edge's boundary cuts, numbered from 0 in
+// byte order. Returns each byte's class; `count` gets their number.
+std::array<int32_t, 256> ByteClasses(const std::vector<CompiledGrammar::State>& states, size_t begin, int32_t& count) {
+  std::array<bool, 257> cut{};
+  cut[0] = true;
+  for (size_t k = begin; k < states.size(); ++k) {
+    for (const auto& e : states[k].bytes) cut[e.lo] = cut[e.hi + 1] = true;
+  }
+  std::array<int32_t, 256> byte_class{};
+  count = 0;
+  for (int b = 0; b < 256; ++b) byte_class[b] = (count += cut[b] ? 1 : 0) - 1;
+  return byte_class;
+}
+
+// The number of (state, symbol) transitions Minimize indexes for states[begin, end): a byte edge counts once per
+// byte class it spans, a call edge once.
+size_t MinimizeTransitions(const std::vector<CompiledGrammar::State>& states, size_t begin) {
+  int32_t num_classes = 0;
+  const auto byte_class = ByteClasses(states, begin, num_classes);
+  size_t total = 0;
+  for (size_t k = begin; k < states.size(); ++k) {
+    for (const auto& e : states[k].bytes) total += byte_class[e.hi] - byte_class[e.lo] + 1;
+    total += states[k].calls.size();
+  }
+  return total;
+}
+
+// Minimizes the DFA of one rule (states[begin, end), its start `start`) by Hopcroft's partition refinement, then
 // numbers its states breadth-first from the start, so that equal rules have equal states in equal order. Returns
 // the new start (always `begin`).
+//
+// The alphabet is the rule's byte classes (the maximal byte ranges no edge boundary cuts) and its callees. A
+// missing edge goes to an implicit dead state that is equivalent to no real state (so the result is the same as
+// comparing edges, present or absent, round by round). That state is never a splitter: for a complete DFA,
+// splitting by every initial block but one suffices. Time O(T log n) for T transitions, where round-by-round
+// refinement takes as many rounds as the DFA is deep.
 int32_t Minimize(std::vector<CompiledGrammar::State>& states, int32_t begin, int32_t start) {
   const auto end = static_cast<int32_t>(states.size());
   const int32_t n = end - begin;
-  std::vector<int32_t> block(n);
-  for (int32_t i = 0; i < n; ++i) block[i] = states[begin + i].final ? 1 : 0;
-  int32_t blocks = 0;
-  for (;;) {
-    std::map<std::vector<int32_t>, int32_t> sig_ids;
-    std::vector<int32_t> next(n);
-    std::vector<int32_t> sig;
-    for (int32_t i = 0; i < n; ++i) {
-      const auto& st = states[begin + i];
-      sig.assign(1, block[i]);
-      int last_to = -1, last_hi = -2;
-      for (const auto& e : st.bytes) {
-        const int32_t to = block[e.to - begin];
-        if (to == last_to && e.lo == last_hi + 1) {
-          sig.back() = e.hi;
-        } else {
-          sig.push_back(-1);
-          sig.push_back(e.lo);
-          sig.push_back(to);
-          sig.push_back(e.hi);
-          last_to = to;
-        }
-        last_hi = e.hi;
-      }
-      for (const auto& c : st.calls) {
-        sig.push_back(-2);
-        sig.push_back(c.rule);
-        sig.push_back(block[c.to - begin]);
-      }
-      next[i] = sig_ids.emplace(sig, static_cast<int32_t>(sig_ids.size())).first->second;
-    }
-    const auto count = static_cast<int32_t>(sig_ids.size());
-    block = std::move(next);
-    if (count == blocks) break;
-    blocks = count;
+  int32_t num_classes = 0;
+  const auto byte_class = ByteClasses(states, begin, num_classes);
+  std::vector<int32_t> callees;
+  for (int32_t k = begin; k < end; ++k) {
+    for (const auto& c : states[k].calls) callees.push_back(c.rule);
   }
+  std::sort(callees.begin(), callees.end());
+  callees.erase(std::unique(callees.begin(), callees.end()), callees.end());
+
+  // Inverse transitions, grouped by target: (symbol, source) pairs, targets and sources relative to `begin`.
+  struct Inverse {
+    int32_t to, symbol, from;
+  };
+  std::vector<Inverse> inverse;
+  for (int32_t s = 0; s < n; ++s) {
+    const auto& st = states[begin + s];
+    for (const auto& e : st.bytes) {
+      for (int32_t c = byte_class[e.lo]; c <= byte_class[e.hi]; ++c) inverse.push_back({e.to - begin, c, s});
+    }
+    for (const auto& c : st.calls) {
+      const auto callee = std::lower_bound(callees.begin(), callees.end(), c.rule) - callees.begin();
+      inverse.push_back({c.to - begin, num_classes + static_cast<int32_t>(callee), s});
+    }
+  }
+  std::sort(inverse.begin(), inverse.end(), [](const Inverse& x, const Inverse& y) { return x.to < y.to; });
+  std::vector<size_t> inverse_begin(n + 1, 0);
+  for (const auto& t : inverse) ++inverse_begin[t.to + 1];
+  for (int32_t s = 0; s < n; ++s) inverse_begin[s + 1] += inverse_begin[s];
+
+  // A refinable partition: block b holds elems[first[b], last[b]); during a split, its marked states are
+  // elems[first[b], mid[b]).
+  std::vector<int32_t> elems(n), loc(n), block(n);
+  std::vector<int32_t> first, last, mid;
+  std::vector<bool> in_work;
+  std::vector<int32_t> work;
+  {
+    int32_t pos = 0;
+    for (const bool final : {true, false}) {
+      const int32_t from = pos;
+      for (int32_t s = 0; s < n; ++s) {
+        if (states[begin + s].final != final) continue;
+        elems[pos] = s;
+        loc[s] = pos++;
+        block[s] = static_cast<int32_t>(first.size());
+      }
+      if (pos == from) continue;
+      work.push_back(static_cast<int32_t>(first.size()));
+      first.push_back(from);
+      last.push_back(pos);
+      mid.push_back(from);
+      in_work.push_back(true);
+    }
+  }
+  std::vector<int32_t> splitter;
+  std::vector<std::pair<int32_t, int32_t>> preimage;  // (symbol, source)
+  std::vector<int32_t> touched;
+  while (!work.empty()) {
+    const int32_t a = work.back();
+    work.pop_back();
+    in_work[a] = false;
+    splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
+    preimage.clear();
+    for (const int32_t t : splitter) {
+      for (size_t k = inverse_begin[t]; k < inverse_begin[t + 1]; ++k) {
+        preimage.emplace_back(inverse[k].symbol, inverse[k].from);
+      }
+    }
+    std::sort(preimage.begin(), preimage.end());
+    for (size_t g = 0; g < preimage.size();) {
+      // One symbol's preimage of the splitter: mark its states, then split every block it cuts.
+      const int32_t symbol = preimage[g].first;
+      for (; g < preimage.size() && preimage[g].first == symbol; ++g) {
+        const int32_t s = preimage[g].second;
+        const int32_t b = block[s];
+        if (loc[s] < mid[b]) continue;
+        if (mid[b] == first[b]) touched.push_back(b);
+        const int32_t other = elems[mid[b]];
+        std::swap(elems[loc[s]], elems[mid[b]]);
+        loc[other] = loc[s];
+        loc[s] = mid[b]++;
+      }
+      for (const int32_t b : touched) {
+        if (mid[b] == last[b]) {
+          mid[b] = first[b];
+          continue;
+        }
+        const auto nb = static_cast<int32_t>(first.size());
+        first.push_back(first[b]);
+        last.push_back(mid[b]);
+        mid.push_back(first[b]);
+        first[b] = mid[b];
+        for (int32_t i = first[nb]; i < last[nb]; ++i) block[elems[i]] = nb;
+        const bool add_new = in_work[b] || last[nb] - first[nb] <= last[b] - first[b];
+        in_work.push_back(add_new);
+        if (add_new) {
+          work.push_back(nb);
+        } else {
+          in_work[b] = true;
+          work.push_back(b);
+        }
+      }
+      touched.clear();
+    }
+  }
+  const auto blocks = static_cast<int32_t>(first.size());
   // Breadth-first numbering of the blocks from the start's.
   std::vector<int32_t> number(blocks, -1), rep(blocks, -1);
   for (int32_t i = 0; i < n; ++i) {
@@ -789,9 +895,7 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar,
       out->states_[id].bytes = std::move(dfa_edges);
       out->states_[id].calls = std::move(dfa_calls);
     }
-    // Minimized up to a size: partition refinement takes as many rounds as the DFA is deep, and a long chain (a
-    // bounded string, say) has few equivalent states to merge.
-    if (out->states_.size() - rule_begin <= 4096) {
+    if (MinimizeTransitions(out->states_, rule_begin) <= kMaxMinimizeTransitions) {
       out->rule_start_.back() = Minimize(out->states_, rule_begin, out->rule_start_.back());
     }
     out->rule_begin_.push_back(rule_begin);

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
 
 namespace fathom::grammar {
 namespace {
@@ -197,6 +201,90 @@ TEST(GrammarTest, GrammarsThatMatchNothingAreRefusedAndDeadEndsTrimmed) {
       One(CountChars(Seq({Repeat(CharUnit(Lit("x")), 1, -1), CharUnit(Lit("y")), CharUnit(Lit("y"))}), 0, 4));
   EXPECT_TRUE(Matches(*counted, "xxyy"));
   EXPECT_FALSE(MatchesPrefix(*counted, "xxx"));
+}
+
+// The number of classes of states[begin, end) under "same finality, and on every byte and call, both edges absent
+// or both to equivalent states", computed round by round: the test's own oracle for Minimize.
+size_t EquivalenceClasses(const CompiledGrammar& g, int32_t begin, int32_t end) {
+  const auto& states = g.states();
+  std::vector<int32_t> block(end - begin);
+  for (int32_t i = begin; i < end; ++i) block[i - begin] = states[i].final ? 1 : 0;
+  size_t count = 0;
+  for (;;) {
+    std::map<std::vector<int32_t>, int32_t> ids;
+    std::vector<int32_t> next(block.size());
+    for (int32_t i = begin; i < end; ++i) {
+      std::vector<int32_t> sig = {block[i - begin]};
+      for (int b = 0; b < 256; ++b) {
+        const int32_t to = g.Next(i, static_cast<uint8_t>(b));
+        sig.push_back(to < 0 ? -1 : block[to - begin]);
+      }
+      for (const auto& c : states[i].calls) {
+        sig.push_back(c.rule);
+        sig.push_back(block[c.to - begin]);
+      }
+      next[i - begin] = ids.emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+    }
+    block = std::move(next);
+    if (ids.size() == count) return count;
+    count = ids.size();
+  }
+}
+
+void ExpectMinimal(const CompiledGrammar& g) {
+  for (size_t r = 0; r < g.num_rules(); ++r) {
+    const int32_t begin = g.rule_begin(static_cast<int32_t>(r));
+    const auto end =
+        r + 1 < g.num_rules() ? g.rule_begin(static_cast<int32_t>(r + 1)) : static_cast<int32_t>(g.states().size());
+    EXPECT_EQ(EquivalenceClasses(g, begin, end), static_cast<size_t>(end - begin))
+        << "rule " << g.rule_name(static_cast<int32_t>(r));
+    EXPECT_EQ(g.rule_start(static_cast<int32_t>(r)), begin) << "rule " << g.rule_name(static_cast<int32_t>(r));
+  }
+}
+
+TEST(GrammarTest, EveryRulesDfaIsMinimal) {
+  // (a|b)*abb: the textbook automaton has 4 states.
+  auto abb = One(Seq({Star(Alt({Lit("a"), Lit("b")})), Lit("abb")}));
+  EXPECT_EQ(abb->states().size(), 4u);
+  EXPECT_TRUE(Matches(*abb, "babaabb"));
+  EXPECT_FALSE(Matches(*abb, "abba"));
+  ExpectMinimal(*abb);
+  // Equal suffixes merge: "xa|ya|za" is 3 states, whichever first byte.
+  auto suffix = One(Alt({Lit("xa"), Lit("ya"), Lit("za")}));
+  EXPECT_EQ(suffix->states().size(), 3u);
+  // A long chain has no two equivalent states (each is a different distance from the end): 1,001 states.
+  auto chain = One(Repeat(Bytes({{'0', '9'}}), 0, 1000));
+  EXPECT_EQ(chain->states().size(), 1001u);
+  // Random expressions over a small alphabet, with a recursive rule that calls back into itself.
+  std::mt19937 rng(7);
+  std::function<ExprPtr(int)> random_expr = [&](int depth) -> ExprPtr {
+    const int pick = depth > 3 ? static_cast<int>(rng() % 2) : static_cast<int>(rng() % 7);
+    switch (pick) {
+      case 0:
+        return Lit(std::string(1, static_cast<char>('a' + rng() % 3)));
+      case 1:
+        return Bytes({{static_cast<uint8_t>('a' + rng() % 3), static_cast<uint8_t>('c' + rng() % 2)}});
+      case 2:
+        return Seq({random_expr(depth + 1), random_expr(depth + 1)});
+      case 3:
+        return Alt({random_expr(depth + 1), random_expr(depth + 1), random_expr(depth + 1)});
+      case 4:
+        return Star(random_expr(depth + 1));
+      case 5:
+        return Repeat(random_expr(depth + 1), static_cast<int>(rng() % 2), 1 + static_cast<int>(rng() % 3));
+      default:
+        return Opt(random_expr(depth + 1));
+    }
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    GrammarBuilder b;
+    const int32_t nest = b.Declare("nest");
+    b.Define(nest, Alt({Seq({Lit("("), Opt(Ref(nest)), random_expr(1), Lit(")")}), random_expr(1)}));
+    const int32_t root = b.Add("root", Seq({random_expr(0), Ref(nest), random_expr(0)}));
+    auto c = Compile(b.Finish(root), {});
+    if (!c.ok()) continue;  // a random expression may match nothing
+    ExpectMinimal(**c);
+  }
 }
 
 }  // namespace
