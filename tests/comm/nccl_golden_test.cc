@@ -23,6 +23,7 @@
 #include "engine/tensor_parallel.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -189,11 +190,8 @@ TEST_P(NcclGoldenTest, GreedyAloneEqualsGreedyInABatchAtTwoRanks) {
   EXPECT_GT(compared, 0u) << "every first step had a low margin: nothing was compared";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, NcclGoldenTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny",
-                                           "qwen2-distill-tiny", "qwen2-tied-tiny", "deepseek-v2-lite-tiny",
-                                           "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
-                         testing::FixtureName);
+// Every fixture of tests/data/models/registry.json.
+INSTANTIATE_TEST_SUITE_P(Fixtures, NcclGoldenTest, ::testing::ValuesIn(testing::FixtureNames()), testing::FixtureName);
 
 }  // namespace
 }  // namespace fathom

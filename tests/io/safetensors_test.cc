@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "testing/golden.h"
+#include "testing/temp_dir.h"
 
 namespace fathom {
 namespace {
@@ -19,21 +20,6 @@ std::vector<uint8_t> Bytes(std::initializer_list<float> v) {
   return out;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("fathom_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
-
 void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes) {
   std::ofstream out(path, std::ios::binary);
   uint64_t n = header.size();
@@ -43,7 +29,7 @@ void WriteRaw(const std::string& path, const std::string& header, size_t data_by
 }
 
 TEST(SafetensorsTest, RoundTripSingleFile) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   auto a = Bytes({1, 2, 3, 4, 5, 6});
   std::vector<uint8_t> b = {1, 2, 3};
   ASSERT_TRUE(WriteSafetensors(d.file("model.safetensors"), {{"a", DType::kF32, {2, 3}, a}, {"b", DType::kU8, {3}, b}},
@@ -66,7 +52,7 @@ TEST(SafetensorsTest, RoundTripSingleFile) {
 // The format promises no alignment: an odd header length and a 3-byte tensor first leave every later tensor off
 // its element size (found by the model_files fuzz target: UBSan's misaligned uint16_t load in ConvertToF32).
 TEST(SafetensorsTest, MisalignedTensorsAreReadThroughAlignedCopies) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   const std::string header =
       R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
       R"("h":{"dtype":"BF16","shape":[2],"data_offsets":[3,7]},"f":{"dtype":"F32","shape":[2],"data_offsets":[7,15]}})";
@@ -106,7 +92,7 @@ TEST(SafetensorsTest, MisalignedTensorsAreReadThroughAlignedCopies) {
 }
 
 TEST(SafetensorsTest, WrongDtypeShapeAndMissingNameTheTensorAndFile) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   auto a = Bytes({1, 2, 3, 4});
   ASSERT_TRUE(WriteSafetensors(d.file("model.safetensors"), {{"w", DType::kF32, {2, 2}, a}}).ok());
   auto ck = Checkpoint::Open(d.path());
@@ -124,7 +110,7 @@ TEST(SafetensorsTest, WrongDtypeShapeAndMissingNameTheTensorAndFile) {
 }
 
 TEST(SafetensorsTest, ShardedIndex) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   auto a = Bytes({1, 2});
   auto b = Bytes({3});
   ASSERT_TRUE(WriteSafetensors(d.file("model-00001-of-00002.safetensors"), {{"x", DType::kF32, {2}, a}}).ok());
@@ -138,7 +124,7 @@ TEST(SafetensorsTest, ShardedIndex) {
 }
 
 TEST(SafetensorsTest, ShardedIndexErrors) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   auto a = Bytes({1, 2});
   ASSERT_TRUE(WriteSafetensors(d.file("s1.safetensors"), {{"x", DType::kF32, {2}, a}}).ok());
   auto write_index = [&](const std::string& text) { std::ofstream(d.file("model.safetensors.index.json")) << text; };
@@ -180,7 +166,7 @@ TEST(SafetensorsTest, CorruptHeadersGiveClearErrors) {
       {"huge_shape", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4, "too large"},
       {"bad_metadata", R"({"__metadata__":{"k":3}})", 0, "__metadata__"},
   };
-  TempDir d;
+  testing::TempDir d("fathom_st");
   for (const auto& c : cases) {
     const std::string path = d.file(std::string(c.name) + ".safetensors");
     WriteRaw(path, c.header, c.data_bytes);
@@ -192,7 +178,7 @@ TEST(SafetensorsTest, CorruptHeadersGiveClearErrors) {
 }
 
 TEST(SafetensorsTest, TruncatedFileAndHugeHeaderLength) {
-  TempDir d;
+  testing::TempDir d("fathom_st");
   std::ofstream(d.file("tiny.safetensors")) << "abc";
   EXPECT_NE(SafetensorsFile::Open(d.file("tiny.safetensors")).status().message().find("too short"), std::string::npos);
   {

@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 
 namespace fathom {
 namespace {
@@ -281,21 +282,18 @@ TEST(OracleRerunTest, DeepseekV3TinyDisagreesWithTransformers) {
   EXPECT_NE(a2.greedy[7], b2.greedy[7]);
 }
 
-// llama3-distill-fp8-tiny: the Llama family in DeepSeek-V3's block-scaled FP8 format (the oracle ran on the
-// dequantized weights), through the same llama.cc.
-INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny",
-                                           "qwen2-distill-tiny", "qwen2-tied-tiny"),
+// Every fixture of tests/data/models/registry.json, by attention layout. The GQA ones (MHA included): Llama and
+// Qwen2, llama3-distill-fp8-tiny among them (the Llama family in DeepSeek-V3's block-scaled FP8 format, the oracle
+// run on the dequantized weights, through the same llama.cc).
+INSTANTIATE_TEST_SUITE_P(DenseFixtures, GoldenTest, ::testing::ValuesIn(testing::FixtureNames({.attention = "gqa"})),
                          FixtureName);
 
 // MLA over the latent paged cache, MoE routing (V2 softmax greedy, V3 sigmoid noaux_tc), and V3's FP8 weights
 // (the oracle ran on the dequantized weights, so the float32 tolerance holds there too).
-INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, GoldenTest,
-                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, GoldenTest, ::testing::ValuesIn(testing::FixtureNames({.attention = "mla"})),
                          FixtureName);
 INSTANTIATE_TEST_SUITE_P(DeepseekFixtures, MlaPrefillGoldenTest,
-                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
-                         FixtureName);
+                         ::testing::ValuesIn(testing::FixtureNames({.attention = "mla"})), FixtureName);
 
 }  // namespace
 }  // namespace fathom

@@ -12,6 +12,7 @@
 #include "comm/local_group.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -144,14 +145,11 @@ TEST_P(ExpertParallelTest, EveryRankGivesTheWholeModelsLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny",
-                                           "qwen2-distill-tiny", "qwen2-tied-tiny", "deepseek-v2-lite-tiny",
-                                           "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+// Every fixture of tests/data/models/registry.json; expert parallelism over the MoE ones.
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelTest, ::testing::ValuesIn(testing::FixtureNames()),
                          testing::FixtureName);
 INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallelTest,
-                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
-                         testing::FixtureName);
+                         ::testing::ValuesIn(testing::FixtureNames({.features = {"moe"}})), testing::FixtureName);
 
 }  // namespace
 }  // namespace fathom

@@ -17,6 +17,7 @@
 #include "io/model_config.h"
 #include "model/moe.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -1418,10 +1419,11 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
 // |dlogit| 1.93): its 16-expert routers have near-ties (layer 2 at that position: experts 11 and 5 within 0.0068 of
 // selection value), and bf16 rounding swaps such experts; the CPU reference does the same when its GEMM inputs are
 // rounded to bf16. MoE fixtures therefore take the router's low-margin rule (kRouteNoise, RouteMargins) in bf16.
+// Every fixture of tests/data/models/registry.json with float32 and with bf16 GEMMs; deepseek-v3-fp8-tiny also with
+// the W8A8 GEMM.
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
-  for (const char* f : {"llama-coder-tiny", "llama3-distill-tiny", "llama3-distill-fp8-tiny", "qwen2-distill-tiny",
-                        "qwen2-tied-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"}) {
+  for (const std::string& f : testing::FixtureNames()) {
     v.push_back({f, true});
     v.push_back({f, false});
   }
