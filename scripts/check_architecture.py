@@ -411,8 +411,27 @@ for header, inc in sorted(LAUNCHER_EXCEPTIONS):
     elif rule is not None and (header not in rule or inc not in rule):
         problems.append(f"docs/ARCHITECTURE.md's launcher rule does not name its exception: {header} includes {inc}")
 
+# 4. The Backends section's two rules: no cast of a Backend to its concrete class outside src/backend, and no exit
+# or signal disposition in a library outside src/cli.
+BACKEND_CLASSES = sorted({m.group(1) for rel, text, code, lits in files if rel.startswith("backend/")
+                          for m in re.finditer(r"\bclass\s+(\w+)\s*(?:final\s*)?:\s*public\s+Backend\b", code)})
+for rel, text, code, lits in files:
+    flat = without_preprocessor(code)
+    if not rel.startswith("backend/"):
+        for m in re.finditer(r"\b(?:dynamic|static|reinterpret)_cast\s*<\s*(?:const\s+)?(\w+)\s*\*", flat):
+            if m.group(1) in BACKEND_CLASSES:
+                problems.append(f"src/{rel}:{flat.count(chr(10), 0, m.start()) + 1} casts to {m.group(1)}: code outside "
+                                f"src/backend asks a Backend through its virtuals (docs/ARCHITECTURE.md, Backends)")
+    if not rel.startswith("cli/"):
+        for m in re.finditer(r"(?<![\w.>:])(?:std\s*::\s*|::\s*)?(exit|_exit|quick_exit|signal|sigaction)\s*\(", flat):
+            before = re.search(r"(\w+|\S)\s*$", flat[:m.start()])
+            if before and re.fullmatch(r"\w+", before.group(1)) and before.group(1) not in ("return", "else", "do"):
+                continue  # a declaration (a type before the name)
+            problems.append(f"src/{rel}:{flat.count(chr(10), 0, m.start()) + 1} calls {m.group(1)}(): only src/cli "
+                            f"ends the process or sets signal dispositions (docs/ARCHITECTURE.md, Backends)")
+
 for p in problems:
     print(p)
-print(f"checked {len(order)} layers, {len(documented)} environment variables and {len(launchers)} launcher headers: "
-      f"{'OK' if not problems else str(len(problems)) + ' stale'}")
+print(f"checked {len(order)} layers, {len(documented)} environment variables, {len(launchers)} launcher headers and "
+      f"{len(BACKEND_CLASSES)} backend classes: {'OK' if not problems else str(len(problems)) + ' stale'}")
 sys.exit(1 if problems else 0)

@@ -349,6 +349,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   if (fit_token_budget)
     eo.max_num_batched_tokens = bench::FittedTokenBudget(eo.max_num_batched_tokens, batches, o.input_len);
   FATHOM_ASSIGN_OR_RETURN(LoadedModel m, LoadModelAndTokenizer(eo, TokenizerLoad::kIfPresent));
+  if (m.worker) return RunParallelWorker(*m.worker);
   EngineConfig ec;
   bool chunked = false;  // the fitted budget did not fit this device's memory: the levels prefill in chunks
   if (fit_token_budget) {

@@ -2,11 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_backend.h"
-#ifdef FATHOM_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
-
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
@@ -35,38 +30,6 @@ StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text) {
   }
   if (out.empty()) return InvalidArgumentError("no token ids given");
   return out;
-}
-
-StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
-  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
-  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
-    int index = 0;
-    if (device.size() > 5) {
-      FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> parsed, ParseTokenList(device.substr(5)));
-      index = parsed[0];
-    }
-#ifdef FATHOM_HAVE_CUDA
-    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, CudaBackend::Create(index));
-    return std::unique_ptr<Backend>(std::move(gpu));
-#else
-    (void)index;
-    return UnimplementedError("this fathom was built without CUDA (configure with the cuda-release preset)");
-#endif
-  }
-  return InvalidArgumentError(fmt::format("unknown device '{}' (use cpu, cuda or cuda:N)", device));
-}
-
-std::string CudaProfileReport([[maybe_unused]] Backend& backend) {
-#ifdef FATHOM_HAVE_CUDA
-  if (auto* gpu = dynamic_cast<CudaBackend*>(&backend)) return gpu->ProfileReport();
-#endif
-  return "";
-}
-
-void CudaResetProfile([[maybe_unused]] Backend& backend) {
-#ifdef FATHOM_HAVE_CUDA
-  if (auto* gpu = dynamic_cast<CudaBackend*>(&backend)) gpu->ResetProfile();
-#endif
 }
 
 void ExitOnError(const Status& status) {

@@ -49,7 +49,8 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
 
 struct Loaded {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> model;            // null in a worker process
+  std::unique_ptr<ParallelWorker> worker;  // an mpirun process other than the first (engine/engine_builder.h)
 };
 
 StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
@@ -62,7 +63,10 @@ StatusOr<Loaded> LoadForRun(const ModelOptions& o) {
   LoadOptions lo;
   lo.format = format;
   lo.seed = o.seed;
-  FATHOM_ASSIGN_OR_RETURN(l.model, LoadParallelModel(o.parallel, o.device, ModelFolder(o.model), cfg, lo, *l.backend));
+  FATHOM_ASSIGN_OR_RETURN(ParallelModel p,
+                          LoadParallelModel(o.parallel, o.device, ModelFolder(o.model), cfg, lo, *l.backend));
+  l.model = std::move(p.model);
+  l.worker = std::move(p.worker);
   return l;
 }
 
@@ -79,6 +83,7 @@ StatusOr<KvCache> AllocateFor(Loaded& l, int64_t tokens, const ModelOptions& o, 
 Status RunLogits(const ModelOptions& o, const std::string& tokens_arg, const std::string& output) {
   FATHOM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseTokenList(tokens_arg));
   FATHOM_ASSIGN_OR_RETURN(Loaded l, LoadForRun(o));
+  if (l.worker) return RunParallelWorker(*l.worker);
   std::vector<int32_t> table;
   FATHOM_ASSIGN_OR_RETURN(KvCache kv, AllocateFor(l, static_cast<int64_t>(tokens.size()), o, &table));
   ForwardBatch batch(o.block_size);

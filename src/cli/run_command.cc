@@ -70,6 +70,7 @@ Status RunEngine(RunOptions o) {
   FATHOM_ASSIGN_OR_RETURN(
       LoadedModel m, LoadModelAndTokenizer(o.engine, o.tokens.empty() || !o.stop.empty() ? TokenizerLoad::kRequired
                                                                                          : TokenizerLoad::kIfPresent));
+  if (m.worker) return RunParallelWorker(*m.worker);
   Tokenizer* tokenizer = m.tokenizer.get();
 
   std::vector<int32_t> prompt;
@@ -117,7 +118,7 @@ Status RunEngine(RunOptions o) {
   TextStreamFactory text = tokenizer ? TokenizerTextStreams(*tokenizer) : nullptr;
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(*m.model, backend, ec, text));
   Engine engine(std::move(core));
-  CudaResetProfile(backend);  // the kernel-time table covers this request, not loading and warm-up
+  backend.ResetProfile();  // the kernel-time table covers this request, not loading and warm-up
   FATHOM_ASSIGN_OR_RETURN(std::shared_ptr<RequestStream> stream,
                           engine.Submit({.id = "run", .prompt = prompt, .sampling = sp}));
 
@@ -184,7 +185,7 @@ Status RunEngine(RunOptions o) {
         st.num_steps > 0 ? st.total_step_cpu_s * 1e3 / static_cast<double>(st.num_steps) : 0.0, st.num_blocks,
         o.engine.block_size, st.prefix_cache_hit_ratio, st.num_preemptions);
   }
-  const std::string profile = CudaProfileReport(backend);
+  const std::string profile = backend.ProfileReport();
   if (!profile.empty()) std::cerr << "kernel time (FATHOM_CUDA_PROFILE):\n" << profile;
   return OkStatus();
 }

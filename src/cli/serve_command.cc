@@ -14,6 +14,7 @@
 #include "cli/cli_util.h"
 #include "cli/engine_setup.h"
 #include "comm/communicator.h"
+#include "core/bytes.h"
 #include "core/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_group.h"
@@ -206,8 +207,10 @@ Status Serve(ServeOptions o) {
     }
     if (LaunchedRank() > 0) {
       // A tensor-parallel worker process: no HTTP, no engine. It loads its ranks and runs process 0's steps until
-      // process 0 stops (LoadParallelModel does not return then).
-      return LoadModelAndTokenizer(o.engine, TokenizerLoad::kNone).status();
+      // process 0 stops.
+      FATHOM_ASSIGN_OR_RETURN(LoadedModel worker, LoadModelAndTokenizer(o.engine, TokenizerLoad::kNone));
+      if (worker.worker == nullptr) return InternalError("an mpirun process other than the first got no worker");
+      return RunParallelWorker(*worker.worker);
     }
   }
   if (!o.trace_file.empty()) {

@@ -58,7 +58,7 @@ class TensorParallelModel final : public Model {
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
   // The devices' memory of every rank but rank 0 (whose backend is the engine's): this process's other ranks, read on
   // their own threads, then the other processes' (set_remote_memory), for the per-rank memory plan.
-  std::vector<DeviceMemoryInfo> RankMemory();
+  std::vector<DeviceMemoryInfo> RankMemory() override;
   void set_remote_memory(std::vector<DeviceMemoryInfo> m) { remote_memory_ = std::move(m); }
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
   KvCacheSpec kv_cache_spec() const override { return ranks_[0].model->kv_cache_spec(); }

@@ -107,6 +107,13 @@ class Backend {
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }
   // The device's model as its driver names it ("NVIDIA H200"; empty on the CPU): benchmarks pick its peaks by it.
   virtual std::string device_model() const { return {}; }
+  // The native stream every op runs on (CUDA: a cudaStream_t), for a communicator that must enqueue on it; null on
+  // the CPU.
+  virtual void* native_stream() const { return nullptr; }
+  // Per-op kernel times since profiling started or was reset (CUDA with FATHOM_CUDA_PROFILE), as a table; empty
+  // where nothing is profiled.
+  virtual std::string ProfileReport() { return {}; }
+  virtual void ResetProfile() {}
 
   // Memory. Alloc returns zeroed memory on device().
   virtual Tensor Alloc(DType dtype, std::span<const int64_t> shape) = 0;

@@ -104,6 +104,10 @@ class Model {
   // 0 for one rank.
   virtual double collective_seconds() const { return 0.0; }
 
+  // The device memory of every rank but the first (whose backend is the engine's), for a per-rank memory plan: a
+  // tensor-parallel model's other ranks; empty for one rank.
+  virtual std::vector<DeviceMemoryInfo> RankMemory() { return {}; }
+
   // Non-OK once the model can run no more steps (a tensor-parallel group aborted: a rank failed, hung past its
   // watchdog, or lost its peer): every later Forward returns this error, and the engine reports itself failed.
   virtual Status broken() const { return OkStatus(); }

@@ -128,16 +128,19 @@ class CudaBackend final : public Backend {
   // CUDA graphs: captured in relaxed mode on the backend's stream; not while profiling (KernelOptions::profile: its
   // events would be captured too).
   bool SupportsGraphs() const override { return profile_ == nullptr; }
-  void* stream() const { return stream_; }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
+  void* stream() const { return stream_; }
+  void* native_stream() const override {
+    return stream_;
+  }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
   Status BeginCapture() override;
   StatusOr<int64_t> EndCapture() override;
   Status ReplayGraph(int64_t graph) override;
 
   // With KernelOptions::profile (FATHOM_CUDA_PROFILE), every launch is timed with CUDA events; this returns the
   // per-op table (total time, calls, time per call, share) since profiling started. Empty when profiling is off.
-  std::string ProfileReport();
+  std::string ProfileReport() override;
   // Forgets what was timed so far (to time decode steps apart from the prefill).
-  void ResetProfile();
+  void ResetProfile() override;
 
   // By default (KernelOptions::moe_mma_tokens) batches of this many tokens or more run their routed experts as
   // grouped tensor-core GEMMs, smaller ones as grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1
