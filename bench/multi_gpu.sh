@@ -17,7 +17,8 @@
 #     PART v3:       DeepSeek-V3 FP8 (dummy weights, the real config) at tp = 8 with expert parallelism: the memory plan
 #                    (fathom inspect), batch-1 decode, 64 and 256 sequences, a 512-token prefill
 #
-# Back here: the bench JSON files go to bench/results (bench/summary.py for the headline ones). Every figure is stated
+# Back here: the round's summary goes to bench/results/ROUND.json and its OUT_DIR into bench/results/ROUND.tar.xz
+# (bench/results/README.md); headline figures to bench/baselines/CARD.json. Every figure is stated
 # beside tp = 1 from the same call (dense, moe) or its anchor (v3: SGLang's 43 tok/s without MTP on 8 x H200).
 set -uo pipefail
 

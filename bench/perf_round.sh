@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call of the performance round: fathom's headline benchmarks and the llama.cpp peer on the same GPU, in
-# the same lease. bench/summary.py then turns the raw outputs into bench/results/SUMMARY.json's figures, each with its
-# same-call peer ratio. Nothing is compared against an old peer number.
+# the same lease. bench/summary.py then turns the raw outputs into the card's bench/baselines/CARD.json figures, each
+# with its same-call peer ratio, and the round's OUT_DIRs are packed into bench/results/ROUND.tar.xz
+# (bench/results/README.md). Nothing is compared against an old peer number.
 #
 #   bench/perf_round.sh PART BIN_DIR LLAMA_SRC.tar.xz MAKE_GGUF.py OUT_DIR      (on the GPU machine, repository root)
 #     PART dense:   Qwen-7B and Llama-8B (bf16 and FP8 KV caches), peers r1-distill-llama-8b f16 and qwen7b-shape

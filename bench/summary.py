@@ -2,8 +2,9 @@
 """Turns the raw outputs of bench/perf_round.sh into headline figures.
 
 Each figure is written in two places:
-  - a results file (bench/results/DATE-NAME.json: commit, machine, commands, every figure);
-  - bench/results/SUMMARY.json, which keeps the newest figure of each name.
+  - a round's results file (bench/results/DATE-NAME.json: commit, machine, commands, every figure);
+  - the card's baseline, bench/baselines/CARD.json (bench/schemas/baseline.schema.json), which keeps the newest
+    figure of each name: a figure replaces its name's entry, other names stay.
 
 A figure's peer is measured in the same device call as the figure itself: llama-bench and llama-batched-bench in the
 same part's peer.jsonl, PyTorch's MLA decode in mla_peer.jsonl (bench/peers/mla_torch.py), or fathom's own bf16-KV
@@ -11,16 +12,20 @@ run for the FP8-KV figure. Never an older number. Qwen-7B's llama.cpp peer is qw
 llama.cpp's llama architecture: bench/peers/llama_cpp.sh).
 
   bench/summary.py --raw RAW_DIR [RAW_DIR ...] --commit abc1234 --date 2026-12-05 \\
-      --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json [--summary PATH] \\
-      [--summary-list figures_h100]   (another machine's figures: a list of their own, the H200's kept)
+      --machine "one NVIDIA H200 (sm_90a)" --source bench/results/2026-12-05-perf.json \\
+      [--baseline bench/baselines/h200.json] [--card "NVIDIA H200"]
+      (another card's figures go to its own baseline: --baseline bench/baselines/h100-sxm.json with --machine naming
+      "NVIDIA H100 80GB HBM3")
 
 A RAW_DIR is one part's OUT_DIR:
   - NAME.json and NAME.command for each fathom bench run (offline, or online: NAME-online-cC against fathom serve);
   - peer.jsonl, with llama-bench's and llama-batched-bench's lines; mla_peer.jsonl, with PyTorch's;
   - kernels.jsonl and kernels.command from cuda_kernel_bench --ops.
+Once the figures are written, pack the raw directories into one file for the round (bench/results/README.md).
 
 A figure whose run is missing is skipped and listed on stderr. The targets are the performance issue's. A figure
-records whether it met its target, and which one.
+records whether it met its target, and which one. A missed one needs its reason (missed_because) written into the
+baseline by hand: tests/bench/baselines_test.py fails until it is there.
 """
 import argparse
 import json
@@ -88,6 +93,8 @@ def decode_figure(name, run, batch, target_min, peer=None, target_ratio=None):
             return None
         f = {"value": round(lv["decode_tokens_per_s"], 1), "unit": "tok/s",
              "roofline": round(lv["roofline"]["theoretical_tokens_per_s"], 1), "run": run}
+        if lv["roofline"].get("mbu") is not None:
+            f["mbu"] = round(lv["roofline"]["mbu"], 3)
         if peer is not None:
             add_peer(f, *peer(runs, peers))
         f["target"], f["met"] = target(f["value"], f.get("peer_value"), target_min, target_ratio, "tok/s")
@@ -187,7 +194,7 @@ def ttft(name, run, at_most, peer=None):
         value = round(lv["ttft_ms"]["median"], 2)
         t, met = target(value, None, None, None, "ms", at_most=at_most)
         f = {"value": value, "unit": "ms (median TTFT, 512-token prompt; lower is better)", "roofline": None,
-             "run": run, "target": t, "met": met}
+             "run": run, "target": t, "met": met, "better": "lower"}
         return add_peer(f, *peer(runs, peers), digits=2) if peer is not None else f
 
     return name, make
@@ -292,8 +299,6 @@ FIGURES = [
     online_figure("v2lite_online_c256_output", V2, 256),
 ]
 
-KEYS = ["name", "value", "unit", "peer", "peer_value", "ratio", "roofline", "commit", "date", "command"]
-
 
 def read_jsonl(path):
     rows = []
@@ -335,8 +340,10 @@ def load_raw(dirs):
     return runs, peers, kernels, commands
 
 
-def compute(runs, peers, kernels, commands, commit, date, source, machine=None):
+def compute(runs, peers, kernels, commands, commit, date, source, machine=None, card=""):
+    """The figures, each in the baseline's form (bench/schemas/baseline.schema.json), and the names not measured."""
     figures, missing = [], []
+    rnd = os.path.basename(source)[:-len(".json")] if source.endswith(".json") else os.path.basename(source)
     for name, make in FIGURES:
         f = make(runs, peers, kernels)
         if f is None:
@@ -344,26 +351,31 @@ def compute(runs, peers, kernels, commands, commit, date, source, machine=None):
             continue
         if f["unit"].startswith("GB/s"):  # a bandwidth figure's roofline is the machine's HBM
             f["roofline"] = hbm_roofline(machine)
-        out = {"name": name, "value": f["value"], "unit": f["unit"], "peer": f.get("peer"),
-               "peer_value": f.get("peer_value"), "ratio": None, "roofline": f["roofline"], "commit": commit,
-               "date": date, "command": commands.get(f["run"], ""), "source": source, "target": f["target"],
-               "met": f["met"]}
+        out = {"name": name, "value": f["value"], "unit": f["unit"], "better": f.get("better", "higher")}
+        if "mbu" in f:
+            out["mbu"] = f["mbu"]
+        out.update({"roofline": f["roofline"], "peer": f.get("peer"), "peer_value": f.get("peer_value"),
+                    "peer_same_lease": True if f.get("peer_value") is not None else None, "ratio": None})
         if out["peer_value"]:
             out["ratio"] = round(out["value"] / out["peer_value"], 3)
+        else:
+            out["peer"] = None
+            out["peer_note"] = "no peer line for this figure in the call's raw outputs"
+        out.update({"target": f["target"], "met": f["met"], "commit": commit, "date": date, "card": card,
+                    "command": commands.get(f["run"], ""), "round": rnd})
         figures.append(out)
     return figures, missing
 
 
-def merge_summary(summary, figures, key="figures"):
-    """SUMMARY.json with each figure replacing the entry of its name in list `key` (new names appended, others and
-    the other lists kept)."""
+def merge_baseline(baseline, figures):
+    """The baseline with each figure replacing the entry of its name (new names appended, others kept in order)."""
     by_name = {f["name"]: f for f in figures}
     merged = []
-    for old in summary.get(key, []):
+    for old in baseline.get("figures", []):
         merged.append(by_name.pop(old["name"], old))
     merged += [f for f in figures if f["name"] in by_name]
-    summary[key] = merged
-    return summary
+    baseline["figures"] = merged
+    return baseline
 
 
 def main(argv):
@@ -373,34 +385,51 @@ def main(argv):
     ap.add_argument("--date", required=True)
     ap.add_argument("--machine", default="one NVIDIA H200 (sm_90a) through the device tool")
     ap.add_argument("--source", required=True, help="the results file to write (bench/results/DATE-NAME.json)")
-    ap.add_argument("--summary", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "SUMMARY.json"))
-    ap.add_argument("--summary-list", default="figures",
-                    help="the list of SUMMARY.json the figures replace theirs in: figures (the H200's, whose targets "
-                         "the issue sets), or another machine's, such as figures_h100")
+    ap.add_argument("--baseline", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines",
+                                                      "h200.json"),
+                    help="the card's baseline the figures replace theirs in (bench/baselines/CARD.json)")
+    ap.add_argument("--card", help="the GPU's name as nvidia-smi gives it; by default the baseline's own card, which "
+                                   "--machine must name (needed when the baseline does not exist yet)")
     a = ap.parse_args(argv)
+    baseline = None
+    if os.path.exists(a.baseline):
+        with open(a.baseline) as f:
+            baseline = json.load(f)
+    card = a.card or (baseline or {}).get("card")
+    if not card:
+        print(f"{a.baseline} does not exist: name its card with --card", file=sys.stderr)
+        return 1
+    if baseline is not None and baseline.get("card") != card:
+        print(f"{a.baseline} holds {baseline.get('card')}'s figures, not {card}'s", file=sys.stderr)
+        return 1
+    if card not in a.machine:
+        print(f"--machine ({a.machine}) does not name the card {card}: pick the card's baseline", file=sys.stderr)
+        return 1
     runs, peers, kernels, commands = load_raw(a.raw)
-    figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source, a.machine)
+    figures, missing = compute(runs, peers, kernels, commands, a.commit, a.date, a.source, a.machine, card)
     if not figures:
         print("no figure could be computed from " + " ".join(a.raw), file=sys.stderr)
         return 1
-    result = {"what": "performance round: headline figures with same-call peers (bench/perf_round.sh)",
-              "date": a.date, "commit": a.commit, "machine": a.machine, "raw": a.raw, "commands": commands,
-              "peer_lines": peers, "figures": figures, "missing": missing}
+    result = {"name": "performance round: headline figures with same-call peers (bench/perf_round.sh)",
+              "date": a.date, "commit": a.commit, "machine": a.machine, "card": card, "raw": a.raw,
+              "commands": commands, "peer_lines": peers, "figures": figures, "missing": missing}
     with open(a.source, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    summary = {"note": "", "figures": []}
-    if os.path.exists(a.summary):
-        with open(a.summary) as f:
-            summary = json.load(f)
-    with open(a.summary, "w") as f:
-        json.dump(merge_summary(summary, figures, a.summary_list), f, indent=1)
+    if baseline is None:
+        stem = os.path.basename(a.baseline)[:-len(".json")]
+        baseline = {"name": stem, "kind": "gpu", "card": card, "machine": a.machine,
+                    "note": "The current headline figures on this card (bench/schemas/baseline.schema.json).",
+                    "schema": "bench/schemas/baseline.schema.json", "figures": []}
+    with open(a.baseline, "w") as f:
+        json.dump(merge_baseline(baseline, figures), f, indent=1, ensure_ascii=False)
         f.write("\n")
     for fig in figures:
         ratio = f" ({fig['ratio']}x {fig['peer']})" if fig["ratio"] is not None else ""
         state = {True: "met", False: "MISSED", None: "no target" if not fig["target"] else "no peer"}[fig["met"]]
         print(f"{fig['name']}: {fig['value']} {fig['unit']}{ratio}; target {fig['target'] or '-'}: {state}")
+        if fig["met"] is False:
+            print(f"{fig['name']}: missed; write why (missed_because) in {a.baseline}", file=sys.stderr)
     for name in missing:
         print(f"{name}: not measured (its run is missing)", file=sys.stderr)
     return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/summary.py on made-up raw outputs of bench/perf_round.sh: the figures, their same-call peer ratios, the targets
-met and missed, and SUMMARY.json's merge (a figure replaces its name's entry; other names stay)."""
+met and missed, and the merge into a card's baseline (a figure replaces its name's entry; other names stay); and the
+layout of bench/results (one summary JSON a round, its raw outputs packed beside it)."""
 import json
 import os
 import subprocess
@@ -8,13 +9,17 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines_test  # noqa: E402  (the baseline schema's check)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "summary.py")
 
 
 def level(batch, tok_s, roofline, ttft_median=20.0, mfu=0.3, prefill_tok_s=None):
     lv = {"batch_size": batch, "decode_tokens_per_s": tok_s, "prefill_mfu": mfu,
-          "ttft_ms": {"median": ttft_median}, "roofline": {"theoretical_tokens_per_s": roofline}}
+          "ttft_ms": {"median": ttft_median},
+          "roofline": {"theoretical_tokens_per_s": roofline, "mbu": tok_s / roofline}}
     if prefill_tok_s is not None:
         lv["prefill_tokens_per_s"] = prefill_tok_s
     return lv
@@ -40,10 +45,11 @@ class SummaryTest(unittest.TestCase):
         write_run(self.dense, "qwen7b-prefill8k", [level(16, 2500.0, 5000.0, mfu=0.4, prefill_tok_s=32000.0)], "pf")
         write_run(self.dense, "llama8b-512", [level(1, 260.0, 298.3), level(64, 7000.0, 14500.0)], "llama 512")
         write_run(self.dense, "qwen7b-offline-b1-256", [level(1, 220.0, 317.5)], "offline 512/256")
-        with open(os.path.join(self.dense, "qwen7b-online-c1.json"), "w") as f:  # online: 207 / 220 = 0.941 < 0.95
-            json.dump({"mode": "online", "levels": [{"output_throughput": 207.0}]}, f)
-        with open(os.path.join(self.dense, "qwen7b-online-c64.json"), "w") as f:
-            json.dump({"mode": "online", "levels": [{"output_throughput": 6000.0}]}, f)
+        for c, tok_s in ((1, 207.0), (64, 6000.0)):  # online at concurrency 1: 207 / 220 = 0.941 < 0.95
+            with open(os.path.join(self.dense, f"qwen7b-online-c{c}.json"), "w") as f:
+                json.dump({"mode": "online", "levels": [{"output_throughput": tok_s}]}, f)
+            with open(os.path.join(self.dense, f"qwen7b-online-c{c}.command"), "w") as f:
+                f.write(f"fathom serve ...; fathom bench --concurrency {c}\n")
         with open(os.path.join(self.dense, "peer.jsonl"), "w") as f:
             f.write(json.dumps({"model_filename": "/tmp/peer/r1-distill-llama-8b-f16.gguf", "n_prompt": 512,
                                 "n_gen": 0, "avg_ts": 9000.0}) + "\n")
@@ -74,19 +80,21 @@ class SummaryTest(unittest.TestCase):
                                 "error": "not served"}) + "\n")
         with open(os.path.join(self.kern, "kernels.command"), "w") as f:
             f.write("cuda_kernel_bench --ops 1 --filter PagedAttention\n")
-        self.summary = os.path.join(t, "SUMMARY.json")
-        with open(self.summary, "w") as f:
-            json.dump({"note": "kept", "figures": [
-                {"name": "grammar_mask_us_avg_qwen", "value": 14.0},
-                {"name": "llama8b_bf16_b1_decode", "value": 1.0, "commit": "old"}]}, f)
+        self.baseline = os.path.join(t, "h200.json")
+        with open(self.baseline, "w") as f:
+            json.dump({"name": "h200", "kind": "gpu", "card": "NVIDIA H200", "machine": "one NVIDIA H200",
+                       "note": "kept", "figures": [
+                           {"name": "mla_decode_bw_64h", "value": 14.0},
+                           {"name": "llama8b_bf16_b1_decode", "value": 1.0, "commit": "old"}]}, f)
         self.source = os.path.join(t, "2026-12-05-perf.json")
 
     def tearDown(self):
         self.tmp.cleanup()
 
     def run_summary(self, *raw, extra=()):
+        baseline = () if "--baseline" in extra else ("--baseline", self.baseline)
         return subprocess.run([sys.executable, SCRIPT, "--raw", *raw, "--commit", "abc1234", "--date", "2026-12-05",
-                               "--source", self.source, "--summary", self.summary, *extra],
+                               "--source", self.source, *baseline, *extra],
                               capture_output=True, text=True)
 
     def test_figures_ratios_targets_and_merge(self):
@@ -139,33 +147,49 @@ class SummaryTest(unittest.TestCase):
                                                                                                    False))
         self.assertEqual(figs["qwen7b_online_c64_output"]["value"], 6000.0)
         self.assertIn("qwen7b_online_c16_output", result["missing"])
-        with open(self.summary) as f:
-            summary = json.load(f)
-        names = [f["name"] for f in summary["figures"]]
-        self.assertEqual(names[:2], ["grammar_mask_us_avg_qwen", "llama8b_bf16_b1_decode"])  # order kept
-        self.assertEqual(summary["figures"][1]["commit"], "abc1234")  # replaced
-        self.assertEqual(summary["figures"][0]["value"], 14.0)  # kept
+        self.assertEqual((l1["card"], l1["round"], l1["better"], l1["mbu"]),
+                         ("NVIDIA H200", "2026-12-05-perf", "higher", round(260 / 298.3, 3)))
+        self.assertEqual(ttft["better"], "lower")
+        self.assertEqual(result["card"], "NVIDIA H200")
+        self.assertIn("name", result)  # one convention: the round's description is its name
+        with open(self.baseline) as f:
+            baseline = json.load(f)
+        names = [f["name"] for f in baseline["figures"]]
+        self.assertEqual(names[:2], ["mla_decode_bw_64h", "llama8b_bf16_b1_decode"])  # order kept
+        self.assertEqual(baseline["figures"][1]["commit"], "abc1234")  # replaced
+        self.assertEqual(baseline["figures"][0]["value"], 14.0)  # kept
         self.assertEqual(len(names), len(set(names)))
-        self.assertEqual(summary["note"], "kept")
+        self.assertEqual(baseline["note"], "kept")
         self.assertIn("MISSED", r.stdout)
+        self.assertIn("qwen7b_bf16_b1_decode: missed; write why", r.stderr)
+        # Each new figure conforms to the baseline schema, but for the reason of a missed target, which a person writes.
+        baseline["figures"] = result["figures"]
+        for path, message in baselines_test.validate_schema(baseline):
+            fig = baseline["figures"][path[1]]
+            self.assertEqual((path[2:], message, fig["met"]), ([], "'missed_because' is a required property", False),
+                             fig["name"])
 
-    def test_another_machines_figures_go_to_their_own_list(self):
-        r = self.run_summary(self.dense, self.kern, extra=("--summary-list", "figures_h100"))
+    def test_another_cards_figures_go_to_its_own_baseline(self):
+        h100_path = os.path.join(self.tmp.name, "h100-sxm.json")
+        h100_card = ("--card", "NVIDIA H100 80GB HBM3", "--machine", "one NVIDIA H100 80GB HBM3")
+        r = self.run_summary(self.dense, self.kern, extra=("--machine", "one NVIDIA H100 80GB HBM3"))
+        self.assertEqual(r.returncode, 1)  # the H200's baseline refuses an H100's figures
+        self.assertIn("does not name the card NVIDIA H200", r.stderr)
+        r = self.run_summary(self.dense, self.kern, extra=("--baseline", h100_path))
+        self.assertEqual(r.returncode, 1)  # a new baseline needs its card
+        self.assertIn("--card", r.stderr)
+        r = self.run_summary(self.dense, self.kern, extra=("--baseline", h100_path, *h100_card))
         self.assertEqual(r.returncode, 0, r.stderr)
-        with open(self.summary) as f:
-            summary = json.load(f)
-        self.assertEqual(summary["figures"][1], {"name": "llama8b_bf16_b1_decode", "value": 1.0, "commit": "old"})
-        self.assertEqual(len(summary["figures"]), 2)  # the H200's list untouched
-        h100 = {f["name"]: f for f in summary["figures_h100"]}
-        self.assertEqual((h100["llama8b_bf16_b1_decode"]["value"], h100["llama8b_bf16_b1_decode"]["ratio"]),
+        with open(self.baseline) as f:
+            self.assertEqual(len(json.load(f)["figures"]), 2)  # the H200's untouched
+        with open(h100_path) as f:
+            h100 = json.load(f)
+        self.assertEqual((h100["name"], h100["card"]), ("h100-sxm", "NVIDIA H100 80GB HBM3"))
+        figs = {f["name"]: f for f in h100["figures"]}
+        self.assertEqual((figs["llama8b_bf16_b1_decode"]["value"], figs["llama8b_bf16_b1_decode"]["ratio"]),
                          (260.0, 1.3))
-        self.assertEqual(h100["mla_decode_bw_16h"]["roofline"], 4500.0)  # no --machine: the H200's
-        r = self.run_summary(self.dense, self.kern,
-                             extra=("--summary-list", "figures_h100", "--machine", "one NVIDIA H100 80GB HBM3"))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(self.summary) as f:
-            h100 = {f["name"]: f for f in json.load(f)["figures_h100"]}
-        self.assertEqual(h100["mla_decode_bw_16h"]["roofline"], 3350.0)  # the H100's HBM
+        self.assertEqual(figs["mla_decode_bw_16h"]["roofline"], 3350.0)  # the H100's HBM
+        self.assertEqual(figs["mla_decode_bw_16h"]["card"], "NVIDIA H100 80GB HBM3")
 
     def test_nothing_measured_is_an_error(self):
         empty = os.path.join(self.tmp.name, "empty")
@@ -173,35 +197,31 @@ class SummaryTest(unittest.TestCase):
         r = self.run_summary(empty)
         self.assertEqual(r.returncode, 1)
         self.assertIn("no figure", r.stderr)
-        with open(self.summary) as f:
+        with open(self.baseline) as f:
             self.assertEqual(len(json.load(f)["figures"]), 2)  # untouched
 
 
 class ResultsFilesTest(unittest.TestCase):
-    """The committed results: every bench/results/*.json parses, and SUMMARY.json's lists hold one named figure each
-    with its commit and source (a hand edit or a formatter once left it unparsable)."""
+    """bench/results as a product keeps it: a summary JSON a round (every one parses: a hand edit or a formatter once
+    left one unparsable), its raw outputs packed into one ROUND.tar.xz beside it, and no loose raw files."""
 
-    def test_every_results_file_parses(self):
+    def test_every_round_parses_and_raw_outputs_are_packed(self):
         results = os.path.join(ROOT, "bench", "results")
-        names = sorted(n for n in os.listdir(results) if n.endswith(".json"))
-        self.assertIn("SUMMARY.json", names)
-        for name in names:
+        names = sorted(os.listdir(results))
+        rounds = [n for n in names if n.endswith(".json")]
+        self.assertTrue(rounds)
+        for name in rounds:
             with open(os.path.join(results, name)) as f:
                 try:
                     json.load(f)
                 except ValueError as e:
                     self.fail(f"bench/results/{name}: {e}")
-
-    def test_summary_lists_name_each_figure_once(self):
-        with open(os.path.join(ROOT, "bench", "results", "SUMMARY.json")) as f:
-            summary = json.load(f)
-        self.assertTrue(summary["figures"])
-        for key in (k for k in summary if k.startswith("figures")):
-            names = [fig["name"] for fig in summary[key]]
-            self.assertEqual(len(names), len(set(names)), key)
-            for fig in summary[key]:
-                for field in ("value", "unit", "commit", "date"):
-                    self.assertIn(field, fig, f"{key}: {fig['name']}")
+        for name in names:
+            if name.endswith(".tar.xz"):
+                self.assertIn(name[:-len(".tar.xz")] + ".json", rounds, f"bench/results/{name} has no round JSON")
+            elif not name.endswith(".json") and name != "README.md":
+                self.fail(f"bench/results/{name}: raw outputs go into the round's one ROUND.tar.xz "
+                          "(bench/results/README.md)")
 
 
 if __name__ == "__main__":

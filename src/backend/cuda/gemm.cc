@@ -132,8 +132,8 @@ Status CublasLtGemm::ChooseAlgo(Plan& p, int64_t n, const void* x, const void* w
   p.algo = results[0].algo;
   // The first heuristic is not always the fastest. With tune_ (KernelOptions::gemm_tune), prefill-sized GEMMs time
   // the candidates once (two runs each, on the real operands) and keep the best. Off by default: on the H200 the best
-  // of 8 gained 0-3% at the R1-Distill-Qwen-7B shapes (bench/results/2026-11-30-cuda-kernels.json), while tuning
-  // costs milliseconds per new shape, and chunked prefill brings many.
+  // of 8 gained 0-3% at the R1-Distill-Qwen-7B shapes (a measurement of 2026-11-30 whose file was never committed),
+  // while tuning costs milliseconds per new shape, and chunked prefill brings many.
   if (tune_ && count > 1 && n >= kTuneMinRows) {
     FATHOM_ASSIGN_OR_RETURN(const int best, PickFastest(p, results, count, x, w, out));
     p.algo = results[best].algo;

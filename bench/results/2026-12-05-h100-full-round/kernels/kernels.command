@@ -1,1 +1,0 @@
-cuda_kernel_bench --ops 1 --filter PagedAttention

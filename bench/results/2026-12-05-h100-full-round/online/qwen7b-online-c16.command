@@ -1,1 +1,0 @@
-fathom serve --device cuda --model <deepseek-r1-distill-qwen-7b.json folder> --load-format dummy --tokenizer <qwen3> --max-model-len 4096; fathom bench --input-len 512 --output-len 256 --ignore-eos --prompt-format ids --concurrency 16 --num-requests 64

@@ -1,1 +1,0 @@
-fathom serve --device cuda --model <deepseek-v2-lite.json folder> --load-format dummy --tokenizer <qwen3> --max-model-len 4096; fathom bench --input-len 512 --output-len 256 --ignore-eos --prompt-format ids --concurrency 256 --num-requests 256
