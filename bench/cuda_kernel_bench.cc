@@ -18,8 +18,8 @@
 //     (sampling.h) against the host path it replaces (the logits rows copied to the host, then engine/sampler's
 //     Sample() on the thread pool, as the engine does), in ms.
 //   - with --ops 1 instead: every row of the op table (tests/backend/ops/op_cases.h, the rows backend_ops_test checks;
-//     --filter SUBSTRING keeps the rows whose description contains it) on the CudaBackend with its kernel variant:
-//     microseconds a run, and GB/s and TFLOP/s from the row's bytes and FLOPs.
+//     --filter SUBSTRING keeps the rows whose description or name contains it) on the CudaBackend with its kernel
+//     variant: microseconds a run, and GB/s and TFLOP/s from the row's bytes and FLOPs.
 // Weights rotate through enough copies (>= 512 MiB) that no timing is served from L2.
 //
 //   cuda_kernel_bench [--hidden 3584 --inter 18944 --heads 28 --kv-heads 4 --head-dim 128 --vocab 152064]
@@ -84,7 +84,7 @@ constexpr int kBf16 = 2, kF32 = 0, kF8 = 3;  // fathom::DType values
 struct Shape {
   int64_t hidden = 3584, inter = 18944, heads = 28, kv_heads = 4, head_dim = 128, vocab = 152064;
   int64_t mla = 0, block_size = 64, moe = 0, fp8 = 0, sample = 0, ops = 0, int4 = 0;
-  std::string filter;  // --ops: the rows whose description contains it
+  std::string filter;  // --ops: the rows whose description or name (OpCase::Name) contains it
 };
 
 // Device buffer filled with small random bf16 (as uint16) or f32 values.
@@ -897,11 +897,13 @@ int OpsBench(const std::string& filter) {
   };
   for (const fathom::ops::OpCase& c : fathom::ops::AllOpCases()) {
     const std::string what = c.Describe();
-    if (!filter.empty() && what.find(filter) == std::string::npos) continue;
+    if (!filter.empty() && what.find(filter) == std::string::npos && c.Name().find(filter) == std::string::npos)
+      continue;
     const std::string head = fmt::format(
-        "{{\"kernel\": \"op\", \"op\": \"{}\", \"shape\": \"{}\", \"dtypes\": \"{}\", \"variant\": \"{}\", "
-        "\"gpu_only\": {}",
-        JsonEscape(c.op), JsonEscape(c.shape), JsonEscape(c.dtypes), JsonEscape(c.variant), c.gpu_only);
+        "{{\"kernel\": \"op\", \"name\": \"{}\", \"op\": \"{}\", \"shape\": \"{}\", \"dtypes\": \"{}\", "
+        "\"variant\": \"{}\", \"gpu_only\": {}",
+        JsonEscape(c.Name()), JsonEscape(c.op), JsonEscape(c.shape), JsonEscape(c.dtypes), JsonEscape(c.variant),
+        c.gpu_only);
     const auto options = fathom::ops::KernelOptionsForVariant(c.variant);
     fathom::Status st = options.status();
     if (st.ok()) gpu.set_kernel_options(*options);

@@ -72,11 +72,11 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   be->sm_count_ = sm_count;
   be->device_model_ = prop.name;
   be->options_ = options;
-  cuda::SetProgrammaticLaunch(options.pdl);
   be->pool_ = std::make_shared<Pool>();
   cudaStream_t s = nullptr;
   FATHOM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   be->stream_ = s;
+  cuda::SetProgrammaticLaunch(s, options.pdl);
   if (options.profile) be->profile_ = std::make_unique<Profile>();
   be->gemm_ = std::make_unique<CublasLtGemm>();
   FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
@@ -93,7 +93,7 @@ void CudaBackend::set_kernel_options(const cuda::KernelOptions& options) {
     profile_.reset();
   }
   if (gemm_) gemm_->set_tune(options.gemm_tune);
-  cuda::SetProgrammaticLaunch(options.pdl);
+  cuda::SetProgrammaticLaunch(stream_, options.pdl);
   options_ = options;
 }
 
@@ -232,7 +232,10 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(static_cast<cudaEvent_t>(mask_copied_));
   }
   if (mask_staging_ != nullptr) cudaFreeHost(mask_staging_);
-  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (stream_ != nullptr) {
+    cuda::ForgetProgrammaticLaunch(stream_);
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
 }
 
 void* CudaBackend::Workspace(size_t bytes) {
@@ -816,7 +819,10 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   const bool device_path = experts.device_state != nullptr && k <= cuda::kMaxMoePairs && !options_.host_moe &&
                            ids.is_contiguous() && weights.is_contiguous() && x.stride(1) == 1 && x.stride(0) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 && out.stride(1) == 1;
-  if (!device_path) return Backend::MoeExperts(x, experts, ids, weights, out);
+  if (!device_path) {
+    ++host_fallbacks_;
+    return Backend::MoeExperts(x, experts, ids, weights, out);
+  }
   cuda::MoeExpertsArgs a{};
   a.xs = x.stride(0);
   a.hidden = x.dim(1);
@@ -831,6 +837,7 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
     // the gate's group, scales dtype and zero offset), except that KernelOptions::f32_gemm / generic_linear take the
     // host path's exact float32 kernels outside a graph.
     if ((options_.f32_gemm || options_.generic_linear) && !capturing_) {
+      ++host_fallbacks_;
       return Backend::MoeExperts(x, experts, ids, weights, out);
     }
     a.int4 = true;
@@ -844,6 +851,7 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   // The GEMV path takes up to kMaxMoePairs pairs in one launch; the tensor-core and 4-bit paths take any batch, in
   // slices of that many pairs.
   if (!a.tensor_cores && !a.int4 && n * k > cuda::kMaxMoePairs) {
+    ++host_fallbacks_;
     return Backend::MoeExperts(x, experts, ids, weights, out);
   }
   const int64_t slice = cuda::kMaxMoePairs / k;

@@ -142,6 +142,12 @@ class CudaBackend final : public Backend {
   // Forgets what was timed so far (to time decode steps apart from the prefill).
   void ResetProfile() override;
 
+  // How many ops since this backend was made took a path through the host instead of their device kernels (today:
+  // MoeExperts' host-sorted path, where a batch, a layout or KernelOptions::host_moe rules the device path out). It
+  // synchronizes the stream and cannot be captured; backend_ops_test's strict mode (FATHOM_OPS_STRICT_DEVICE=1)
+  // fails a GPU row that took one.
+  int64_t host_fallbacks() const { return host_fallbacks_; }
+
   // By default (KernelOptions::moe_mma_tokens) batches of this many tokens or more run their routed experts as
   // grouped tensor-core GEMMs, smaller ones as grouped GEMVs on float32 activations (bench/cuda_kernel_bench --moe 1
   // on the H200, V2-Lite's experts: at 8 tokens 186 us against 278, at 1 token even, 54 against 53).
@@ -276,7 +282,8 @@ class CudaBackend final : public Backend {
   void* mask_copied_ = nullptr;
   Arena arena_;
   bool capturing_ = false;
-  std::vector<void*> graphs_;  // cudaGraphExec_t, by graph id
+  int64_t host_fallbacks_ = 0;  // host_fallbacks()
+  std::vector<void*> graphs_;   // cudaGraphExec_t, by graph id
   int device_ = 0;
   int sm_count_ = 0;
   std::string device_model_;  // cudaDeviceProp::name

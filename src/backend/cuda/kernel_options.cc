@@ -1,22 +1,68 @@
 #include "backend/cuda/kernel_options.h"
 
+#include <array>
 #include <atomic>
+#include <mutex>
 #include <optional>
 
 #include "backend/cuda/launcher.h"
+#include "core/check.h"
 #include "core/env.h"
 
 namespace fathom::cuda {
 
 namespace {
-std::atomic<bool> g_programmatic_launch{true};
+
+// The streams whose backend turned programmatic launch off: a few entries at most (one a backend with
+// KernelOptions::pdl false), read at every launch without a lock, written under one.
+struct PdlOffStreams {
+  static constexpr int kSlots = 64;
+  std::mutex write;
+  std::atomic<int> used{0};  // slots [0, used) have been written; a cleared slot holds null
+  std::array<std::atomic<Stream>, kSlots> streams{};
+};
+
+PdlOffStreams& Off() {
+  static PdlOffStreams* off = new PdlOffStreams();  // never destroyed: launches may come during static destruction
+  return *off;
+}
+
 }  // namespace
 
-void SetProgrammaticLaunch(bool on) {
-  g_programmatic_launch.store(on, std::memory_order_relaxed);
+void SetProgrammaticLaunch(Stream stream, bool on) {
+  if (stream == nullptr) return;
+  PdlOffStreams& off = Off();
+  std::lock_guard<std::mutex> lock(off.write);
+  const int used = off.used.load(std::memory_order_relaxed);
+  int free_slot = -1;
+  for (int i = 0; i < used; ++i) {
+    const Stream s = off.streams[i].load(std::memory_order_relaxed);
+    if (s == stream) {
+      if (on) off.streams[i].store(nullptr, std::memory_order_release);
+      return;
+    }
+    if (s == nullptr && free_slot < 0) free_slot = i;
+  }
+  if (on) return;
+  if (free_slot < 0) {
+    FATHOM_CHECK(used < PdlOffStreams::kSlots, "more than 64 CUDA streams with programmatic launch off");
+    free_slot = used;
+    off.used.store(used + 1, std::memory_order_release);
+  }
+  off.streams[free_slot].store(stream, std::memory_order_release);
 }
-bool ProgrammaticLaunch() {
-  return g_programmatic_launch.load(std::memory_order_relaxed);
+
+void ForgetProgrammaticLaunch(Stream stream) {
+  SetProgrammaticLaunch(stream, true);
+}
+
+bool ProgrammaticLaunch(Stream stream) {
+  const PdlOffStreams& off = Off();
+  const int used = off.used.load(std::memory_order_acquire);
+  for (int i = 0; i < used; ++i) {
+    if (off.streams[i].load(std::memory_order_acquire) == stream) return false;
+  }
+  return true;
 }
 
 StatusOr<KernelOptions> KernelOptions::FromEnvironment() {

@@ -24,8 +24,8 @@
 namespace fathom::cuda {
 
 // Programmatic dependent launch (Hopper). LaunchKernel gives every kernel the launch attribute that lets it be
-// scheduled while the kernel before it in the stream is still running (unless SetProgrammaticLaunch(false):
-// KernelOptions::pdl), and every kernel starts with PdlPrologue(). Its griddepcontrol.wait returns once the kernels
+// scheduled while the kernel before it in the stream is still running (unless the stream's backend turned it off:
+// KernelOptions::pdl, SetProgrammaticLaunch), and every kernel starts with PdlPrologue(). Its griddepcontrol.wait returns once the kernels
 // before are complete and their writes visible (at once for a launch without the attribute), so nothing of a kernel
 // runs early but its launch and block scheduling; then launch_dependents lets the next kernel's blocks be scheduled
 // in turn. So the gap between two kernels of a step, a few microseconds of launch latency, overlaps the first one's
@@ -52,7 +52,7 @@ void LaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cuda
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = ProgrammaticLaunch() ? 1 : 0;
+  cfg.numAttrs = ProgrammaticLaunch(static_cast<Stream>(s)) ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 

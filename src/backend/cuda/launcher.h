@@ -14,10 +14,12 @@ namespace fathom::cuda {
 
 using Stream = void*;  // cudaStream_t
 
-// Whether kernels are launched with programmatic dependent launch (launch.cuh): process-wide, set by CudaBackend from
-// KernelOptions::pdl. On by default.
-void SetProgrammaticLaunch(bool on);
-bool ProgrammaticLaunch();
+// Whether kernels launched on `stream` use programmatic dependent launch (launch.cuh). Each CudaBackend sets its own
+// stream's from its KernelOptions::pdl and forgets it when destroyed, so backends with other options never see each
+// other's; a stream no backend set (a test's or a benchmark's direct launches) has it on.
+void SetProgrammaticLaunch(Stream stream, bool on);
+void ForgetProgrammaticLaunch(Stream stream);
+bool ProgrammaticLaunch(Stream stream);
 
 // One layer's K or V cache: [blocks, block_size, heads, dim] of f32, f16, bf16 or f8 e4m3, with these strides. An f8
 // cache has float32 scales [blocks, block_size, heads, dim / group] (model/backend.h's KvLayerView): value i of a row

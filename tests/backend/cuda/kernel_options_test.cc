@@ -1,5 +1,5 @@
 // KernelOptions::FromEnvironment: the FATHOM_CUDA_* variables' defaults and values (the table atop
-// backend/cuda/kernel_options.h). No GPU needed.
+// backend/cuda/kernel_options.h), and programmatic launch as each stream's own setting. No GPU needed.
 #include "backend/cuda/kernel_options.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "backend/cuda/launcher.h"
 
 namespace fathom::cuda {
 namespace {
@@ -110,6 +112,29 @@ TEST(KernelOptionsTest, AnythingElseIsRefusedByName) {
   ScopedEnv env;
   env.Set("FATHOM_CUDA_MOE_MMA_TOKENS", " 16 ");
   EXPECT_EQ(Read().moe_mma_tokens, 16);
+}
+
+// Two backends' streams (handles only: nothing is launched): turning programmatic launch off for one leaves the other's
+// on, and a stream forgotten (its backend destroyed) is on again, as is any stream no backend set.
+TEST(ProgrammaticLaunchTest, IsEachStreamsOwn) {
+  int a_storage = 0, b_storage = 0;
+  const Stream a = &a_storage, b = &b_storage;
+  EXPECT_TRUE(ProgrammaticLaunch(a));
+  SetProgrammaticLaunch(a, false);
+  EXPECT_FALSE(ProgrammaticLaunch(a));
+  EXPECT_TRUE(ProgrammaticLaunch(b));
+  SetProgrammaticLaunch(b, false);
+  SetProgrammaticLaunch(a, true);
+  EXPECT_TRUE(ProgrammaticLaunch(a));
+  EXPECT_FALSE(ProgrammaticLaunch(b));
+  ForgetProgrammaticLaunch(b);
+  EXPECT_TRUE(ProgrammaticLaunch(b));
+  // Slots are reused: many backends made and destroyed in turn never fill the table.
+  for (int i = 0; i < 1000; ++i) {
+    SetProgrammaticLaunch(a, false);
+    ForgetProgrammaticLaunch(a);
+  }
+  EXPECT_TRUE(ProgrammaticLaunch(a));
 }
 
 }  // namespace

@@ -5,16 +5,22 @@
 //     depend on its thread count, and batch invariance rests on it.
 //   - Where the CUDA backend is built: every row on the GPU against the CPU, within the row's tolerance, its kernel
 //     variant selected with KernelOptions (cuda_variants.h); the tests skip themselves where there is no GPU.
-// A failing row prints the op, its shapes, dtypes and variant, and the measured error of each output.
+// A failing row prints the op, its shapes, dtypes and variant, and the measured error of each output. Rows are named
+// by OpCase::Name, so --gtest_filter picks them by op, backend (the suite) and variant:
+//   backend_ops_test --gtest_filter='CudaAgainstCpuTest/*/MoeExperts_*'      # one op on the GPU
+//   backend_ops_test --gtest_filter='*/*_no_mla_attention'                   # one variant on every backend
+//   FATHOM_OPS_STRICT_DEVICE=1 backend_ops_test                              # a GPU row through the host fails
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -51,14 +57,9 @@ std::vector<size_t> Rows(bool with_gpu_only) {
   return rows;
 }
 
-// "017_Linear_f32_gemm"
+// "Linear_n1_in3584_out18944_w_bf16_bias_bf16_default" (OpCase::Name).
 std::string RowName(const ::testing::TestParamInfo<size_t>& info) {
-  const OpCase& c = AllOpCases()[info.param];
-  std::string name = fmt::format("{:03}_{}_{}", info.param, c.op, c.variant);
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return name;
+  return AllOpCases()[info.param].Name();
 }
 
 // Each output of `got` within `tol` of `ref`'s (bit-identical for an exact tolerance); returns the errors.
@@ -74,10 +75,22 @@ std::vector<OutputError> ExpectMatch(const OpCase& c, const std::vector<OpOutput
 }
 
 TEST(OpTableTest, RowsAreDistinctAndTheirVariantsKnown) {
-  std::set<std::string> seen;
+  std::set<std::string> seen, names;
   const std::span<const std::string_view> known = KnownVariants();
   for (const OpCase& c : AllOpCases()) {
     EXPECT_TRUE(seen.insert(c.Describe()).second) << "a second row " << c.Describe();
+    // Names are the tests' names: distinct, of the op first and the variant last, whatever the row's place.
+    const std::string name = c.Name();
+    EXPECT_TRUE(names.insert(name).second) << "a second row named " << name << ": " << c.Describe();
+    auto plain = [](std::string s) {
+      for (char& ch : s) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return s;
+    };
+    const std::string op = plain(c.op) + "_", variant = "_" + plain(c.variant);
+    EXPECT_EQ(name.rfind(op, 0), 0u) << name << " does not begin with its op " << c.op;
+    EXPECT_TRUE(name.size() > variant.size() &&
+                name.compare(name.size() - variant.size(), variant.size(), variant) == 0)
+        << name << " does not end with its variant " << c.variant;
     EXPECT_NE(std::find(known.begin(), known.end(), c.variant), known.end()) << c.Describe();
     EXPECT_GT(c.bytes, 0.0) << c.Describe();
   }
@@ -170,8 +183,17 @@ TEST_P(CudaAgainstCpuTest, WithinTolerance) {
   CpuBackend cpu;
   const StatusOr<std::vector<OpOutput>> ref = RunOpCase(c, cpu);
   ASSERT_TRUE(ref.ok()) << c.Describe() << ": cpu: " << ref.status().ToString();
+  const int64_t fallbacks = gpu->host_fallbacks();
   const StatusOr<std::vector<OpOutput>> got = RunOpCase(c, *gpu);
   ASSERT_TRUE(got.ok()) << c.Describe() << ": cuda: " << got.status().ToString();
+  // A row that went through the host instead of its device kernels says so; in the strict mode
+  // (FATHOM_OPS_STRICT_DEVICE=1) it fails, unless its variant asks for the host path.
+  if (const int64_t through_host = gpu->host_fallbacks() - fallbacks; through_host > 0) {
+    std::cout << c.Describe() << ": " << through_host << " op(s) took the host path\n";
+    const char* strict = std::getenv("FATHOM_OPS_STRICT_DEVICE");
+    EXPECT_FALSE(strict != nullptr && std::string_view(strict) == "1" && c.variant != "host_moe")
+        << c.Describe() << ": a GPU row ran on a host fallback (" << through_host << " op(s))";
+  }
   // The measured errors of passing rows too, to see each tolerance's margin.
   for (const OutputError& e : ExpectMatch(c, *ref, *got, c.tol, "cuda against cpu")) {
     std::cout << c.Describe() << ": " << e.ToString() << "\n";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -1862,6 +1863,21 @@ std::string OutputError::ToString() const {
 
 std::string OpCase::Describe() const {
   return fmt::format("{} [{}] {} variant={}", op, shape, dtypes, variant);
+}
+
+std::string OpCase::Name() const {
+  const std::string text = fmt::format("{} {} {} {}", op, shape, dtypes, variant);
+  std::string name;
+  for (const char ch : text) {
+    if (ch == '=') continue;
+    if (std::isalnum(static_cast<unsigned char>(ch))) {
+      name.push_back(ch);
+    } else if (!name.empty() && name.back() != '_') {
+      name.push_back('_');
+    }
+  }
+  while (!name.empty() && name.back() == '_') name.pop_back();
+  return name;
 }
 
 const std::vector<OpCase>& AllOpCases() {

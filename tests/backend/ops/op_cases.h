@@ -74,6 +74,12 @@ struct OpCase {
 
   // "Linear [n=1 in=3584 out=18944] w=bf16 bias=bf16 variant=default"
   std::string Describe() const;
+  // The row's stable name, of its op, shape, dtypes and variant (not of its place in the table, so adding a row
+  // renames none): "Linear_n1_in3584_out18944_w_bf16_bias_bf16_default". '=' is dropped and every other run of
+  // characters that are not letters or digits becomes one '_'. The tests are
+  // named by it, so `--gtest_filter` selects rows by op ('*/Linear_*'), by backend (the suite: CpuThreadCountTest,
+  // CudaAgainstCpuTest) and by variant ('*_f32_gemm').
+  std::string Name() const;
 };
 
 // Every row, small ones (run everywhere) and GPU-only ones at Qwen-7B, DeepSeek-V2-Lite and V3 sizes.
