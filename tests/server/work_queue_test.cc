@@ -3,6 +3,7 @@
 // (after the handler that queued the request has returned) for the other two.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -37,46 +38,48 @@ ServerOptions WithWorkThreads() {
   return o;
 }
 
+// A listening server with no model: ready, since the refusals come before a request needs a tokenizer.
+std::unique_ptr<OpenAiServer> StartReady(const ServerOptions& o) {
+  auto srv = std::make_unique<OpenAiServer>(o);
+  srv->Attach({});
+  EXPECT_TRUE(srv->Start().ok());
+  return srv;
+}
+
 TEST(WorkQueueTest, AFullQueueIsRefusedWithRetryAfter) {
   ServerOptions o = WithWorkThreads();
   o.max_work_queue = 0;
   o.retry_after_s = 7;
-  OpenAiServer srv(o);
-  srv.Attach({});  // ready; the refusals come before the request needs a tokenizer
-  ASSERT_TRUE(srv.Start().ok());
-  const std::string r = Tokenize(srv.port());
+  const auto srv = StartReady(o);
+  const std::string r = Tokenize(srv->port());
   EXPECT_EQ(StatusAndCode(r), "503 server_busy") << r;
   EXPECT_NE(r.find("Retry-After: 7\r\n"), std::string::npos) << r;
   EXPECT_NE(r.find("more than 0 requests are waiting"), std::string::npos) << r;
-  srv.Stop();
+  srv->Stop();
 }
 
 TEST(WorkQueueTest, ARequestThatWaitedTooLongIsRefusedByTheWorkThread) {
   ServerOptions o = WithWorkThreads();
   o.max_work_wait_s = -1;  // every wait is too long
-  OpenAiServer srv(o);
-  srv.Attach({});  // ready; the refusals come before the request needs a tokenizer
-  ASSERT_TRUE(srv.Start().ok());
+  const auto srv = StartReady(o);
   for (int i = 0; i < 3; ++i) {
-    const std::string r = Tokenize(srv.port());
+    const std::string r = Tokenize(srv->port());
     EXPECT_EQ(StatusAndCode(r), "503 server_busy") << r;
     EXPECT_NE(r.find("Retry-After: "), std::string::npos) << r;
     EXPECT_NE(r.find("waited more than"), std::string::npos) << r;
   }
-  srv.Stop();
+  srv->Stop();
 }
 
 TEST(WorkQueueTest, WorkQueuedAtAShutdownIsAnsweredDraining) {
-  OpenAiServer srv(WithWorkThreads());
-  srv.Attach({});
-  ASSERT_TRUE(srv.Start().ok());
-  srv.BeginDrain();
-  const std::string r = Tokenize(srv.port());
+  const auto srv = StartReady(WithWorkThreads());
+  srv->BeginDrain();
+  const std::string r = Tokenize(srv->port());
   EXPECT_EQ(StatusAndCode(r), "503 draining") << r;
   EXPECT_EQ(r.find("Retry-After: "), std::string::npos) << r;
-  const std::string health = Exchange(srv.port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string health = Exchange(srv->port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(health.rfind("HTTP/1.1 503 ", 0), 0u) << health;
-  srv.Stop();
+  srv->Stop();
 }
 
 }  // namespace
