@@ -880,7 +880,7 @@ int OpsBench(const std::string& filter) {
     return 1;
   }
   fathom::CudaBackend& gpu = **made;
-  const cudaStream_t s = static_cast<cudaStream_t>(gpu.stream());
+  const cudaStream_t s = static_cast<cudaStream_t>(gpu.native_stream());
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));

@@ -125,8 +125,9 @@ def tg128(model):
 
 
 def batched(model, pl, pp=512):
-    return lambda runs, peers: (f"llama.cpp {model} llama-batched-bench -npp {pp} -ntg 128 -npl {pl} speed_tg (same call)",
-                                batched_bench(peers, model, pl, pp))
+    return lambda runs, peers: (
+        f"llama.cpp {model} llama-batched-bench -npp {pp} -ntg 128 -npl {pl} speed_tg (same call)",
+        batched_bench(peers, model, pl, pp))
 
 
 def pp512_ms(model):
@@ -246,8 +247,9 @@ def online_figure(name, model, c):
         lv = online_level(runs, model, c)
         if lv is None:
             return None
-        return {"value": round(lv["output_throughput"], 1), "unit": f"output tok/s at concurrency {c} (512 in, 256 out)",
-                "roofline": None, "run": f"{model}-online-c{c}", "target": "", "met": None}
+        return {"value": round(lv["output_throughput"], 1),
+                "unit": f"output tok/s at concurrency {c} (512 in, 256 out)", "roofline": None,
+                "run": f"{model}-online-c{c}", "target": "", "met": None}
 
     return name, make
 

@@ -420,8 +420,9 @@ for rel, text, code, lits in files:
     if not rel.startswith("backend/"):
         for m in re.finditer(r"\b(?:dynamic|static|reinterpret)_cast\s*<\s*(?:const\s+)?(\w+)\s*\*", flat):
             if m.group(1) in BACKEND_CLASSES:
-                problems.append(f"src/{rel}:{flat.count(chr(10), 0, m.start()) + 1} casts to {m.group(1)}: code outside "
-                                f"src/backend asks a Backend through its virtuals (docs/ARCHITECTURE.md, Backends)")
+                line = flat.count(chr(10), 0, m.start()) + 1
+                problems.append(f"src/{rel}:{line} casts to {m.group(1)}: code outside src/backend asks a Backend "
+                                f"through its virtuals (docs/ARCHITECTURE.md, Backends)")
     if not rel.startswith("cli/"):
         for m in re.finditer(r"(?<![\w.>:])(?:std\s*::\s*|::\s*)?(exit|_exit|quick_exit|signal|sigaction)\s*\(", flat):
             before = re.search(r"(\w+|\S)\s*$", flat[:m.start()])

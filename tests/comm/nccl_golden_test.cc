@@ -40,11 +40,11 @@ StatusOr<std::unique_ptr<Model>> LoadOverGpus(const std::string& dir, const Mode
                                               CudaBackend& gpu0) {
   std::vector<std::unique_ptr<CudaBackend>> others;
   std::vector<int> devices = {0};
-  std::vector<void*> streams = {gpu0.stream()};
+  std::vector<void*> streams = {gpu0.native_stream()};
   for (int r = 1; r < tp; ++r) {
     FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(r, gpu0.kernel_options()));
     devices.push_back(r);
-    streams.push_back(be->stream());
+    streams.push_back(be->native_stream());
     others.push_back(std::move(be));
   }
   FATHOM_RETURN_IF_ERROR(gpu0.MakeCurrent());

@@ -39,7 +39,7 @@ TEST(NcclTest, OneRanksCollectivesKeepItsValuesEagerlyAndInAGraph) {
   StatusOr<std::string> version = NcclGroup::Version();
   ASSERT_TRUE(version.ok()) << version.status().ToString();
   std::cout << "NCCL " << *version << "\n";
-  auto group = NcclGroup::CreateLocal({0}, {gpu->stream()}, /*expert_parallel=*/false);
+  auto group = NcclGroup::CreateLocal({0}, {gpu->native_stream()}, /*expert_parallel=*/false);
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   std::unique_ptr<Communicator> comm = (*group)->Rank(0);
   EXPECT_EQ(comm->name(), "nccl");
@@ -57,7 +57,7 @@ TEST(NcclTest, OneRanksCollectivesKeepItsValuesEagerlyAndInAGraph) {
   EXPECT_EQ(Read(*gpu, *buf), host);
 
   // Recorded in a graph on the rank's stream, then replayed twice.
-  auto stream = static_cast<cudaStream_t>(gpu->stream());
+  auto stream = static_cast<cudaStream_t>(gpu->native_stream());
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -94,7 +94,7 @@ TEST(NcclTest, AModelOnAOneRankGroupGivesThePlainModelsLogits) {
   auto want = testing::ForwardCasesChunked(**plain, *gpu, *golden, {5, 1, 0}, /*block_seed=*/5);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
 
-  auto group = NcclGroup::CreateLocal({0}, {gpu->stream()}, /*expert_parallel=*/false);
+  auto group = NcclGroup::CreateLocal({0}, {gpu->native_stream()}, /*expert_parallel=*/false);
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   std::unique_ptr<Communicator> comm = (*group)->Rank(0);
   auto ranked = LoadModel(dir, *cfg, lo, *gpu, *comm);
@@ -108,7 +108,7 @@ TEST(NcclTest, TwoRanksSumAndGather) {
   if (DeviceCount() < 2) GTEST_SKIP() << "fewer than two CUDA devices on this machine";
   auto g0 = Gpu(0), g1 = Gpu(1);
   ASSERT_TRUE(g0 && g1);
-  auto group = NcclGroup::CreateLocal({0, 1}, {g0->stream(), g1->stream()}, /*expert_parallel=*/false);
+  auto group = NcclGroup::CreateLocal({0, 1}, {g0->native_stream(), g1->native_stream()}, /*expert_parallel=*/false);
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   CudaBackend* gpus[2] = {g0.get(), g1.get()};
   std::vector<std::vector<float>> reduced(2), gathered(2);

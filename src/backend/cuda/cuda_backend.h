@@ -128,10 +128,8 @@ class CudaBackend final : public Backend {
   // CUDA graphs: captured in relaxed mode on the backend's stream; not while profiling (KernelOptions::profile: its
   // events would be captured too).
   bool SupportsGraphs() const override { return profile_ == nullptr; }
-  void* stream() const { return stream_; }
-  void* native_stream() const override {
-    return stream_;
-  }  // cudaStream_t: the stream every op runs on, for direct launches (tests)
+  // cudaStream_t: the stream every op runs on (NCCL's ranks enqueue on it; tests and benchmarks launch on it directly).
+  void* native_stream() const override { return stream_; }
   Status BeginCapture() override;
   StatusOr<int64_t> EndCapture() override;
   Status ReplayGraph(int64_t graph) override;

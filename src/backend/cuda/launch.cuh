@@ -25,11 +25,11 @@ namespace fathom::cuda {
 
 // Programmatic dependent launch (Hopper). LaunchKernel gives every kernel the launch attribute that lets it be
 // scheduled while the kernel before it in the stream is still running (unless the stream's backend turned it off:
-// KernelOptions::pdl, SetProgrammaticLaunch), and every kernel starts with PdlPrologue(). Its griddepcontrol.wait returns once the kernels
-// before are complete and their writes visible (at once for a launch without the attribute), so nothing of a kernel
-// runs early but its launch and block scheduling; then launch_dependents lets the next kernel's blocks be scheduled
-// in turn. So the gap between two kernels of a step, a few microseconds of launch latency, overlaps the first one's
-// run. A kernel without the prologue must not be launched through LaunchKernel.
+// KernelOptions::pdl, SetProgrammaticLaunch), and every kernel starts with PdlPrologue(). Its griddepcontrol.wait
+// returns once the kernels before are complete and their writes visible (at once for a launch without the
+// attribute), so nothing of a kernel runs early but its launch and block scheduling; then launch_dependents lets the
+// next kernel's blocks be scheduled in turn. So the gap between two kernels of a step, a few microseconds of launch
+// latency, overlaps the first one's run. A kernel without the prologue must not be launched through LaunchKernel.
 // A kernel may do work before the prologue that reads nothing an earlier kernel writes (addresses from its
 // parameters, L2 prefetches of weights: the GEMV's `prefetch_bytes`).
 __device__ __forceinline__ void PdlPrologue() {

@@ -56,7 +56,7 @@ TEST(CudaSamplingTest, PhiloxMatchesCurandOnTheDeviceAndTheHost) {
   Tensor dr = gpu->Alloc(DType::kI32, {kN, 8});
   ASSERT_EQ(cuda::LaunchCurandPhilox(reinterpret_cast<const uint32_t*>(dc->view().raw()),
                                      reinterpret_cast<const uint32_t*>(dk->view().raw()), kN,
-                                     reinterpret_cast<uint32_t*>(dr.view().raw()), gpu->stream()),
+                                     reinterpret_cast<uint32_t*>(dr.view().raw()), gpu->native_stream()),
             0);
   std::vector<uint32_t> r(kN * 8);
   ASSERT_TRUE(gpu->CopyToHost(dr.view(), r.data()).ok());
