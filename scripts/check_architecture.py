@@ -48,7 +48,7 @@ LAUNCHER_EXCEPTIONS = {
     ("backend/cuda/sampling.h", "model/sample_rows.h"): "SampleRowSpec, LogitAdjust and AdjustedLogit",
 }
 # The calls that read the environment, with the variable's name as their first argument.
-READERS = ("getenv", "secure_getenv", "EnvSwitch", "EnvInteger")
+READERS = ("getenv", "secure_getenv", "EnvSwitch", "EnvInteger", "EnvChoice")
 ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
 root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))

@@ -49,6 +49,17 @@ StatusOr<int64_t> ParseInteger(std::string_view name, std::string_view value) {
   return out;
 }
 
+StatusOr<std::string_view> ParseChoice(std::string_view name, std::string_view value,
+                                       std::initializer_list<std::string_view> choices) {
+  const std::string_view v = Trim(value);
+  for (const std::string_view c : choices) {
+    if (EqualsLower(v, c)) return c;
+  }
+  std::string list;
+  for (const std::string_view c : choices) list += fmt::format("{}{}", list.empty() ? "" : ", ", c);
+  return InvalidArgumentError(fmt::format("{}='{}': takes one of {}", name, value, list));
+}
+
 StatusOr<std::optional<bool>> EnvSwitch(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || Trim(v).empty()) return std::optional<bool>();
@@ -61,6 +72,13 @@ StatusOr<std::optional<int64_t>> EnvInteger(const char* name) {
   if (v == nullptr || Trim(v).empty()) return std::optional<int64_t>();
   FATHOM_ASSIGN_OR_RETURN(const int64_t n, ParseInteger(name, v));
   return std::optional<int64_t>(n);
+}
+
+StatusOr<std::optional<std::string_view>> EnvChoice(const char* name, std::initializer_list<std::string_view> choices) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || Trim(v).empty()) return std::optional<std::string_view>();
+  FATHOM_ASSIGN_OR_RETURN(const std::string_view c, ParseChoice(name, v, choices));
+  return std::optional<std::string_view>(c);
 }
 
 }  // namespace fathom

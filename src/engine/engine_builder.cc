@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "comm/local_group.h"
 #include "core/bytes.h"
+#include "core/env.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
 #include "engine/memory_plan.h"
@@ -59,19 +60,18 @@ namespace {
 
 // FATHOM_MLA_PREFILL=up|absorbed forces MLA's prefill form (for measurements); unset or auto: the shape rule.
 StatusOr<MlaPrefill> MlaPrefillFromEnvironment() {
-  const char* v = std::getenv("FATHOM_MLA_PREFILL");
-  const std::string s = v == nullptr ? "" : v;
-  if (s.empty() || s == "auto") return MlaPrefill::kAuto;
-  if (s == "up") return MlaPrefill::kUpProjected;
-  if (s == "absorbed") return MlaPrefill::kAbsorbed;
-  return InvalidArgumentError(fmt::format("FATHOM_MLA_PREFILL='{}': use up, absorbed or auto", s));
+  FATHOM_ASSIGN_OR_RETURN(const std::optional<std::string_view> v,
+                          EnvChoice("FATHOM_MLA_PREFILL", {"auto", "up", "absorbed"}));
+  if (v == "up") return MlaPrefill::kUpProjected;
+  if (v == "absorbed") return MlaPrefill::kAbsorbed;
+  return MlaPrefill::kAuto;
 }
 
-// $FATHOM_FORCE_TENSOR_PARALLEL=1: tp = 1 also runs through TensorParallelModel and a real communicator (NCCL on a
-// GPU), to measure that path's cost against the plain one and to exercise NCCL on one GPU.
-bool ForceParallelPath() {
-  const char* v = std::getenv("FATHOM_FORCE_TENSOR_PARALLEL");
-  return v != nullptr && std::string(v) == "1";
+// $FATHOM_FORCE_TENSOR_PARALLEL=1 (a switch, core/env.h): tp = 1 also runs through TensorParallelModel and a real
+// communicator (NCCL on a GPU), to measure that path's cost against the plain one and to exercise NCCL on one GPU.
+StatusOr<bool> ForceParallelPath() {
+  FATHOM_ASSIGN_OR_RETURN(const std::optional<bool> v, EnvSwitch("FATHOM_FORCE_TENSOR_PARALLEL"));
+  return v.value_or(false);
 }
 
 #ifdef FATHOM_HAVE_MPI
@@ -326,7 +326,8 @@ StatusOr<ParallelModel> LoadParallelModel(const ParallelOptions& o, const std::s
                                           const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
                                           Backend& backend) {
   const bool launched = LaunchedByMpi();
-  if (o.tensor_parallel_size <= 1 && !ForceParallelPath() && !launched) {
+  FATHOM_ASSIGN_OR_RETURN(const bool forced, ForceParallelPath());
+  if (o.tensor_parallel_size <= 1 && !forced && !launched) {
     FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(folder, cfg, lo, backend));
     return ParallelModel{.model = std::move(model), .worker = nullptr};
   }
@@ -369,7 +370,8 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
   FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
   m.run = lo.run;
-  if (o.parallel.tensor_parallel_size > 1 || ForceParallelPath() || LaunchedByMpi()) {
+  FATHOM_ASSIGN_OR_RETURN(const bool forced, ForceParallelPath());
+  if (o.parallel.tensor_parallel_size > 1 || forced || LaunchedByMpi()) {
     FATHOM_ASSIGN_OR_RETURN(ParallelModel p,
                             LoadParallelModel(o.parallel, o.device, m.folder, m.config, lo, *m.backend));
     m.model = std::move(p.model);

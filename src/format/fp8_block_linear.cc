@@ -1,9 +1,11 @@
 // The block-scaled FP8 weight format of DeepSeek-V3 (`quant_method: fp8`, `weight_block_size: [n, k]`):
 //   W [out, in] in f8 e4m3, `weight_scale_inv` [ceil(out / n), ceil(in / k)] float32,
 //   W[r, c] = f8[r, c] * scale_inv[r / n, c / k].
-// The CUDA side: backend/cuda/linear_fp8.cc (which path a layer takes) and fp8.cu (its kernels).
+// Its payload is format/fp8_block.h's. The CUDA side: backend/cuda/linear_fp8.cc (which path a layer takes) and fp8.cu
+// (its kernels).
 #include <fmt/format.h>
 
+#include "format/fp8_block.h"
 #include "format/methods.h"
 
 namespace fathom {
@@ -51,12 +53,7 @@ class Fp8BlockMethod final : public LinearMethod {
       return InvalidArgumentError(
           fmt::format("tensor '{}' has dtype {}, expected F32", scale_name, DTypeSafetensorsName(s->dtype())));
     }
-    LinearWeight lw;
-    lw.format = LinearFormat::kFp8Block;
-    lw.weight = *w;
-    lw.scale_inv = *s;
-    lw.block_n = block_n_;
-    lw.block_k = block_k_;
+    LinearWeight lw = Fp8BlockWeight(*w, *s, block_n_, block_k_);
     FATHOM_ASSIGN_OR_RETURN(lw.bias, BindBias(l, find));
     return lw;
   }
@@ -64,8 +61,9 @@ class Fp8BlockMethod final : public LinearMethod {
   void DequantizeRow(const LinearWeight& w, int64_t r, float* dst) const override {
     const int64_t in = w.in_features();
     ConvertToF32(w.weight.raw(), w.weight.dtype(), r * w.weight.stride(0), in, dst);
-    const float* scales = w.scale_inv.data<float>() + (r / w.block_n) * w.scale_inv.stride(0);
-    for (int64_t c = 0; c < in; ++c) dst[c] *= scales[c / w.block_k];
+    const Fp8BlockPayload& p = w.payload<Fp8BlockPayload>();
+    const float* scales = p.scale_inv.data<float>() + (r / p.block_n) * p.scale_inv.stride(0);
+    for (int64_t c = 0; c < in; ++c) dst[c] *= scales[c / p.block_k];
   }
 
   // A product of an e4m3 value and a float32 scale needs more bits than bf16 has.
@@ -81,6 +79,27 @@ class Fp8BlockMethod final : public LinearMethod {
 };
 
 }  // namespace
+
+StatusOr<std::shared_ptr<const FormatPayload>> Fp8BlockPayload::MapTensors(
+    const std::function<StatusOr<TensorView>(const TensorView&)>& f) const {
+  auto p = std::make_shared<Fp8BlockPayload>(*this);
+  if (!scale_inv.empty()) {
+    FATHOM_ASSIGN_OR_RETURN(p->scale_inv, f(scale_inv));
+  }
+  return std::shared_ptr<const FormatPayload>(std::move(p));
+}
+
+LinearWeight Fp8BlockWeight(const TensorView& codes, const TensorView& scale_inv, int64_t block_n, int64_t block_k) {
+  auto p = std::make_shared<Fp8BlockPayload>();
+  p->scale_inv = scale_inv;
+  p->block_n = block_n;
+  p->block_k = block_k;
+  LinearWeight w;
+  w.format = LinearFormat::kFp8Block;
+  w.weight = codes;
+  w.format_payload = std::move(p);
+  return w;
+}
 
 Status CheckFp8Config(const QuantConfig& q) {
   if (!q.fmt.empty() && q.fmt != "e4m3") {

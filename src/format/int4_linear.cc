@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "format/int4.h"
 #include "format/methods.h"
 
 namespace fathom {
@@ -154,12 +155,13 @@ class Int4Method final : public LinearMethod {
     LinearWeight w;
     w.format = format_;
     w.weight = *qw;
-    w.qzeros = *qz;
-    w.scales = *sc;
-    w.group_size = Group(l.in);
-    w.zero_offset = zero_offset_;
-    w.int4_out = out;
-    w.int4_in = in;
+    w.logical_out = out;
+    w.logical_in = in;
+    auto p = std::make_shared<Int4Payload>();
+    p->qzeros = *qz;
+    p->scales = *sc;
+    p->group_size = Group(l.in);
+    p->zero_offset = zero_offset_;
     if (gi != nullptr) {
       FATHOM_RETURN_IF_ERROR(CheckTensor(*gi, l.prefix + ".g_idx", {DType::kI32}, {in}, what.c_str()));
       // Every group index is read as an offset into qzeros and scales: check them all once, on the host.
@@ -172,35 +174,37 @@ class Int4Method final : public LinearMethod {
           }
         }
       }
-      w.g_idx = *gi;
+      p->g_idx = *gi;
     }
+    w.format_payload = std::move(p);
     FATHOM_ASSIGN_OR_RETURN(w.bias, BindBias(l, find));
     return w;
   }
 
   void DequantizeRow(const LinearWeight& w, int64_t n, float* dst) const override {
-    const int64_t in = w.int4_in;
+    const int64_t in = w.in_features();
     const TensorView& q = w.weight;
-    const int32_t* qz = w.qzeros.data<int32_t>();
+    const Int4Payload& p = w.payload<Int4Payload>();
+    const int32_t* qz = p.qzeros.data<int32_t>();
     if (w.format == LinearFormat::kAwq) {
       const int nib = kAwqNibble[n % 8];
       const int64_t word = n / 8;
       for (int64_t k = 0; k < in; ++k) {
-        const int64_t g = k / w.group_size;
+        const int64_t g = k / p.group_size;
         const int32_t qv = static_cast<int32_t>(Nibble(q.data<int32_t>()[k * q.stride(0) + word], nib));
-        const int32_t z = static_cast<int32_t>(Nibble(qz[g * w.qzeros.stride(0) + word], nib));
-        dst[k] = static_cast<float>(qv - z) * ScaleAt(w.scales, g, n);
+        const int32_t z = static_cast<int32_t>(Nibble(qz[g * p.qzeros.stride(0) + word], nib));
+        dst[k] = static_cast<float>(qv - z) * ScaleAt(p.scales, g, n);
       }
       return;
     }
-    const int32_t* gidx = w.g_idx.empty() ? nullptr : w.g_idx.data<int32_t>();
+    const int32_t* gidx = p.g_idx.empty() ? nullptr : p.g_idx.data<int32_t>();
     for (int64_t k = 0; k < in; ++k) {
-      const int64_t g = gidx != nullptr ? gidx[k * w.g_idx.stride(0)] : k / w.group_size;
+      const int64_t g = gidx != nullptr ? gidx[k * p.g_idx.stride(0)] : k / p.group_size;
       const int32_t qv =
           static_cast<int32_t>(Nibble(q.data<int32_t>()[(k / 8) * q.stride(0) + n], static_cast<int>(k % 8)));
       const int32_t z =
-          static_cast<int32_t>(Nibble(qz[g * w.qzeros.stride(0) + n / 8], static_cast<int>(n % 8))) + w.zero_offset;
-      dst[k] = static_cast<float>(qv - z) * ScaleAt(w.scales, g, n);
+          static_cast<int32_t>(Nibble(qz[g * p.qzeros.stride(0) + n / 8], static_cast<int>(n % 8))) + p.zero_offset;
+      dst[k] = static_cast<float>(qv - z) * ScaleAt(p.scales, g, n);
     }
   }
 
@@ -219,6 +223,28 @@ class Int4Method final : public LinearMethod {
 };
 
 }  // namespace
+
+StatusOr<std::shared_ptr<const FormatPayload>> Int4Payload::MapTensors(
+    const std::function<StatusOr<TensorView>(const TensorView&)>& f) const {
+  auto p = std::make_shared<Int4Payload>(*this);
+  for (TensorView* t : {&p->qzeros, &p->scales, &p->g_idx}) {
+    if (!t->empty()) {
+      FATHOM_ASSIGN_OR_RETURN(*t, f(*t));
+    }
+  }
+  return std::shared_ptr<const FormatPayload>(std::move(p));
+}
+
+LinearWeight Int4Weight(LinearFormat format, const TensorView& qweight, int64_t out, int64_t in, Int4Payload payload) {
+  FATHOM_CHECK(Int4Payload::Holds(format));
+  LinearWeight w;
+  w.format = format;
+  w.weight = qweight;
+  w.logical_out = out;
+  w.logical_in = in;
+  w.format_payload = std::make_shared<Int4Payload>(std::move(payload));
+  return w;
+}
 
 Status CheckInt4Config(const QuantConfig& q) {
   if (q.bits != 4) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "format/fp8_block.h"
+#include "format/int4.h"
 #include "format/methods.h"
 
 namespace fathom {
@@ -57,6 +59,21 @@ StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig&
   if (dense) return std::shared_ptr<const LinearMethod>(std::shared_ptr<void>(), &MethodOf(LinearFormat::kDense));
   if (q.method == "awq" || q.method == "gptq") return MakeInt4Method(q);
   return MakeFp8BlockMethod(q);
+}
+
+StatusOr<LinearWeight> MapTensors(const LinearWeight& w,
+                                  const std::function<StatusOr<TensorView>(const TensorView&)>& f) {
+  LinearWeight out = w;
+  out.device_state = nullptr;  // the backend's form of the old tensors
+  for (TensorView* t : {&out.weight, &out.bias}) {
+    if (!t->empty()) {
+      FATHOM_ASSIGN_OR_RETURN(*t, f(*t));
+    }
+  }
+  if (w.format_payload != nullptr) {
+    FATHOM_ASSIGN_OR_RETURN(out.format_payload, w.format_payload->MapTensors(f));
+  }
+  return out;
 }
 
 const LinearMethod& MethodOf(LinearFormat format) {

@@ -5,49 +5,72 @@
 //   w.weight = q_proj_weight;
 //   be.Linear(x, w, out);                   // x [n, in] -> out [n, out]
 //
-// Backends dispatch on `format`; model code never looks inside.
+//   LinearWeight f = Fp8BlockWeight(codes, scale_inv, 128, 128);   // a quantized format: its payload (fp8_block.h)
+//   const Fp8BlockPayload& p = f.payload<Fp8BlockPayload>();        // only the format's own code looks inside
+//
+// LinearWeight holds what every format has (the stored `weight`, the bias, the logical shape); the rest is the
+// format's payload, a type of its own defined next to its LinearMethod (format/fp8_block.h, format/int4.h). Backends
+// dispatch on `format` to the format's provider (backend/cuda/linear_format.h); model code never looks inside.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "core/check.h"
+#include "core/status.h"
 #include "core/tensor.h"
 
 namespace fathom {
 
 enum class LinearFormat : uint8_t {
-  kDense,     // weight [out, in] f32, f16 or bf16
-  kFp8Block,  // weight [out, in] f8 e4m3, scale_inv [ceil(out / block_n), ceil(in / block_k)] f32 (DeepSeek-V3)
-  kAwq,       // 4-bit AWQ GEMM: weight = qweight i32 [in, out / 8] in AWQ's nibble order, qzeros, scales
-  kGptq,      // 4-bit GPTQ: weight = qweight i32 [in / 8, out], qzeros, scales, g_idx
+  kDense,     // weight [out, in] f32, f16 or bf16; no payload
+  kFp8Block,  // weight [out, in] f8 e4m3; Fp8BlockPayload: scale_inv per block (DeepSeek-V3; format/fp8_block.h)
+  kAwq,       // weight = qweight i32 [in, out / 8] in AWQ's nibble order; Int4Payload (format/int4.h)
+  kGptq,      // weight = qweight i32 [in / 8, out]; Int4Payload with g_idx (format/int4.h)
+};
+inline constexpr int kNumLinearFormats = 4;
+
+// The tensors and settings a format keeps beside `weight`. Each format derives its own (with a static
+// `Holds(LinearFormat)` that says which formats carry it) and owns every read of it.
+struct FormatPayload {
+  virtual ~FormatPayload() = default;
+  // A copy whose tensors are f(tensor) (empty ones stay empty): a weight moved to another memory.
+  virtual StatusOr<std::shared_ptr<const FormatPayload>> MapTensors(
+      const std::function<StatusOr<TensorView>(const TensorView&)>& f) const = 0;
 };
 
 struct LinearWeight {
   LinearFormat format = LinearFormat::kDense;
-  TensorView weight;      // [out, in]: the stored values (see LinearFormat)
-  TensorView bias;        // [out] or empty
-  TensorView scale_inv;   // kFp8Block: [ceil(out / block_n), ceil(in / block_k)] f32; else empty
-  int64_t block_n = 128;  // kFp8Block: output rows per scale
-  int64_t block_k = 128;  // kFp8Block: input columns per scale
-  // kAwq / kGptq (format/int4_linear.cc): qzeros i32 [groups, out / 8], scales f16/bf16/f32 [groups, out], g_idx
-  // (kGptq) i32 [in]: the group of each input row. W[n, k] = (q[k, n] - (z[g, n] + zero_offset)) * s[g, n].
-  TensorView qzeros;
-  TensorView scales;
-  TensorView g_idx;
-  int64_t group_size = 0;   // input rows per group (kAwq; kGptq reads g_idx)
-  int32_t zero_offset = 0;  // kGptq v1 checkpoints store zero - 1: 1 there, else 0
-  int64_t int4_out = 0;     // kAwq / kGptq: W's logical [out, in]
-  int64_t int4_in = 0;
+  TensorView weight;  // the stored values (see LinearFormat); dense: [out, in]
+  TensorView bias;    // [out] or empty
+  // W's logical shape where `weight`'s dims are not it (packed formats); 0: weight [out, in].
+  int64_t logical_out = 0;
+  int64_t logical_in = 0;
   // The activations keep float32 precision (a backend may otherwise round them to bf16 for tensor cores): DeepSeek's
   // router, whose near-tied expert choices would move.
   bool float32_inputs = false;
+  // The format's own tensors and settings (null for kDense).
+  std::shared_ptr<const FormatPayload> format_payload;
   // The backend's own form of this weight (Backend::PrepareLinear: a repacked layout, padded scales), or null.
   std::shared_ptr<void> device_state;
 
+  int64_t out_features() const { return logical_out > 0 ? logical_out : weight.dim(0); }
+  int64_t in_features() const { return logical_in > 0 ? logical_in : weight.dim(1); }
   bool int4() const { return format == LinearFormat::kAwq || format == LinearFormat::kGptq; }
-  int64_t out_features() const { return int4() ? int4_out : weight.dim(0); }
-  int64_t in_features() const { return int4() ? int4_in : weight.dim(1); }
   bool fp8_block() const { return format == LinearFormat::kFp8Block; }
+  // The format's payload as its type P (a programmer error when the weight's format does not carry P).
+  template <class P>
+  const P& payload() const {
+    FATHOM_CHECK(format_payload != nullptr && P::Holds(format), "a weight of format {} has no such payload",
+                 static_cast<int>(format));
+    return static_cast<const P&>(*format_payload);
+  }
 };
+
+// A copy of w whose every tensor (weight, bias, the payload's) is f(tensor): e.g. a host copy for the CPU reference
+// dequantization of a device weight.
+StatusOr<LinearWeight> MapTensors(const LinearWeight& w,
+                                  const std::function<StatusOr<TensorView>(const TensorView&)>& f);
 
 }  // namespace fathom

@@ -1,7 +1,9 @@
-// The weight formats' methods, for linear_method.cc's registry (internal to the format layer).
+// What the weight formats' methods share, for the format layer's own files: a layer's tensor specs, its bias, and the
+// dense method. Each quantized format declares its method's factory in its own header (fp8_block.h, int4.h), which
+// linear_method.cc's registry includes.
 //
 //   const LinearMethod& dense = DenseMethodInstance();
-//   FATHOM_ASSIGN_OR_RETURN(auto fp8, MakeFp8BlockMethod(cfg.quant));   // holds the config's block sizes
+//   specs->push_back(LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, DType::kF8E4M3, l.ShardFor(0, 1)));
 #pragma once
 
 #include <memory>
@@ -22,15 +24,5 @@ StatusOr<TensorView> BindBias(const LinearSpec& l, const TensorLookup& find);
 
 // kDense: f32, f16 or bf16 weights as they are in the checkpoint (dense_linear.cc).
 const LinearMethod& DenseMethodInstance();
-
-// kFp8Block: e4m3 weights with float32 scale_inv per block_n x block_k block (fp8_block_linear.cc).
-Status CheckFp8Config(const QuantConfig& q);
-std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q);
-const LinearMethod& Fp8BlockMethodInstance();
-// kAwq / kGptq: 4-bit weights with group scales and zeros (int4_linear.cc).
-Status CheckInt4Config(const QuantConfig& q);
-std::shared_ptr<const LinearMethod> MakeInt4Method(const QuantConfig& q);
-const LinearMethod& AwqMethodInstance();
-const LinearMethod& GptqMethodInstance();
 
 }  // namespace fathom

@@ -46,14 +46,12 @@ Status SplitKvB(Backend& be, MlaAttention* a, std::vector<Tensor>* constants) {
   const int64_t lora = m.kv_lora_rank, nope = m.qk_nope_head_dim, vd = m.v_head_dim, nh = a->heads;
   const LinearWeight& kv_b = a->kv_b;
   // The layer's tensors on the host, for the format's reference dequantization.
-  LinearWeight host = kv_b;
   std::vector<Tensor> keep;
-  for (TensorView* t : {&host.weight, &host.scale_inv, &host.qzeros, &host.scales, &host.g_idx}) {
-    if (t->empty()) continue;
-    FATHOM_ASSIGN_OR_RETURN(Tensor h, ToHost(be, *t));
-    *t = h.view();
-    keep.push_back(std::move(h));
-  }
+  FATHOM_ASSIGN_OR_RETURN(LinearWeight host, MapTensors(kv_b, [&](const TensorView& t) -> StatusOr<TensorView> {
+                            FATHOM_ASSIGN_OR_RETURN(Tensor h, ToHost(be, t));
+                            keep.push_back(std::move(h));
+                            return keep.back().view();
+                          }));
   std::vector<float> row(static_cast<size_t>(lora));
   std::vector<float> uk_t(static_cast<size_t>(nh * lora * nope));  // [n_heads, kv_lora, nope]
   std::vector<float> uv(static_cast<size_t>(nh * vd * lora));      // [n_heads, v_head_dim, kv_lora]

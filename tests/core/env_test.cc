@@ -30,6 +30,22 @@ TEST(EnvTest, IntegersAreWholeDecimalNumbers) {
   }
 }
 
+// A variable of named values takes one of them in any case, and refuses the rest with the list.
+TEST(EnvTest, ChoicesTakeOneOfTheirNamesInAnyCase) {
+  EXPECT_EQ(*ParseChoice("X", " Up ", {"auto", "up", "absorbed"}), "up");
+  EXPECT_EQ(*ParseChoice("X", "ABSORBED", {"auto", "up", "absorbed"}), "absorbed");
+  const StatusOr<std::string_view> bad = ParseChoice("FATHOM_MLA_PREFILL", "1", {"auto", "up", "absorbed"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "FATHOM_MLA_PREFILL='1': takes one of auto, up, absorbed");
+  unsetenv("FATHOM_ENV_TEST");
+  EXPECT_FALSE(EnvChoice("FATHOM_ENV_TEST", {"a"})->has_value());
+  setenv("FATHOM_ENV_TEST", "b", 1);
+  EXPECT_FALSE(EnvChoice("FATHOM_ENV_TEST", {"a"}).ok());
+  setenv("FATHOM_ENV_TEST", "A", 1);
+  EXPECT_EQ(*EnvChoice("FATHOM_ENV_TEST", {"a"}), std::optional<std::string_view>("a"));
+  unsetenv("FATHOM_ENV_TEST");
+}
+
 TEST(EnvTest, UnsetOrEmptyIsNotGiven) {
   unsetenv("FATHOM_ENV_TEST");
   EXPECT_FALSE(EnvSwitch("FATHOM_ENV_TEST")->has_value());

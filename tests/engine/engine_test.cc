@@ -16,6 +16,7 @@
 #include "grammar/matcher.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -769,8 +770,7 @@ TEST_P(EngineTest, ListenersAndStepObserverSeeEveryOutputAndStep) {
   for (size_t i = 1; i < kinds.size(); ++i) EXPECT_EQ(kinds[i], "decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest,
-                         ::testing::Values("qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest, ::testing::ValuesIn(testing::FixtureNames({.suite = "engine"})),
                          testing::FixtureName);
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "engine/engine_group.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "testing/fixtures.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -486,7 +487,7 @@ TEST_P(TensorParallelEngineTest, GreedyAloneEqualsGreedyInABatchAtTwoRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelEngineTest,
-                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v3-tiny"),
+                         ::testing::ValuesIn(testing::FixtureNames({.suite = "tensor-parallel-engine"})),
                          testing::FixtureName);
 
 }  // namespace

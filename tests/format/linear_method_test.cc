@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "format/fp8_block.h"
+#include "format/int4.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/registry.h"
@@ -223,7 +226,7 @@ TEST(LinearMethodTest, BindChecksTheStoredDtypes) {
   w = (*block)->Bind(l, find);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->format, LinearFormat::kFp8Block);
-  EXPECT_EQ(w->scale_inv.raw(), scale.view().raw());
+  EXPECT_EQ(w->payload<Fp8BlockPayload>().scale_inv.raw(), scale.view().raw());
 }
 
 // The CPU reference dequantization of a block-scaled row: value times its block's scale.
@@ -232,12 +235,7 @@ TEST(LinearMethodTest, Fp8DequantizeRowAppliesBlockScales) {
   for (int64_t i = 0; i < 15; ++i) w.data<uint8_t>()[i] = F32ToF8E4M3(static_cast<float>(i % 7) - 3.0f);
   Tensor s = Tensor::Empty(DType::kF32, {2, 3});  // blocks of 2 rows x 2 columns
   for (int64_t i = 0; i < 6; ++i) s.data<float>()[i] = 0.5f * static_cast<float>(i + 1);
-  LinearWeight lw;
-  lw.format = LinearFormat::kFp8Block;
-  lw.weight = w;
-  lw.scale_inv = s;
-  lw.block_n = 2;
-  lw.block_k = 2;
+  LinearWeight lw = Fp8BlockWeight(w, s, 2, 2);
   std::vector<float> row(5);
   DequantizeRow(lw, 2, row.data());
   for (int64_t c = 0; c < 5; ++c) {
@@ -248,6 +246,72 @@ TEST(LinearMethodTest, Fp8DequantizeRowAppliesBlockScales) {
 }
 
 // The hooks for tensor parallelism: a rank's specs hold its shapes and shards; loading slices them from the mmap.
+// MapTensors reaches every tensor of a weight, its format's payload included (MLA's host copy of kv_b_proj dequantizes
+// from it), and the copy dequantizes to the same rows; the backend's state of the old tensors is not carried over.
+TEST(LinearMethodTest, MapTensorsCopiesEveryTensorOfEachFormat) {
+  std::mt19937 rng(7);
+  const auto random = [&](DType dt, std::vector<int64_t> shape) {
+    Tensor t = Tensor::Empty(dt, shape);
+    for (size_t i = 0; i < t.nbytes(); ++i) static_cast<uint8_t*>(t.view().raw())[i] = static_cast<uint8_t>(rng());
+    return t;
+  };
+  Tensor f8 = Tensor::Empty(DType::kF8E4M3, {4, 6});
+  for (int64_t i = 0; i < f8.numel(); ++i) f8.data<uint8_t>()[i] = F32ToF8E4M3(0.25f * static_cast<float>(i % 9 - 4));
+  Tensor scale = Tensor::Empty(DType::kF32, {2, 3});
+  for (int64_t i = 0; i < 6; ++i) scale.data<float>()[i] = 0.5f + static_cast<float>(i);
+  Tensor bias = Tensor::Empty(DType::kF32, {4});
+  LinearWeight fp8 = Fp8BlockWeight(f8, scale, 2, 2);
+  fp8.bias = bias;
+  fp8.device_state = std::make_shared<int>(1);
+  // GPTQ [out 16, in 32] in groups of 8, with g_idx; scales f32 so that every bit pattern is some number.
+  Tensor qweight = random(DType::kI32, {4, 16}), qzeros = random(DType::kI32, {4, 2});
+  Tensor scales = Tensor::Empty(DType::kF32, {4, 16}), g_idx = Tensor::Empty(DType::kI32, {32});
+  for (int64_t i = 0; i < 64; ++i) scales.data<float>()[i] = 0.01f * static_cast<float>(i + 1);
+  for (int64_t k = 0; k < 32; ++k) g_idx.data<int32_t>()[k] = static_cast<int32_t>(k / 8);
+  Int4Payload p;
+  p.qzeros = qzeros;
+  p.scales = scales;
+  p.g_idx = g_idx;
+  p.group_size = 8;
+  p.zero_offset = 1;
+  LinearWeight gptq = Int4Weight(LinearFormat::kGptq, qweight, 16, 32, p);
+
+  for (const LinearWeight* w : {&fp8, &gptq}) {
+    std::vector<Tensor> copies;
+    std::vector<const void*> seen;
+    StatusOr<LinearWeight> c = MapTensors(*w, [&](const TensorView& t) -> StatusOr<TensorView> {
+      seen.push_back(t.raw());
+      Tensor copy = Tensor::Empty(t.dtype(), t.shape());
+      std::memcpy(copy.view().raw(), t.raw(), t.nbytes());
+      copies.push_back(std::move(copy));
+      return copies.back().view();
+    });
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->device_state, nullptr);
+    EXPECT_EQ(c->format, w->format);
+    EXPECT_EQ(c->out_features(), w->out_features());
+    EXPECT_EQ(c->in_features(), w->in_features());
+    if (w == &fp8) {
+      EXPECT_EQ(seen, (std::vector<const void*>{f8.view().raw(), bias.view().raw(), scale.view().raw()}));
+      EXPECT_NE(c->payload<Fp8BlockPayload>().scale_inv.raw(), scale.view().raw());
+      EXPECT_EQ(c->payload<Fp8BlockPayload>().block_k, 2);
+    } else {
+      EXPECT_EQ(seen, (std::vector<const void*>{qweight.view().raw(), qzeros.view().raw(), scales.view().raw(),
+                                                g_idx.view().raw()}));
+      const Int4Payload& q = c->payload<Int4Payload>();
+      EXPECT_NE(q.g_idx.raw(), g_idx.view().raw());
+      EXPECT_EQ(q.group_size, 8);
+      EXPECT_EQ(q.zero_offset, 1);
+    }
+    std::vector<float> a(static_cast<size_t>(w->in_features())), b(a.size());
+    for (int64_t r = 0; r < w->out_features(); ++r) {
+      DequantizeRow(*w, r, a.data());
+      DequantizeRow(*c, r, b.data());
+      EXPECT_EQ(a, b) << "row " << r;
+    }
+  }
+}
+
 TEST(ShardTest, ColumnAndRowShardsSliceTheCheckpoint) {
   const std::string dir = testing::ModelDir("llama3-distill-tiny");
   const ModelConfig cfg = TinyConfig("llama3-distill-tiny");

@@ -63,6 +63,9 @@ bool Matches(const FixtureInfo& f, const FixtureFilter& filter) {
   for (const std::string& feature : filter.without) {
     if (f.HasFeature(feature)) return false;
   }
+  if (!filter.suite.empty() && std::find(f.suites.begin(), f.suites.end(), filter.suite) == f.suites.end()) {
+    return false;
+  }
   return true;
 }
 
@@ -95,6 +98,7 @@ StatusOr<std::vector<FixtureInfo>> ReadFixtureRegistry(const std::string& path) 
     FATHOM_RETURN_IF_ERROR(ReadStrings(e, where, "tensor_dtypes", true, &f.tensor_dtypes));
     FATHOM_RETURN_IF_ERROR(ReadString(e, where, "attention", true, &f.attention));
     FATHOM_RETURN_IF_ERROR(ReadStrings(e, where, "features", true, &f.features));
+    FATHOM_RETURN_IF_ERROR(ReadStrings(e, where, "suites", false, &f.suites));
     FATHOM_RETURN_IF_ERROR(ReadString(e, where, "origin", true, &f.origin));
     FATHOM_RETURN_IF_ERROR(ReadString(e, where, "shared_name", false, &f.shared_name));
     FATHOM_RETURN_IF_ERROR(ReadString(e, where, "source", false, &f.source));
@@ -142,9 +146,10 @@ std::vector<std::string> SelectFixtures(const std::vector<FixtureInfo>& registry
 std::vector<std::string> FixtureNames(const FixtureFilter& filter) {
   std::vector<std::string> names = SelectFixtures(Fixtures(), filter);
   FATHOM_CHECK(!names.empty(),
-               "no fixture in {} has family '{}', format '{}', attention '{}', features [{}] and none of [{}]",
+               "no fixture in {} has family '{}', format '{}', attention '{}', features [{}], none of [{}] and suite "
+               "'{}'",
                FixtureRegistryPath(), filter.family, filter.format, filter.attention, fmt::join(filter.features, ", "),
-               fmt::join(filter.without, ", "));
+               fmt::join(filter.without, ", "), filter.suite);
   return names;
 }
 

@@ -6,6 +6,7 @@
 //                            testing::FixtureName);
 //   testing::FixtureNames({.features = {"moe"}});                 // every MoE fixture, in registry order
 //   testing::FixtureNames({.format = "bf16", .without = {"moe"}});
+//   testing::FixtureNames({.suite = "engine"});                   // the subset a test picked, named in the registry
 //   for (const testing::FixtureInfo& f : testing::Fixtures()) ...
 //
 // testing_fixtures_test checks every entry against its folder (config.json, the safetensors headers).
@@ -32,6 +33,7 @@ struct FixtureInfo {
   std::vector<std::string> tensor_dtypes;  // the dtypes of model*.safetensors, as safetensors spells them
   std::string attention;                   // "gqa" (MHA included) or "mla"
   std::vector<std::string> features;       // "moe", "tied-embeddings", "qkv-bias", "noaux-tc-routing", ...
+  std::vector<std::string> suites;         // the tests that run a chosen subset and include it ("engine", ...)
   std::string origin;                      // kSharedOrigin, or kMadeHerePrefix + a script's path
   std::string shared_name;                 // the shared reference fixture it is a copy of (shared origin only)
   std::string source;                      // the fixture it was derived from, if any
@@ -49,6 +51,7 @@ struct FixtureFilter {
   std::string attention = {};
   std::vector<std::string> features = {};
   std::vector<std::string> without = {};
+  std::string suite = {};  // one of the entry's `suites` (a test that runs a chosen subset, for CI time)
 };
 
 bool Matches(const FixtureInfo& fixture, const FixtureFilter& filter);

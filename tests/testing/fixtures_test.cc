@@ -435,6 +435,12 @@ TEST(FixtureFilterTest, SelectsByEachFieldInRegistryOrder) {
   EXPECT_EQ(SelectFixtures(r, {.family = "deepseek_v3", .format = "bf16"}), (Strings{"c"}));
   EXPECT_EQ(SelectFixtures(r, {.format = "bf16", .attention = "mla", .features = {"q-lora"}}), (Strings{"c"}));
   EXPECT_EQ(SelectFixtures(r, {.family = "mistral"}), Strings{});
+  std::vector<FixtureInfo> tagged = r;
+  tagged[1].suites = {"engine"};
+  tagged[3].suites = {"cuda-fp8-kv", "engine"};
+  EXPECT_EQ(SelectFixtures(tagged, {.suite = "engine"}), (Strings{"a", "b"}));
+  EXPECT_EQ(SelectFixtures(tagged, {.attention = "mla", .suite = "engine"}), (Strings{"b"}));
+  EXPECT_EQ(SelectFixtures(tagged, {.suite = "no-such-suite"}), Strings{});
   EXPECT_TRUE(r[2].HasFeature("moe"));
   EXPECT_FALSE(r[1].HasFeature("moe"));
 }

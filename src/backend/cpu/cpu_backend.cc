@@ -166,7 +166,8 @@ void CpuBackend::Linear(const TensorView& x, const LinearWeight& w, const Tensor
   FATHOM_CHECK_EQ(out.dim(1), m);
   FATHOM_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "Linear needs unit inner strides");
   FATHOM_CHECK(
-      w.fp8_block() ? !w.scale_inv.empty() && w.weight.dtype() == DType::kF8E4M3 : w.weight.dtype() != DType::kF8E4M3,
+      w.fp8_block() ? w.format_payload != nullptr && w.weight.dtype() == DType::kF8E4M3
+                    : w.weight.dtype() != DType::kF8E4M3,
       "a {} weight in format {}", DTypeName(w.weight.dtype()), static_cast<int>(w.format));
   std::vector<float> bias;
   if (!w.bias.empty()) {

@@ -81,6 +81,8 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   be->gemm_ = std::make_unique<CublasLtGemm>();
   FATHOM_RETURN_IF_ERROR(be->gemm_->Init(s));
   be->gemm_->set_tune(options.gemm_tune);
+  be->formats_ = cuda::MakeLinearFormatKernels(*be);
+  for (const auto& f : be->formats_) FATHOM_CHECK(f != nullptr, "a weight format without a CUDA provider");
   return be;
 }
 
@@ -221,11 +223,9 @@ void CudaBackend::SetDerivedState(const void* p, std::shared_ptr<void> state) {
 CudaBackend::~CudaBackend() {
   for (void* g : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (const auto& [p, bytes] : arena_.chunks) cudaFree(p);
+  for (auto& f : formats_) f.reset();
   gemm_.reset();
   if (workspace_ != nullptr) cudaFree(workspace_);
-  if (int4_counters_ != nullptr) cudaFree(int4_counters_);
-  if (int4_scratch_ != nullptr) cudaFree(int4_scratch_);
-  if (int4_stage_ != nullptr) cudaFree(int4_stage_);
   for (void* p : graph_workspaces_) cudaFree(p);
   if (mask_copied_ != nullptr) {
     cudaEventSynchronize(static_cast<cudaEvent_t>(mask_copied_));  // the copy out of the staging buffer is done
@@ -766,49 +766,17 @@ void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, con
   });
 }
 
-// The device path of MoeExperts needs every expert's gate, up and down as contiguous, 16-byte aligned matrices of one
-// shape and format: dense bf16, or kFp8Block f8 e4m3 with contiguous 128 x 128 block scales (DeepSeek-V3,
-// Fp8ExpertScalesFit). Their pointers (and the scales') go into one device table. Other experts take the host-sorted
-// path, and so do a rank's share of the experts under expert parallelism (the device kernels index every expert of
-// the layer; teaching them an id range is the multi-GPU issue's).
+// The device path of MoeExperts needs every expert's gate, up and down in one format, one shape, in the device table
+// that the format's provider makes (linear_format.h: bf16; f8 e4m3 with contiguous 128 x 128 block scales; 4-bit
+// tiles). Other experts take the host-sorted path, and so do a rank's share of the experts under expert parallelism
+// (the device kernels index every expert of the layer; teaching them an id range is the multi-GPU issue's).
 Status CudaBackend::PrepareExperts(ExpertSet& experts) {
   const size_t e = experts.gate.size();
   if (e == 0 || !experts.all_local() || experts.up.size() != e || experts.down.size() != e ||
       static_cast<int64_t>(e) > moe_route::kMaxExperts) {
     return OkStatus();
   }
-  if (experts.gate[0].int4()) return PrepareInt4Experts(experts);
-  const LinearFormat format = experts.gate[0].format;
-  const DType dt = experts.gate[0].weight.dtype();
-  const bool fp8 = format == LinearFormat::kFp8Block;
-  const auto fits = [&](const LinearWeight& w, int64_t out, int64_t in) {
-    return w.format == format && w.weight.dtype() == dt && w.weight.is_contiguous() && w.bias.empty() &&
-           w.weight.dim(0) == out && w.weight.dim(1) == in && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0 &&
-           (!fp8 || Fp8ExpertScalesFit(w, out, in));
-  };
-  if (fp8 ? dt != DType::kF8E4M3 : dt != DType::kBF16) return OkStatus();
-  const int64_t inter = experts.gate[0].out_features(), hidden = experts.gate[0].in_features();
-  const int64_t piece = fp8 ? 16 : 8;  // values per 16-byte load
-  if (inter % piece != 0 || hidden % piece != 0) return OkStatus();
-  std::vector<const void*> table((fp8 ? 6 : 3) * e);
-  for (size_t i = 0; i < e; ++i) {
-    if (!fits(experts.gate[i], inter, hidden) || !fits(experts.up[i], inter, hidden) ||
-        !fits(experts.down[i], hidden, inter)) {
-      return OkStatus();
-    }
-    table[i] = experts.gate[i].weight.raw();
-    table[e + i] = experts.up[i].weight.raw();
-    table[2 * e + i] = experts.down[i].weight.raw();
-    if (fp8) {
-      table[3 * e + i] = experts.gate[i].scale_inv.raw();
-      table[4 * e + i] = experts.up[i].scale_inv.raw();
-      table[5 * e + i] = experts.down[i].scale_inv.raw();
-    }
-  }
-  void* p = nullptr;
-  FATHOM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, table.size() * sizeof(void*)), "expert table"));
-  experts.device_state = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-  return CudaStatus(cudaMemcpy(p, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  return Kernels(experts.gate[0].format).PrepareExperts(experts);
 }
 
 Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, const TensorView& ids,
@@ -830,21 +798,10 @@ Status CudaBackend::MoeExperts(const TensorView& x, const ExpertSet& experts, co
   a.top_k = k;
   a.n_experts = static_cast<int64_t>(experts.gate.size());
   a.table = static_cast<const void* const*>(experts.device_state.get());
-  a.fp8 = experts.gate[0].fp8_block();
   a.os = out.stride(0);
-  if (experts.gate[0].int4()) {
-    // 4-bit experts: the grouped W4A16 kernels at every batch size (PrepareInt4Experts checked that every expert has
-    // the gate's group, scales dtype and zero offset), except that KernelOptions::f32_gemm / generic_linear take the
-    // host path's exact float32 kernels outside a graph.
-    if ((options_.f32_gemm || options_.generic_linear) && !capturing_) {
-      ++host_fallbacks_;
-      return Backend::MoeExperts(x, experts, ids, weights, out);
-    }
-    a.int4 = true;
-    const LinearWeight& g = experts.gate[0];
-    a.int4_group = g.group_size == experts.down[0].group_size ? g.group_size : 0;  // 0: one group a row
-    a.int4_scales_dtype = static_cast<int>(g.scales.dtype());
-    a.int4_zero_offset = g.zero_offset;
+  if (!Kernels(experts.gate[0].format).SetExpertArgs(experts, &a)) {
+    ++host_fallbacks_;
+    return Backend::MoeExperts(x, experts, ids, weights, out);
   }
   // KernelOptions::f32_gemm keeps the float32-input GEMVs for every batch.
   a.tensor_cores = !a.int4 && n >= options_.moe_mma_tokens && cuda::MoeTensorCoresFit(a) && !options_.f32_gemm;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "format/fp8_block.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "testing/golden.h"
@@ -97,12 +98,7 @@ TEST(CpuBackendTest, LinearFp8BlockScales) {
   for (size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.25f * static_cast<float>(i);
   Tensor s = Tensor::Empty(DType::kF32, {sn, sk});
   std::copy(sv.begin(), sv.end(), s.data<float>());
-  LinearWeight lw;
-  lw.format = LinearFormat::kFp8Block;
-  lw.weight = w;
-  lw.scale_inv = s;
-  lw.block_n = bn;
-  lw.block_k = bk;
+  LinearWeight lw = Fp8BlockWeight(w, s, bn, bk);
   Tensor y = be.Alloc(DType::kF32, {n, out});
   be.Linear(x, lw, y);
   for (int64_t t = 0; t < n; ++t) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/require_gpu.h"
 #include "engine/decode_graphs.h"
+#include "format/fp8_block.h"
 #include "io/model_config.h"
 #include "model/moe.h"
 #include "model/registry.h"
@@ -98,21 +99,15 @@ TEST(CudaBackendTest, LinearMatchesCpu) {
     Tensor sc = RandomHost(DType::kF32, {1, 3}, 4);
     LinearWeight lw;
     lw.weight = w;
+    if (wd == DType::kF8E4M3) lw = Fp8BlockWeight(w, sc);
     lw.bias = b;
-    if (wd == DType::kF8E4M3) {
-      lw.format = LinearFormat::kFp8Block;
-      lw.scale_inv = sc;
-    }
     Tensor y_cpu = cpu.Alloc(DType::kF32, {n, out});
     cpu.Linear(x, lw, y_cpu);
     Tensor xd = *gpu->Upload(x), wdv = *gpu->Upload(w), bd = *gpu->Upload(b), sd = *gpu->Upload(sc);
     LinearWeight gw;
     gw.weight = wdv;
+    if (wd == DType::kF8E4M3) gw = Fp8BlockWeight(wdv, sd);
     gw.bias = bd;
-    if (wd == DType::kF8E4M3) {
-      gw.format = LinearFormat::kFp8Block;
-      gw.scale_inv = sd;
-    }
     Tensor y = gpu->Alloc(DType::kF32, {n, out});
     gpu->Linear(xd, gw, y);
     ASSERT_TRUE(gpu->Synchronize().ok());
@@ -340,15 +335,9 @@ TEST(CudaBackendTest, Fp8LinearMatchesCpuAtV3Sizes) {
        std::vector<Shape>{{1536, 7168}, {576, 7168}, {7168, 2048}, {256, 128}, {384, 256}, {256, 384}, {256, 768}}) {
     Tensor w = RandomHost(DType::kF8E4M3, {sh.m, sh.k}, 7, 448.0f);
     Tensor sc = RandomScales((sh.m + 127) / 128, sh.k / 128, 8);
-    LinearWeight cw;
-    cw.format = LinearFormat::kFp8Block;
-    cw.weight = w;
-    cw.scale_inv = sc;
+    LinearWeight cw = Fp8BlockWeight(w, sc);
     Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
-    LinearWeight gw;
-    gw.format = LinearFormat::kFp8Block;
-    gw.weight = wd;
-    gw.scale_inv = sd;
+    LinearWeight gw = Fp8BlockWeight(wd, sd);
     for (int64_t n : {1, 8, 9, 64, 67, 130}) {
       for (const bool w8a8 : {false, true}) {
         if (w8a8 && (n < 4 || sh.m % 128 != 0)) continue;
@@ -433,12 +422,7 @@ TEST(CudaBackendTest, Fp8MoeExpertsMatchCpu) {
         Tensor w = RandomHost(DType::kF8E4M3, {rows, cols}, seed + static_cast<uint32_t>(part), 448.0f);
         Tensor sc = RandomScales((rows + 127) / 128, (cols + 127) / 128, seed + 7 + static_cast<uint32_t>(part));
         Tensor wd = *gpu->Upload(w), sd = *gpu->Upload(sc);
-        LinearWeight c, g;
-        c.format = g.format = LinearFormat::kFp8Block;
-        c.weight = w;
-        c.scale_inv = sc;
-        g.weight = wd;
-        g.scale_inv = sd;
+        LinearWeight c = Fp8BlockWeight(w, sc), g = Fp8BlockWeight(wd, sd);
         std::vector<LinearWeight>* lists[2][3] = {{&cs.gate, &cs.up, &cs.down}, {&gs.gate, &gs.up, &gs.down}};
         lists[0][part]->push_back(c);
         lists[1][part]->push_back(g);
@@ -1042,9 +1026,7 @@ TEST_P(CudaBatchInvarianceTest, GreedyAloneEqualsGreedyInABatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvarianceTest,
-                         ::testing::Values("llama-coder-tiny", "llama3-distill-tiny", "qwen2-distill-tiny",
-                                           "qwen2-tied-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny",
-                                           "deepseek-v3-fp8-tiny"),
+                         ::testing::ValuesIn(testing::FixtureNames({.suite = "cuda-batch-invariance"})),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            std::string s = param_info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
@@ -1096,7 +1078,7 @@ TEST_P(CudaFp8KvTest, MatchesTheCpuReferenceOnAnFp8Cache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8KvTest,
-                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v2-lite-tiny"),
+                         ::testing::ValuesIn(testing::FixtureNames({.suite = "cuda-fp8-kv"})),
                          testing::FixtureName);
 
 // An FP8 cache view without its scales is an error from the op, never a read through a null pointer.
@@ -1172,8 +1154,7 @@ TEST_P(CudaPrefixCacheTest, AHitGivesTheLogitsOfAFreshPrefill) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaPrefixCacheTest,
-                         ::testing::Values("llama3-distill-tiny", "qwen2-distill-tiny", "deepseek-v2-lite-tiny",
-                                           "deepseek-v3-tiny", "deepseek-v3-fp8-tiny"),
+                         ::testing::ValuesIn(testing::FixtureNames({.suite = "cuda-prefix-cache"})),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            std::string s = param_info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

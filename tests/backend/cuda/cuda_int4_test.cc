@@ -16,6 +16,7 @@
 #include "backend/cuda/int4.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/require_gpu.h"
+#include "format/int4.h"
 #include "io/model_config.h"
 #include "model/registry.h"
 #include "testing/golden.h"
@@ -66,14 +67,11 @@ HostInt4 MakeInt4(const Int4Case& c, uint32_t seed) {
       h.scales.data<uint16_t>()[i] = c.scales == DType::kF16 ? F32ToF16(v) : F32ToBf16(v);
     }
   }
-  h.w.format = c.format;
-  h.w.weight = h.qweight;
-  h.w.qzeros = h.qzeros;
-  h.w.scales = h.scales;
-  h.w.group_size = gs;
-  h.w.zero_offset = c.zero_offset;
-  h.w.int4_out = c.m;
-  h.w.int4_in = c.k;
+  Int4Payload p;
+  p.qzeros = h.qzeros;
+  p.scales = h.scales;
+  p.group_size = gs;
+  p.zero_offset = c.zero_offset;
   if (!awq) {
     // GPTQ's g_idx: groups of gs consecutive inputs, or under act-order gs consecutive inputs of a random order.
     std::vector<int32_t> order(static_cast<size_t>(c.k));
@@ -82,8 +80,9 @@ HostInt4 MakeInt4(const Int4Case& c, uint32_t seed) {
     h.g_idx = Tensor::Empty(DType::kI32, {c.k});
     for (int64_t i = 0; i < c.k; ++i)
       h.g_idx.data<int32_t>()[order[static_cast<size_t>(i)]] = static_cast<int32_t>(i / gs);
-    h.w.g_idx = h.g_idx;
+    p.g_idx = h.g_idx;
   }
+  h.w = Int4Weight(c.format, h.qweight, c.m, c.k, std::move(p));
   if (c.bias) {
     h.bias = Tensor::Empty(DType::kBF16, {c.m});
     std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
@@ -101,14 +100,13 @@ struct DeviceInt4 {
 
 DeviceInt4 Upload(CudaBackend& gpu, const HostInt4& h) {
   DeviceInt4 d;
-  d.w = h.w;
-  for (TensorView* t : {&d.w.weight, &d.w.qzeros, &d.w.scales, &d.w.g_idx, &d.w.bias}) {
-    if (t->empty()) continue;
-    StatusOr<Tensor> up = gpu.Upload(*t);
-    FATHOM_CHECK(up.ok());
-    *t = up->view();
-    d.keep.push_back(std::move(up).value());
-  }
+  StatusOr<LinearWeight> w = MapTensors(h.w, [&](const TensorView& t) -> StatusOr<TensorView> {
+    FATHOM_ASSIGN_OR_RETURN(Tensor up, gpu.Upload(t));
+    d.keep.push_back(std::move(up));
+    return d.keep.back().view();
+  });
+  FATHOM_CHECK(w.ok());
+  d.w = *std::move(w);
   return d;
 }
 
@@ -171,7 +169,8 @@ TEST(CudaInt4Test, LinearMatchesCpuOnEveryPath) {
     DeviceInt4 d = Upload(*gpu, h);
     ASSERT_TRUE(gpu->PrepareLinear(d.w).ok()) << Name(c);
     const bool tiled = std::string(c.expect_path) == "tiled";
-    EXPECT_EQ(tiled, cuda::Int4TileFits(c.m, c.k, h.scales.dim(0), h.w.group_size) && c.scales != DType::kBF16)
+    EXPECT_EQ(tiled, cuda::Int4TileFits(c.m, c.k, h.scales.dim(0), h.w.payload<Int4Payload>().group_size) &&
+                         c.scales != DType::kBF16)
         << Name(c);
     const bool big = c.m * c.k > (1 << 22);
     for (int64_t n : big ? std::vector<int64_t>{1, 8, 64, 130} : std::vector<int64_t>{1, 3, 8, 9, 33, 64, 65, 200}) {

@@ -12,6 +12,8 @@
 #include <random>
 
 #include "core/thread_pool.h"
+#include "format/fp8_block.h"
+#include "format/int4.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -145,10 +147,8 @@ class Setup final : public OpRun {
     LinearWeight w;
     // Dense: uniform with variance 1 / in, so that outputs stay O(1) at every size.
     w.weight = Random(dtype, {out, in}, seed, std::sqrt(3.0f / static_cast<float>(in)));
-    if (dtype == F8) {
-      w.format = LinearFormat::kFp8Block;
-      w.scale_inv = Put(RandomScales({CeilDiv(out, 128), CeilDiv(in, 128)}, seed + 1000));
-    }
+    if (dtype == F8)
+      w = Fp8BlockWeight(w.weight, Put(RandomScales({CeilDiv(out, 128), CeilDiv(in, 128)}, seed + 1000)));
     if (bias) w.bias = Random(dtype == F8 ? BF16 : dtype, {out}, seed + 2000);
     if (ok()) Check(be_.PrepareLinear(w));
     return w;
@@ -440,27 +440,24 @@ LinearWeight RandomInt4(Setup& s, LinearFormat format, int64_t out, int64_t in, 
     for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng());
     return s.Put(t);
   };
-  LinearWeight w;
-  w.format = format;
-  w.weight = words(awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out});
-  w.qzeros = words({groups, out / 8});
+  const TensorView qweight = words(awq ? std::vector<int64_t>{in, out / 8} : std::vector<int64_t>{in / 8, out});
+  Int4Payload p;
+  p.qzeros = words({groups, out / 8});
   Tensor sc = Tensor::Empty(DType::kF16, {groups, out});
   std::uniform_real_distribution<float> sd(0.001f, 0.02f);
   for (int64_t i = 0; i < sc.numel(); ++i) sc.data<uint16_t>()[i] = F32ToF16(sd(rng));
-  w.scales = s.Put(sc);
-  w.group_size = group;
-  w.zero_offset = awq ? 0 : 1;
-  w.int4_out = out;
-  w.int4_in = in;
+  p.scales = s.Put(sc);
+  p.group_size = group;
+  p.zero_offset = awq ? 0 : 1;
   if (!awq) {
     std::vector<int32_t> order(static_cast<size_t>(in)), g(static_cast<size_t>(in));
     std::iota(order.begin(), order.end(), 0);
     if (act_order) std::shuffle(order.begin(), order.end(), rng);
     for (int64_t i = 0; i < in; ++i)
       g[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / group);
-    w.g_idx = s.Ints(g);
+    p.g_idx = s.Ints(g);
   }
-  return w;
+  return Int4Weight(format, qweight, out, in, std::move(p));
 }
 
 // Linear on a random 4-bit layer in its checkpoint's layout (format/int4_linear.cc): AWQ or GPTQ, groups of `group`
@@ -1047,10 +1044,7 @@ struct MoeExpertsCase {
            {std::tuple{&set->gate, gate, gs}, std::tuple{&set->up, up, us}, std::tuple{&set->down, down, ds}}) {
         LinearWeight lw;
         lw.weight = t.Select(0, e);
-        if (w == F8) {
-          lw.format = LinearFormat::kFp8Block;
-          lw.scale_inv = sc.Select(0, e);
-        }
+        if (w == F8) lw = Fp8BlockWeight(lw.weight, sc.Select(0, e));
         if (s->ok()) s->Check(be.PrepareLinear(lw));
         list->push_back(lw);
       }
