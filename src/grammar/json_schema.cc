@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -86,7 +87,9 @@ std::string Quote(const std::string& s) {
   return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-// Same-length decimal strings from a to b (a <= b, equal lengths), leading zeros allowed at depth > 0.
+// Same-length decimal strings from a to b (a <= b, equal lengths), leading zeros allowed at depth > 0. Linear in the
+// length: a tail that runs from all zeros or to all nines is one [0-9]{k}, so at most one side recurses a level
+// (the plain split recursed into both, 2^length expressions: zod's +-(2^53 - 1) bounds built 400,000 states).
 ExprPtr DigitRange(const std::string& a, const std::string& b) {
   if (a.empty()) return Empty();
   if (a == b) return Lit(a);
@@ -95,14 +98,16 @@ ExprPtr DigitRange(const std::string& a, const std::string& b) {
   const char da = a[0], db = b[0];
   const std::string ra = a.substr(1), rb = b.substr(1);
   if (da == db) return Seq({Lit(std::string(1, da)), DigitRange(ra, rb)});
-  std::vector<ExprPtr> alts;
   const std::string nines(n - 1, '9'), zeros(n - 1, '0');
-  alts.push_back(Seq({Lit(std::string(1, da)), DigitRange(ra, nines)}));
-  if (db - da > 1) {
-    alts.push_back(Seq({Bytes({{static_cast<uint8_t>(da + 1), static_cast<uint8_t>(db - 1)}}),
-                        Repeat(Bytes({{'0', '9'}}), n - 1, n - 1)}));
-  }
-  alts.push_back(Seq({Lit(std::string(1, db)), DigitRange(zeros, rb)}));
+  const auto digits = [](char lo, char hi) { return Bytes({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}}); };
+  const ExprPtr any_tail = Repeat(Bytes({{'0', '9'}}), n - 1, n - 1);
+  // First digits whose tail is free: da when ra is all zeros, db when rb is all nines, and every digit between.
+  const char free_lo = ra == zeros ? da : static_cast<char>(da + 1);
+  const char free_hi = rb == nines ? db : static_cast<char>(db - 1);
+  std::vector<ExprPtr> alts;
+  if (free_lo != da) alts.push_back(Seq({Lit(std::string(1, da)), DigitRange(ra, nines)}));
+  if (free_lo <= free_hi) alts.push_back(Seq({digits(free_lo, free_hi), any_tail}));
+  if (free_hi != db) alts.push_back(Seq({Lit(std::string(1, db)), DigitRange(zeros, rb)}));
   return Alt(std::move(alts));
 }
 
@@ -145,7 +150,6 @@ const std::set<std::string>& UnsupportedKeywords() {
                                           "if",
                                           "then",
                                           "else",
-                                          "propertyNames",
                                           "dependencies",
                                           "dependentRequired",
                                           "dependentSchemas",
@@ -485,7 +489,10 @@ class Converter {
     if (auto it = s.find("format"); it != s.end() && it->is_string()) format_re = FormatRegex(it->get<std::string>());
     if (auto it = s.find("pattern"); it != s.end()) {
       if (!it->is_string()) return Error(path, "pattern", "must be a string");
-      if (format_re) return Error(path, "pattern", "with a format is not supported");
+      // With a format too (zod writes both for z.email(), z.uuid(), z.iso.date(), ...), the pattern is what is written:
+      // since draft 2019-09 `format` is an annotation unless a format-assertion vocabulary is in force, and zod's
+      // patterns are each its format's own check.
+      format_re = nullptr;
       // Each counted character is a copy of the pattern's automaton: a lower cap than for plain strings.
       if (max_len > std::max<int64_t>(min_len, kMaxPatternRepeat))
         max_len = std::max<int64_t>(min_len, kMaxPatternRepeat);
@@ -554,7 +561,11 @@ class Converter {
       }
       if (!it->is_number()) return Error(path, key, "must be a number");
       const double v = it->get<double>();
-      if (!std::isfinite(v) || std::fabs(v) > 9e15) return Error(path, key, "is out of the supported range");
+      // Any bound within a 64-bit integer (zod writes +-(2^53 - 1) for every z.int()); 2^63 itself is taken as the
+      // largest int64, as it rounds to it as a double.
+      if (!std::isfinite(v) || std::fabs(v) > 0x1p63) {
+        return Error(path, key, "is out of the supported range (a 64-bit integer)");
+      }
       const bool exclusive = std::string_view(key).rfind("exclusive", 0) == 0;
       if (is_min) {
         if (!lo || v > *lo || (v == *lo && exclusive)) lo = v, lo_exclusive = exclusive;
@@ -566,9 +577,15 @@ class Converter {
       if (integer) return Seq({Opt(Lit("-")), Alt({Lit("0"), Seq({Bytes({{'1', '9'}}), Star(Bytes({{'0', '9'}}))})})});
       return Number();
     }
+    // As int64, clamped: a double past the int64 range (2^63 exactly) is its end.
+    const auto to_int = [](double d) {
+      if (d >= 0x1p63) return std::numeric_limits<int64_t>::max();
+      if (d <= -0x1p63) return std::numeric_limits<int64_t>::min();
+      return static_cast<int64_t>(d);
+    };
     std::optional<int64_t> ilo, ihi;
-    if (lo) ilo = static_cast<int64_t>(lo_exclusive ? std::floor(*lo) + 1 : std::ceil(*lo));
-    if (hi) ihi = static_cast<int64_t>(hi_exclusive ? std::ceil(*hi) - 1 : std::floor(*hi));
+    if (lo) ilo = to_int(lo_exclusive ? std::floor(*lo) + 1 : std::ceil(*lo));
+    if (hi) ihi = to_int(hi_exclusive ? std::ceil(*hi) - 1 : std::floor(*hi));
     if (ilo && ihi && *ilo > *ihi) {
       return Error(path, "minimum", "leaves no integer in range, which is not supported");
     }
@@ -634,10 +651,39 @@ class Converter {
         if (!req[i]) req[i] = true, ++n_required;
       }
     }
+    // propertyNames: a string schema every key meets. {"type": "string"} (zod's for every z.record(z.string(), ...))
+    // always holds; an enum, pattern, format or lengths constrain the extra properties' keys, written where the object
+    // declares no properties of its own (its keys then come from that schema alone).
+    ExprPtr extra_key;  // the quoted key of an extra property; null: any key but the declared ones
+    if (auto it = s.find("propertyNames"); it != s.end()) {
+      if (it->is_boolean()) {
+        if (!it->get<bool>() && !keys.empty()) return Error(path, "propertyNames", "false forbids the required keys");
+        if (!it->get<bool>()) extra.reset();  // no key at all: the empty object
+      } else if (!it->is_object()) {
+        return Error(path, "propertyNames", "must be a schema");
+      } else {
+        Json names = *it;
+        if (auto t = names.find("type"); t != names.end() && *t != "string") {
+          return Error(path, "propertyNames", "must describe strings (keys are strings)");
+        }
+        bool trivial = true;
+        for (auto k = names.begin(); k != names.end(); ++k) {
+          trivial = trivial && (k.key() == "type" || k.key() == "description" || k.key() == "title");
+        }
+        if (!trivial) {
+          if (!keys.empty() || !props->empty()) {
+            return Error(path, "propertyNames", "that constrains keys beside declared properties is not supported");
+          }
+          names["type"] = "string";
+          FATHOM_ASSIGN_OR_RETURN(extra_key, Convert(names, path + "/propertyNames", depth + 1));
+        }
+      }
+    }
     ExprPtr extra_kv;
     if (extra) {
       FATHOM_ASSIGN_OR_RETURN(ExprPtr v, Convert(*extra, path + "/additionalProperties", depth + 1));
-      extra_kv = Seq({Lit("\""), KeyExcluding(keys), Lit("\""), ws_, Lit(":"), ws_, v});
+      extra_kv = Seq(
+          {extra_key != nullptr ? extra_key : Seq({Lit("\""), KeyExcluding(keys), Lit("\"")}), ws_, Lit(":"), ws_, v});
     }
     if (auto it = s.find("minProperties"); it != s.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() > static_cast<int64_t>(n_required)) {

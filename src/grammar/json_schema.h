@@ -10,14 +10,16 @@
 // prefixItems (and draft-4 array `items` with additionalItems), minItems/maxItems, enum, const, anyOf, oneOf (as
 // anyOf), allOf of object schemas that merge without conflict, $ref into the document (`#`, `#/$defs/..`,
 // `#/definitions/..`, any JSON pointer) including recursion, minLength/maxLength, pattern, the formats date-time,
-// date, time, uuid, email, uri, uri-reference, hostname, ipv4, ipv6 (other formats are annotations), integer bounds
-// (minimum, maximum, exclusiveMinimum, exclusiveMaximum, draft-4 boolean exclusives) and number bounds (integral
+// date, time, uuid, email, uri, uri-reference, hostname, ipv4, ipv6 (other formats are annotations, and so is a format
+// beside a pattern: the pattern is written), propertyNames (of type string; an enum, pattern or format keys the
+// extra properties of an object that declares none), integer bounds up to 64 bits (minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum, draft-4 boolean exclusives) and number bounds (integral
 // bounds from 0 up take decimals; otherwise only the integers in range are written), uniqueItems (as at most one
 // item), minProperties (the first optional properties become required). Long strings and arrays are written up to
 // a cap (256 characters, 64 with a pattern or a format, 64 items) when the schema allows more; control characters other
 // than tab, newline and carriage return are never written inside a pattern. Annotations ($schema, title, description,
 // default, examples, ...) and unknown non-standard keywords are ignored. Validation keywords that are not covered (not,
-// if/then/else, propertyNames, dependencies, contains, multipleOf, maxProperties below the property count, ...) are
+// if/then/else, dependencies, contains, multipleOf, maxProperties below the property count, ...) are
 // refused: kInvalidArgument naming the keyword and where it is.
 #pragma once
 

@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
+#include <utility>
 
 #include "core/json.h"
 #include "core/logging.h"
@@ -29,6 +31,24 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// DeepSeek's URL forms: its documented base URL has no /v1 (@ai-sdk/deepseek and LangChain's ChatDeepSeek default to
+// it), and /beta serves prefix completion, FIM and strict tools, which the /v1 routes serve too. They are aliases:
+// routing, auth, metrics and logs see the canonical /v1 path.
+std::string_view CanonicalRoute(std::string_view path) {
+  static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
+      {"/chat/completions", "/v1/chat/completions"},
+      {"/completions", "/v1/completions"},
+      {"/models", "/v1/models"},
+      {"/beta/chat/completions", "/v1/chat/completions"},
+      {"/beta/completions", "/v1/completions"},
+      {"/beta/models", "/v1/models"},
+  };
+  for (const auto& [alias, canonical] : kAliases) {
+    if (path == alias) return canonical;
+  }
+  return path;
+}
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -787,7 +807,7 @@ RequestRecord OpenAiServer::NewRecord(const HttpExchange& ex) {
   const std::string given = ex.header("X-Request-Id");
   record.request_id = PlainId(given) ? given : NewId("req-");
   record.method = std::string(ex.method());
-  record.path = std::string(ex.path());
+  record.path = std::string(CanonicalRoute(ex.path()));
   record.client = ex.client();
   return record;
 }
@@ -953,7 +973,7 @@ void OpenAiServer::Offload(const std::shared_ptr<HttpExchange>& ex, const char* 
 }
 
 void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
-  const std::string path(ex->path());
+  const std::string path(CanonicalRoute(ex->path()));
   const std::string_view method = ex->method();
   auto json_reply = [&](int status, const Json& body) { ex->Reply(status, "application/json", Dump(body)); };
   if (path == "/health") {
@@ -1008,7 +1028,8 @@ void OpenAiServer::Route(const std::shared_ptr<HttpExchange>& ex) {
   }
   if (!known) {
     return ReplyError(
-        ex, ApiErrorFromStatus(NotFoundError(fmt::format("no route {} {}", method, path)), "", "not_found"), record);
+        ex, ApiErrorFromStatus(NotFoundError(fmt::format("no route {} {}", method, ex->path())), "", "not_found"),
+        record);
   }
   if (!method_ok) {
     ApiError e = ApiErrorFromStatus(InvalidArgumentError(fmt::format("{} does not accept {}", path, method)), "",

@@ -44,6 +44,21 @@ size_t HeldBack(std::string_view text, std::initializer_list<std::string_view> m
   return best;
 }
 
+// The length of the start of a marker that content `text` ends with: held back while more may come, dropped at the
+// end of the output (final), where a start of two bytes or more counts (a lone '<' is as likely text as a marker).
+// Replacement characters after a marker's start (the detokenizer's U+FFFD for the marker's "｜" or "▁" cut inside
+// its bytes by max_tokens) belong to it.
+size_t MarkerTail(std::string_view text, std::initializer_list<std::string_view> markers, bool final) {
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string_view t = text;
+  while (t.size() >= kReplacement.size() && t.substr(t.size() - kReplacement.size()) == kReplacement) {
+    t.remove_suffix(kReplacement.size());
+  }
+  const size_t n = HeldBack(t, markers);
+  if (t.size() < text.size()) return n >= 1 ? text.size() - t.size() + n : 0;
+  return !final || n >= 2 ? n : 0;
+}
+
 std::string Trim(std::string_view s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string_view::npos) return "";
@@ -382,6 +397,34 @@ bool ToolCallParser::TakeJsonCalls(std::string_view text, ToolDelta& out) {
   return true;
 }
 
+void ToolCallParser::TakePartialCall(std::string_view text, ToolDelta& out) {
+  // {"name": "NAME", "arguments": ARGS-SO-FAR  (or "parameters"), the name before the arguments, as models write it.
+  const auto skip = [&](size_t i) {
+    while (i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n')) ++i;
+    return i;
+  };
+  size_t i = text.find("\"name\"");
+  if (i == std::string_view::npos) return;
+  i = skip(i + 6);
+  if (i >= text.size() || text[i] != ':') return;
+  i = skip(i + 1);
+  if (i >= text.size() || text[i] != '"') return;
+  const size_t name_end = text.find('"', i + 1);
+  if (name_end == std::string_view::npos) return;  // the name was cut short: no call
+  const std::string_view name = text.substr(i + 1, name_end - i - 1);
+  if (name.empty() || name.find('\\') != std::string_view::npos) return;
+  size_t a = text.find("\"arguments\"", name_end);
+  size_t key = 11;
+  if (a == std::string_view::npos) a = text.find("\"parameters\"", name_end), key = 12;
+  std::string args;
+  if (a != std::string_view::npos) {
+    size_t j = skip(a + key);
+    if (j < text.size() && text[j] == ':') args = Trim(text.substr(skip(j + 1)));
+  }
+  BeginCall(out, std::string(name));
+  AddArguments(out, args);
+}
+
 void ToolCallParser::Run(ToolDelta& out, bool final) {
   while (true) {
     switch (state_) {
@@ -423,9 +466,11 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         const std::string_view marker = DeepSeek(format_) ? kCallsBegin : kHermesBegin;
         const size_t at = buf_.find(marker);
         if (at == std::string::npos) {
-          const size_t hold = final ? 0 : HeldBack(buf_, {marker});
+          // At the end, the start of a marker that never finished (max_tokens) is dropped, not shown as content.
+          const size_t hold = MarkerTail(buf_, {marker}, final);
           out.content += buf_.substr(0, buf_.size() - hold);
           buf_.erase(0, buf_.size() - hold);
+          if (final) buf_.clear();
           return;
         }
         out.content += buf_.substr(0, at);
@@ -450,7 +495,10 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           state_ = State::kDone;
           continue;
         }
-        if (!final && (kCallBegin.substr(0, buf_.size()) == buf_ || kCallsEnd.substr(0, buf_.size()) == buf_)) return;
+        if (MarkerTail(buf_, {kCallBegin, kCallsEnd}, /*final=*/false) == buf_.size()) {
+          if (final) buf_.clear();  // a marker cut short: no call, no content
+          return;
+        }
         state_ = State::kDone;  // something else: what follows is content again
         continue;
       }
@@ -468,8 +516,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         const std::string_view end = format_ == ToolFormat::kDeepSeekV3 ? std::string_view("\n") : kSep;
         const size_t at = buf_.find(end);
         if (at == std::string::npos) {
-          if (final && !Trim(buf_).empty()) BeginCall(out, Trim(buf_));
-          if (final) buf_.clear();
+          if (final) buf_.clear();  // a name cut short is no call
           return;
         }
         BeginCall(out, Trim(std::string_view(buf_).substr(0, at)));
@@ -481,7 +528,8 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         const std::string_view fence = "```json\n";
         if (buf_.compare(0, fence.size(), fence) == 0) {
           buf_.erase(0, fence.size());
-        } else if (!final && fence.substr(0, buf_.size()) == buf_) {
+        } else if (fence.substr(0, buf_.size()) == buf_) {
+          if (final) buf_.clear();  // the fence cut short: the call has no arguments yet
           return;
         }
         state_ = State::kArguments;
@@ -490,14 +538,14 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
       case State::kArguments: {
         const size_t at = buf_.find(kCallEnd);
         if (at == std::string::npos) {
-          // Hold back what may be the fence and the end marker.
-          size_t hold = final ? 0 : HeldBack(buf_, {std::string_view("\n```<｜tool▁call▁end｜>"), kCallEnd});
-          if (!final && format_ == ToolFormat::kDeepSeekV3) {
-            hold = std::max(hold, HeldBack(buf_, {std::string_view("```<｜tool▁call▁end｜>")}));
+          // Hold back what may be the fence and the end marker; at the end (cut short by max_tokens), drop it.
+          size_t hold = MarkerTail(buf_, {std::string_view("\n```<｜tool▁call▁end｜>"), kCallEnd}, /*final=*/false);
+          if (format_ == ToolFormat::kDeepSeekV3) {
+            hold = std::max(hold, MarkerTail(buf_, {std::string_view("```<｜tool▁call▁end｜>")}, /*final=*/false));
           }
           std::string_view emit = std::string_view(buf_).substr(0, buf_.size() - hold);
           if (final) {
-            // Cut short (max_tokens): keep what came, without a closing fence it may have begun.
+            // Keep the arguments that came (the JSON so far, as OpenAI does), without a closing fence it began.
             while (!emit.empty() && (emit.back() == '\n' || emit.back() == ' ' || emit.back() == '`'))
               emit.remove_suffix(1);
             AddArguments(out, emit);
@@ -525,7 +573,9 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           const size_t at = buf_.find(kHermesEnd);
           if (at == std::string::npos) {
             if (!final) return;
-            if (!TakeJsonCalls(buf_, out)) out.content += std::string(kHermesBegin) + buf_;
+            // Cut short: a whole object is a call; otherwise the call so far where its name is complete (its
+            // arguments the JSON text so far), else nothing: never the markup as content.
+            if (!TakeJsonCalls(buf_, out)) TakePartialCall(buf_, out);
             buf_.clear();
             state_ = State::kContent;
             return;
@@ -551,7 +601,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
       case State::kDone:
         // After the calls: text is content (DeepSeek models end here; anything more is kept, not lost).
         if (DeepSeek(format_) && !final) {
-          const size_t hold = HeldBack(buf_, {kCallsBegin});
+          const size_t hold = MarkerTail(buf_, {kCallsBegin}, false);
           if (buf_.find(kCallsBegin) != std::string::npos) {
             const size_t at = buf_.find(kCallsBegin);
             out.content += buf_.substr(0, at);
@@ -563,7 +613,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           buf_.erase(0, buf_.size() - hold);
           return;
         }
-        out.content += buf_;
+        out.content += buf_.substr(0, buf_.size() - (DeepSeek(format_) ? MarkerTail(buf_, {kCallsBegin}, true) : 0));
         buf_.clear();
         return;
     }

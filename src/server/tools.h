@@ -91,8 +91,9 @@ struct ToolDelta {
 
 // Streams what a model writes into content and tool calls. Text that may be the start of a marker is held back until
 // the next Push tells. DeepSeek calls stream their arguments as they come; hermes and llama3_json calls are JSON
-// objects, emitted when complete. A call the model never finished (max_tokens) keeps the arguments it has; hermes or
-// llama3_json text that does not parse as a call stays content, as vLLM does.
+// objects, emitted when complete. A call the model never finished (max_tokens) keeps the arguments it has (the JSON
+// text so far), a call whose name was cut short is no call, and a marker cut short is dropped: the output never shows
+// the format's markup. Complete hermes or llama3_json text that does not parse as a call stays content, as vLLM does.
 class ToolCallParser {
  public:
   ToolCallParser(ToolFormat format, std::function<std::string()> new_id);
@@ -108,6 +109,8 @@ class ToolCallParser {
   void BeginCall(ToolDelta& out, std::string name);
   void AddArguments(ToolDelta& out, std::string_view text);
   bool TakeJsonCalls(std::string_view text, ToolDelta& out);
+  // hermes cut short: the call so far (a complete name, the arguments' JSON text so far), or nothing.
+  void TakePartialCall(std::string_view text, ToolDelta& out);
 
   ToolFormat format_;
   std::function<std::string()> new_id_;

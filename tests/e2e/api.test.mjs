@@ -171,6 +171,39 @@ test('errors arrive as OpenAI error bodies through the client', async () => {
                        (e) => e.status === 400 && e.error.code === 'context_length_exceeded' && /256/.test(e.error.message));
 });
 
+test("DeepSeek's URL forms: no /v1, and /beta, reach the /v1 routes with the same auth and metrics", async () => {
+  // @ai-sdk/deepseek and ChatDeepSeek default to https://api.deepseek.com; /beta is DeepSeek's prefix/FIM base URL.
+  const auth = {Authorization: `Bearer ${kKey}`};
+  const latencyCount = async () => {
+    const text = await (await fetch(srv.url + '/metrics', {headers: auth})).text();
+    const m = text.match(/^fathom_request_latency_seconds_count(?:\{[^}]*\})? (\d+)/m);
+    assert.ok(m, 'no fathom_request_latency_seconds_count');
+    return Number(m[1]);
+  };
+  const before = await latencyCount();
+  for (const base of [srv.url, srv.url + '/beta']) {
+    const c = new OpenAI({baseURL: base, apiKey: kKey, maxRetries: 0});
+    const chat = await c.chat.completions.create({model: 'scripted', messages: [{role: 'user', content: 'What is 2+2?'}]});
+    assert.equal(chat.choices[0].message.content, 'The answer is 4.', base);
+    const done = await c.completions.create({model: 'scripted', prompt: 'Count:', max_tokens: 3});
+    assert.equal(done.choices[0].text, ' one two three', base);
+    const models = await c.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), ['scripted'], base);
+    const unauthorized = new OpenAI({baseURL: base, apiKey: 'sk-wrong', maxRetries: 0});
+    await assert.rejects(unauthorized.models.list(), (e) => e.status === 401, base);
+  }
+  // Prefix completion under /beta, as @ai-sdk/deepseek sends it there.
+  const beta = new OpenAI({baseURL: srv.url + '/beta', apiKey: kKey, maxRetries: 0});
+  const prefixed = await beta.chat.completions.create({model: 'scripted', max_tokens: 4, messages: [
+    {role: 'user', content: 'Count:'}, {role: 'assistant', content: 'Count:', prefix: true}]});
+  assert.equal(prefixed.object, 'chat.completion');
+  // The generations were counted under the canonical routes (the latency histogram counts /v1 generations only).
+  assert.equal(await latencyCount(), before + 5);
+  const other = await fetch(srv.url + '/v2/chat/completions', {method: 'POST', headers: auth, body: '{}'});
+  assert.equal(other.status, 404);
+  assert.match((await other.json()).error.message, /no route POST \/v2\/chat\/completions/);
+});
+
 test('a bad or missing API key gets 401; /health needs none', async () => {
   const bad = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'sk-wrong', maxRetries: 0});
   await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.error.type === 'authentication_error');

@@ -170,3 +170,36 @@ test('bad tools and tool choices are 400s that name the field', async () => {
   const ok = await client.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 3});
   assert.equal(ok.choices[0].finish_reason, 'length');
 });
+
+test('a call cut short by max_tokens anywhere leaves no markup in content, name or arguments, streamed or not',
+     async () => {
+  const named = {type: 'function', function: {name: 'get_weather'}};
+  const ask = (extra) => client.chat.completions.create({model: 'deepseek-chat', messages, tools, tool_choice: named,
+                                                        seed: 11, ...extra});
+  const whole = await ask({max_tokens: 200});
+  const full = whole.choices[0].message.tool_calls[0].function.arguments;
+  checkCall(whole.choices[0].message.tool_calls[0]);
+  const n = whole.usage.completion_tokens;
+  assert.ok(n > 10, `a call of ${n} tokens`);
+  const check = (content, calls, finish, k) => {
+    assert.equal(finish, 'length', `max_tokens ${k}`);
+    assert.ok(!/[<｜]|```|tool▁/.test(content ?? ''), `max_tokens ${k}: markup in content ${JSON.stringify(content)}`);
+    for (const c of calls ?? []) {
+      assert.equal(c.function.name, 'get_weather', `max_tokens ${k}: a partial name`);
+      assert.ok(full.startsWith(c.function.arguments), `max_tokens ${k}: ${JSON.stringify(c.function.arguments)}`);
+    }
+  };
+  let withCall = 0;
+  for (let k = 1; k < n - 1; k++) {
+    const r = await ask({max_tokens: k});
+    const m = r.choices[0].message;
+    check(m.content, m.tool_calls, r.choices[0].finish_reason, k);
+    withCall += (m.tool_calls ?? []).length;
+    if (k % 4 === 0) {
+      const s = await collect(await ask({max_tokens: k, stream: true}));
+      check(s.content, s.calls.filter(Boolean), s.finish, k);
+      assert.deepEqual(s.calls.map((c) => c.function.arguments), (m.tool_calls ?? []).map((c) => c.function.arguments));
+    }
+  }
+  assert.ok(withCall > 0, 'no cut happened inside the arguments');
+});

@@ -117,6 +117,42 @@ TEST(JsonSchemaTest, IntegerAndNumberBounds) {
   for (const char* bad : {"01", ".5", "1.", "+1", "1e999"}) EXPECT_NO_MATCH(any, bad);
 }
 
+// zod 4 writes every z.int() / z.number().int() as minimum -(2^53 - 1), maximum 2^53 - 1; any int64 bounds compile
+// to a small automaton (a range is a few digit-prefix states a length, not an enumeration: before, each side of a
+// digit range recursed into both, and these bounds built 400,000 states and were refused).
+TEST(JsonSchemaTest, IntegerBoundsUpTo64BitsCompileSmall) {
+  auto zod = FromSchema(R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})");
+  ASSERT_NE(zod, nullptr);
+  for (const char* ok : {"0", "7", "-1", "42", "-9007199254740991", "9007199254740991", "9007199254740990",
+                         "1000000000000000", "8999999999999999", "-123456789012345"}) {
+    EXPECT_MATCH(zod, ok);
+  }
+  for (const char* bad :
+       {"9007199254740992", "-9007199254740992", "9100000000000000", "10000000000000000", "-0", "01", "1.5"}) {
+    EXPECT_NO_MATCH(zod, bad);
+  }
+  EXPECT_LT(zod->states().size(), 400u) << "states of the zod integer";
+  auto full = FromSchema(R"({"type": "integer", "minimum": -9223372036854775808, "maximum": 9223372036854775807})");
+  ASSERT_NE(full, nullptr);
+  for (const char* ok : {"9223372036854775807", "-9223372036854775808", "9223372036854775799", "0"}) {
+    EXPECT_MATCH(full, ok);
+  }
+  for (const char* bad : {"9223372036854775808", "-9223372036854775809", "10000000000000000000"}) {
+    EXPECT_NO_MATCH(full, bad);
+  }
+  EXPECT_LT(full->states().size(), 400u);
+  // Digit ranges whose ends share a prefix, or are one apart, or cross a power of ten.
+  auto mid = FromSchema(R"({"type": "integer", "minimum": 15, "maximum": 1237})");
+  for (const char* ok : {"15", "19", "20", "99", "100", "999", "1000", "1199", "1230", "1237"}) EXPECT_MATCH(mid, ok);
+  for (const char* bad : {"14", "9", "1238", "1240", "1300", "2000", "10000"}) EXPECT_NO_MATCH(mid, bad);
+  auto tight = FromSchema(R"({"type": "integer", "minimum": 19, "maximum": 20})");
+  EXPECT_MATCH(tight, "19");
+  EXPECT_MATCH(tight, "20");
+  for (const char* bad : {"18", "21", "10", "29"}) EXPECT_NO_MATCH(tight, bad);
+  // Past 64 bits is refused by name.
+  EXPECT_NE(Refusal(R"({"type": "integer", "maximum": 1e19})").find("out of the supported range"), std::string::npos);
+}
+
 TEST(JsonSchemaTest, EnumConstBooleanNull) {
   auto e = FromSchema(R"({"enum": ["a", 1, null, "é", {"k": [true]}]})");
   for (const char* ok : {R"("a")", "1", "null", R"("é")", R"({"k":[true]})"}) EXPECT_MATCH(e, ok);
@@ -240,8 +276,49 @@ TEST(JsonSchemaTest, AnyOfOneOfAllOf) {
             std::string::npos);
 }
 
+// What zod 4 writes for z.record(...): propertyNames {"type": "string"} always holds; an enum or pattern there
+// constrains the keys of a record (an object of extra properties alone).
+TEST(JsonSchemaTest, PropertyNamesOfRecords) {
+  auto any = FromSchema(R"({"type": "object", "propertyNames": {"type": "string"},
+                            "additionalProperties": {"type": "integer"}})");
+  EXPECT_MATCH(any, R"({"a":1,"b c":2})");
+  EXPECT_MATCH(any, "{}");
+  EXPECT_NO_MATCH(any, R"({"a":"x"})");
+  auto with_props = FromSchema(R"({"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"],
+                                   "propertyNames": {"type": "string"}, "additionalProperties": false})");
+  EXPECT_MATCH(with_props, R"({"k":1})");
+  auto keys = FromSchema(R"({"type": "object", "propertyNames": {"enum": ["x", "y"]},
+                             "additionalProperties": {"type": "boolean"}})");
+  EXPECT_MATCH(keys, R"({"x":true,"y":false})");
+  EXPECT_NO_MATCH(keys, R"({"z":true})");
+  auto pattern = FromSchema(R"({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+                                "additionalProperties": {"type": "null"}})");
+  EXPECT_MATCH(pattern, R"({"abc":null})");
+  EXPECT_NO_MATCH(pattern, R"({"aB":null})");
+  auto none = FromSchema(R"({"type": "object", "propertyNames": false})");
+  EXPECT_MATCH(none, "{}");
+  EXPECT_NO_MATCH(none, R"({"a":1})");
+  EXPECT_NE(Refusal(R"({"type": "object", "propertyNames": {"type": "integer"}})").find("must describe strings"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"type": "object", "properties": {"a": {}}, "propertyNames": {"pattern": "^a"}})")
+                .find("beside declared"),
+            std::string::npos);
+}
+
+// zod writes a format and its own pattern together (z.email(), z.uuid(), z.iso.date(), z.iso.datetime()): the
+// pattern is written (format is an annotation since draft 2019-09).
+TEST(JsonSchemaTest, FormatWithPatternWritesThePattern) {
+  auto uuid = FromSchema(R"({"type": "string", "format": "uuid",
+      "pattern": "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"})");
+  EXPECT_MATCH(uuid, R"("123e4567-E89b-12d3-a456-426614174000")");
+  EXPECT_NO_MATCH(uuid, R"("123e4567-e89b-02d3-a456-426614174000")");  // version 0: the pattern's, not the format's
+  auto date = FromSchema(R"({"type": "string", "format": "date", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"})");
+  EXPECT_MATCH(date, R"("2026-12-06")");
+  EXPECT_NO_MATCH(date, R"("2026-1-6")");
+}
+
 TEST(JsonSchemaTest, UnsupportedKeywordsAreRefusedByName) {
-  for (const char* kw : {"not", "if", "propertyNames", "dependencies", "contains", "multipleOf"}) {
+  for (const char* kw : {"not", "if", "dependentRequired", "dependencies", "contains", "multipleOf"}) {
     const std::string schema = std::string(R"({"type": "object", ")") + kw + R"(": {}})";
     EXPECT_NE(Refusal(schema).find(std::string("'") + kw + "' at '#' is not supported"), std::string::npos)
         << kw << ": " << Refusal(schema);

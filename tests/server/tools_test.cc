@@ -128,6 +128,78 @@ TEST(ToolCallParserTest, DeepSeekCallCutShortKeepsItsArguments) {
   EXPECT_EQ(p.calls[0].arguments, "{\"a\": [1, 2");
 }
 
+// Cut short by max_tokens anywhere in a call, the output never shows the format's markup: a marker cut short is
+// dropped, a name cut short is no call, arguments keep the JSON text so far (without a closing fence begun).
+TEST(ToolCallParserTest, CallsCutShortLeaveNoMarkup) {
+  const std::string v3 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>";
+  Parsed begin = ParseBoth(ToolFormat::kDeepSeekV3, "Let me check.<｜tool▁calls▁beg");
+  EXPECT_EQ(begin.content, "Let me check.");
+  EXPECT_TRUE(begin.calls.empty());
+  // A split character: the marker cut inside a 3-byte "▁".
+  Parsed split = ParseBoth(ToolFormat::kDeepSeekV3, "Sure<｜tool\xe2\x96");
+  EXPECT_EQ(split.content, "Sure");
+  // The detokenizer's U+FFFD for a character cut inside its bytes, after the marker's start.
+  // (It arrives whole, as the detokenizer's last delta: not byte by byte.)
+  for (const std::string second : {"<｜tool▁calls▁begin｜><｜tool▁call▁begin\xEF\xBF\xBD", "Sure<\xEF\xBF\xBD"}) {
+    Parsed replaced = Parse(ToolFormat::kDeepSeekV3, second, second.size() + 1);
+    EXPECT_EQ(replaced.content, second[0] == 'S' ? "Sure" : "") << second;
+    EXPECT_TRUE(replaced.calls.empty());
+    int n = 0;
+    ToolCallParser p(ToolFormat::kDeepSeekV3, [&n] { return "call_" + std::to_string(n++); });
+    const size_t cut = second.size() - 3;
+    std::string content = p.Push(second.substr(0, cut)).content;
+    content += p.Push(second.substr(cut)).content;
+    content += p.Finish().content;
+    EXPECT_EQ(content, second[0] == 'S' ? "Sure" : "") << second;
+  }
+  Parsed lone = ParseBoth(ToolFormat::kDeepSeekV3, "a <");  // a lone '<' is as likely text: kept
+  EXPECT_EQ(lone.content, "a <");
+  Parsed second = ParseBoth(ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁beg");
+  EXPECT_EQ(second.content, "");
+  EXPECT_TRUE(second.calls.empty());
+  Parsed name = ParseBoth(ToolFormat::kDeepSeekV3, v3 + "ge");
+  EXPECT_EQ(name.content, "");
+  EXPECT_TRUE(name.calls.empty());
+  for (const char* tail : {"\n```<｜", "\n```<｜tool▁call▁e", "\n``", "\n"}) {
+    Parsed args = ParseBoth(ToolFormat::kDeepSeekV3, v3 + "get_weather\n```json\n{\"city\": \"Paris\"}" + tail);
+    ASSERT_EQ(args.calls.size(), 1u) << tail;
+    EXPECT_EQ(args.calls[0].name, "get_weather");
+    EXPECT_EQ(args.calls[0].arguments, "{\"city\": \"Paris\"}") << tail;
+    EXPECT_EQ(args.content, "");
+  }
+  const std::string replaced_end = v3 + "get_weather\n```json\n{\"a\": 1}\n```<\xEF\xBF\xBD";  // whole, as delivered
+  Parsed replaced_args = Parse(ToolFormat::kDeepSeekV3, replaced_end, replaced_end.size() + 1);
+  ASSERT_EQ(replaced_args.calls.size(), 1u);
+  EXPECT_EQ(replaced_args.calls[0].arguments, "{\"a\": 1}");
+  Parsed fence = ParseBoth(ToolFormat::kDeepSeekV3, v3 + "get_weather\n```js");
+  ASSERT_EQ(fence.calls.size(), 1u);
+  EXPECT_EQ(fence.calls[0].arguments, "");
+  Parsed v31 = ParseBoth(ToolFormat::kDeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_wea");
+  EXPECT_TRUE(v31.calls.empty());
+  EXPECT_EQ(v31.content, "");
+  Parsed v31_args = ParseBoth(ToolFormat::kDeepSeekV31,
+                              "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁ca");
+  ASSERT_EQ(v31_args.calls.size(), 1u);
+  EXPECT_EQ(v31_args.calls[0].arguments, "{\"a\": 1}");
+  // After the calls, a second block cut short.
+  Parsed after = ParseBoth(ToolFormat::kDeepSeekV3, std::string(kV3Two) + " ok<｜tool▁calls");
+  EXPECT_EQ(after.calls.size(), 2u);
+  EXPECT_EQ(after.content, "Let me check. ok");
+  // hermes: the call so far where its name is complete, else nothing.
+  Parsed h = ParseBoth(ToolFormat::kHermes,
+                       "I'll look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par");
+  EXPECT_EQ(h.content, "I'll look.\n");
+  ASSERT_EQ(h.calls.size(), 1u);
+  EXPECT_EQ(h.calls[0].name, "get_weather");
+  EXPECT_EQ(h.calls[0].arguments, "{\"city\": \"Par");
+  Parsed h_name = ParseBoth(ToolFormat::kHermes, "ok <tool_call>\n{\"name\": \"get_w");
+  EXPECT_EQ(h_name.content, "ok ");
+  EXPECT_TRUE(h_name.calls.empty());
+  Parsed h_tag = ParseBoth(ToolFormat::kHermes, "ok <tool_c");
+  EXPECT_EQ(h_tag.content, "ok ");
+  EXPECT_TRUE(h_tag.calls.empty());
+}
+
 TEST(ToolCallParserTest, Hermes) {
   Parsed p = ParseBoth(ToolFormat::kHermes,
                        "I'll look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
