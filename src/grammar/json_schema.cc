@@ -446,6 +446,17 @@ class Converter {
       if (part.contains("allOf")) {
         FATHOM_ASSIGN_OR_RETURN(part, MergeAllOf(part, path));
       }
+      // Malformed parts are refused here, before they are merged as objects and arrays (the fuzzer's allOf of a
+      // `properties` array threw out of nlohmann's iterator).
+      for (const char* key : {"properties", "required"}) {
+        const bool want_object = std::string_view(key) == "properties";
+        for (const Json* j : {&part, &out}) {
+          if (auto f = j->find(key); f != j->end() && (want_object ? !f->is_object() : !f->is_array())) {
+            return Error(path, "allOf",
+                         fmt::format("has '{}' that is not {}", key, want_object ? "an object" : "an array"));
+          }
+        }
+      }
       for (auto it = part.begin(); it != part.end(); ++it) {
         const std::string& k = it.key();
         if (k == "properties") {

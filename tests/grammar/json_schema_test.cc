@@ -274,6 +274,13 @@ TEST(JsonSchemaTest, AnyOfOneOfAllOf) {
   EXPECT_NO_MATCH(siblings, "{}");
   EXPECT_NE(Refusal(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})").find("does not merge simply"),
             std::string::npos);
+  // Malformed parts are refused, not merged (an allOf of a `properties` array threw out of the JSON library: found by
+  // the grammar fuzzer, tests/data/fuzz/grammar/schema_allof_malformed).
+  EXPECT_NE(Refusal(R"({"allOf": [{"type": "object", "properties": ["b"]}], "minProperties": 1})")
+                .find("has 'properties' that is not an object"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"required": "a", "allOf": [{"required": ["b"]}]})").find("has 'required' that is not an array"),
+            std::string::npos);
 }
 
 // What zod 4 writes for z.record(...): propertyNames {"type": "string"} always holds; an enum or pattern there
