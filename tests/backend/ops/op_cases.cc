@@ -991,6 +991,11 @@ struct MoeExpertsCase {
   bool skew = false;
   int64_t int4_group = 0;
   std::string Op() const { return "MoeExperts"; }
+  // The variants that send these experts through the host-sorted path by design (CudaBackend::MoeExperts): host_moe,
+  // and for 4-bit experts the exact float32 kernels of f32_gemm / generic_linear.
+  bool HostPath(std::string_view variant) const {
+    return variant == "host_moe" || (int4_group > 0 && (variant == "f32_gemm" || variant == "generic_linear"));
+  }
   std::string Shape() const {
     return fmt::format("n={} experts={} top_k={} hidden={} inter={}{}", n, experts, top_k, hidden, inter,
                        skew ? " skewed" : "");
@@ -1394,6 +1399,7 @@ void Add(std::vector<OpCase>& cases, const Row<C> (&rows)[N]) {
     cases.push_back(OpCase{r.c.Op(), r.c.Shape(), r.c.DTypes(), r.variant, r.tol, r.gpu_only, r.c.Bytes(), r.c.Flops(),
                            [c = r.c](Backend& be) { return c.Prepare(be); }});
     if constexpr (requires { r.c.cache; }) cases.back().kv_cache = r.c.cache;
+    if constexpr (requires { r.c.HostPath(r.variant); }) cases.back().host_path = r.c.HostPath(r.variant);
   }
 }
 

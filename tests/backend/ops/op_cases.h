@@ -65,12 +65,13 @@ struct OpCase {
   std::string dtypes;   // "w=bf16 bias=bf16"
   std::string variant;  // a kernel variant (KnownVariants()); "default" is the backend's own choice
   Tolerance tol;
-  bool gpu_only = false;  // a real model size: too slow for the CPU-only CI
-  double bytes = 0.0;     // moved by one run (weights, activations, cache)
-  double flops = 0.0;     // of one run (0 for copies)
+  bool gpu_only = false;   // a real model size: too slow for the CPU-only CI
+  double bytes = 0.0;      // moved by one run (weights, activations, cache)
+  double flops = 0.0;      // of one run (0 for copies)
   std::function<std::unique_ptr<OpRun>(Backend&)> prepare;
   DType kv_cache =
       DType::kF32;  // the KV cache's dtype where the op reads or writes one (Backend::SupportsKvCacheDtype)
+  bool host_path = false;  // its variant takes a host path by design (FATHOM_OPS_STRICT_DEVICE=1 allows it)
 
   // "Linear [n=1 in=3584 out=18944] w=bf16 bias=bf16 variant=default"
   std::string Describe() const;
