@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -386,7 +387,9 @@ class Converter {
         if (token[k] == '~' && k + 1 < token.size()) {
           unescaped += token[k + 1] == '1' ? '/' : '~';
           ++k;
-        } else if (token[k] == '%' && k + 2 < token.size()) {
+        } else if (token[k] == '%' && k + 2 < token.size() && std::isxdigit(static_cast<unsigned char>(token[k + 1])) &&
+                   std::isxdigit(static_cast<unsigned char>(token[k + 2]))) {
+          // A %-escape of two hex digits; anything else is a literal '%' (std::stoi threw on "%$d": the fuzzer's).
           unescaped += static_cast<char>(std::stoi(token.substr(k + 1, 2), nullptr, 16));
           k += 2;
         } else {

@@ -281,6 +281,11 @@ TEST(JsonSchemaTest, AnyOfOneOfAllOf) {
             std::string::npos);
   EXPECT_NE(Refusal(R"({"required": "a", "allOf": [{"required": ["b"]}]})").find("has 'required' that is not an array"),
             std::string::npos);
+  // A $ref with a '%' that is no %-escape is a pointer to nothing, not a throw out of std::stoi (the grammar fuzzer's
+  // tests/data/fuzz/grammar/schema_ref_bad_escape).
+  EXPECT_NE(Refusal(R"({"$defs": {"n": {"type": "integer"}}, "$ref": "#/%$defs/n"})"), "");
+  auto escaped = FromSchema(R"({"$defs": {"a b": {"type": "integer"}}, "$ref": "#/$defs/a%20b"})");
+  EXPECT_MATCH(escaped, "7");
 }
 
 // What zod 4 writes for z.record(...): propertyNames {"type": "string"} always holds; an enum or pattern there
