@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_mla.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/fp8.h"
@@ -141,9 +142,16 @@ struct Lt {
     }
     return *o;
   }();
-  fathom::cuda::SplitAttentionKernels split_kernels() const {
-    return {options.mla_attention, options.mma_attention, options.gqa_attention};
-  }
+  // MLA's provider's switches (attention_mla.h), likewise.
+  fathom::cuda::MlaKernelOptions mla_options = [] {
+    auto o = fathom::cuda::MlaKernelOptions::FromEnvironment();
+    if (!o.ok()) {
+      std::fprintf(stderr, "%s\n", o.status().ToString().c_str());
+      std::exit(2);
+    }
+    return *o;
+  }();
+  fathom::cuda::SplitAttentionKernels split_kernels() const { return {options.mma_attention, options.gqa_attention}; }
 };
 
 struct LtGemm {
@@ -352,9 +360,9 @@ void Attention(Lt& lt, const Shape& s, int64_t batch, int64_t ctx, bool bf16_cac
   cudaFree(out);
 }
 
-// Decode attention of `batch` sequences of `ctx` tokens over one bf16 latent cache (blocks shuffled), each kernel the
-// split path chooses: the MLA kernel by default, the generic one with it off (KernelOptions::mla_attention = false,
-// FATHOM_CUDA_NO_MLA_ATTENTION).
+// Decode attention of `batch` sequences of `ctx` tokens over one bf16 latent cache (blocks shuffled): MLA's decode
+// kernel (with MlaKernelOptions::decode from the environment), and the paged split kernel that serves the latent
+// cache with it off (FATHOM_CUDA_NO_MLA_ATTENTION).
 void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs) {
   constexpr int64_t kK = 576, kV = 512;
   const int64_t blocks_per = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per;
@@ -377,15 +385,18 @@ void MlaAttention(Lt& lt, int64_t heads, int64_t batch, int64_t ctx, int64_t bs)
   a.v = a.k;
   a.scale = 0.0625f;
   const double bytes = static_cast<double>(batch * ctx * kK) * 2;
+  const fathom::cuda::MlaDecodeOptions& mo = lt.mla_options.decode;
   for (bool mla : {false, true}) {
-    fathom::cuda::SplitAttentionKernels allowed = lt.split_kernels();
-    allowed.mla = mla;
-    const fathom::cuda::SplitAttentionKind kind = fathom::cuda::ChooseSplitAttention(a, allowed);
-    const int64_t ws = fathom::cuda::SplitAttentionWorkspaceBytes(a, kind, lt.sm_count);
+    if (mla && !fathom::cuda::MlaDecodeFits(a, mo)) continue;
+    const fathom::cuda::SplitAttentionKind kind = fathom::cuda::ChooseSplitAttention(a, lt.split_kernels());
+    const int64_t ws = mla ? fathom::cuda::MlaDecodeWorkspaceBytes(a, mo, lt.sm_count)
+                           : fathom::cuda::SplitAttentionWorkspaceBytes(a, kind, lt.sm_count);
     void* w = nullptr;
     if (ws > 0) CK(cudaMalloc(&w, static_cast<size_t>(ws)));
     const double us = TimeUs(lt.s, mla ? 50 : 5, [&](int) {
-      if (fathom::cuda::LaunchSplitAttention(a, kind, lt.sm_count, w, lt.s) != 0) std::exit(3);
+      const int err = mla ? fathom::cuda::LaunchMlaDecodeSplit(a, mo, lt.sm_count, w, lt.s)
+                          : fathom::cuda::LaunchSplitAttention(a, kind, lt.sm_count, w, lt.s);
+      if (err != 0) std::exit(3);
     });
     cudaFree(w);
     fmt::print(
@@ -904,9 +915,9 @@ int OpsBench(const std::string& filter) {
         "\"variant\": \"{}\", \"gpu_only\": {}",
         JsonEscape(c.Name()), JsonEscape(c.op), JsonEscape(c.shape), JsonEscape(c.dtypes), JsonEscape(c.variant),
         c.gpu_only);
-    const auto options = fathom::ops::KernelOptionsForVariant(c.variant);
+    const auto options = fathom::ops::OptionsForVariant(c.variant);
     fathom::Status st = options.status();
-    if (st.ok()) gpu.set_kernel_options(*options);
+    if (st.ok()) options->ApplyTo(gpu);
     std::unique_ptr<fathom::ops::OpRun> run = st.ok() ? c.prepare(gpu) : nullptr;
     if (st.ok()) st = run->Run();  // warm-up
     if (st.ok()) st = gpu.Synchronize();

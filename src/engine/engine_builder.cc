@@ -58,13 +58,14 @@ std::string ModelFolder(const std::string& model) {
 
 namespace {
 
-// FATHOM_MLA_PREFILL=up|absorbed forces MLA's prefill form (for measurements); unset or auto: the shape rule.
-StatusOr<MlaPrefill> MlaPrefillFromEnvironment() {
+// FATHOM_MLA_PREFILL=up|absorbed forces the prefill form (ModelRunOptions::prefill_form: MLA's up-projected form is
+// the expanded one, its absorbed form the compact one; for measurements); unset or auto: the layout's shape rule.
+StatusOr<PrefillForm> PrefillFormFromEnvironment() {
   FATHOM_ASSIGN_OR_RETURN(const std::optional<std::string_view> v,
                           EnvChoice("FATHOM_MLA_PREFILL", {"auto", "up", "absorbed"}));
-  if (v == "up") return MlaPrefill::kUpProjected;
-  if (v == "absorbed") return MlaPrefill::kAbsorbed;
-  return MlaPrefill::kAuto;
+  if (v == "up") return PrefillForm::kExpanded;
+  if (v == "absorbed") return PrefillForm::kCompact;
+  return PrefillForm::kAuto;
 }
 
 // $FATHOM_FORCE_TENSOR_PARALLEL=1 (a switch, core/env.h): tp = 1 also runs through TensorParallelModel and a real
@@ -368,7 +369,7 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const EngineOptions& o, TokenizerLoa
   lo.format = format;
   lo.seed = o.weights_seed;
   lo.run.max_batched_tokens = o.max_num_batched_tokens;
-  FATHOM_ASSIGN_OR_RETURN(lo.run.mla_prefill, MlaPrefillFromEnvironment());
+  FATHOM_ASSIGN_OR_RETURN(lo.run.prefill_form, PrefillFormFromEnvironment());
   m.run = lo.run;
   FATHOM_ASSIGN_OR_RETURN(const bool forced, ForceParallelPath());
   if (o.parallel.tensor_parallel_size > 1 || forced || LaunchedByMpi()) {
@@ -413,14 +414,17 @@ StatusOr<EngineConfig> MakeEngineConfig(const EngineOptions& o, const LoadedMode
     return InvalidArgumentError(fmt::format("--kv-cache-dtype {}: the {} backend has no kernels for a {} cache yet",
                                             o.kv_cache_dtype, m.backend->name(), DTypeName(*ec.kv_cache_dtype)));
   }
-  if (m.model->kv_cache_spec().v_in_k && !m.backend->ServesMlaKvCacheDtype(*ec.kv_cache_dtype)) {
-    // With the MLA decode kernel's f8 form turned off (FATHOM_CUDA_MLA_FP8=0, or FATHOM_CUDA_NO_MLA_ATTENTION=1), an
-    // FP8 latent cache would take the per-head kernel, which reads the latent row once per head and, past its
-    // workspace, falls to a kernel that cannot hold long contexts.
-    return InvalidArgumentError(fmt::format(
-        "--kv-cache-dtype {} is not served for MLA models (DeepSeek-V2/V3) on the {} backend with the MLA kernel's "
-        "FP8 form off (FATHOM_CUDA_MLA_FP8=0, or FATHOM_CUDA_NO_MLA_ATTENTION=1): use auto or bfloat16",
-        o.kv_cache_dtype, m.backend->name()));
+  // The model's attention layout must have a provider here that serves this cache dtype at speed (model/attention.h).
+  const AttentionLayout layout = m.model->kv_cache_spec().layout;
+  const AttentionOps* attention = m.backend->attention_ops(layout);
+  if (attention == nullptr) {
+    return InvalidArgumentError(
+        fmt::format("the {} backend has no provider of the {} attention layout that this model "
+                    "uses",
+                    m.backend->name(), AttentionLayoutName(layout)));
+  }
+  if (const Status st = attention->ServesCacheDtype(*ec.kv_cache_dtype); !st.ok()) {
+    return InvalidArgumentError(fmt::format("--kv-cache-dtype {}: {}", o.kv_cache_dtype, st.message()));
   }
   ec.block_size = o.block_size;
   ec.num_blocks = o.num_kv_blocks;

@@ -8,6 +8,8 @@
 
 #include "core/bytes.h"
 #include "format/linear_method.h"
+#include "model/blocks.h"
+#include "model/registry.h"
 
 namespace fathom {
 
@@ -108,30 +110,22 @@ int64_t ActivationReserveBytes(const ModelConfig& cfg, int64_t max_batched_token
   if (cfg.is_moe()) {
     inter = std::max(inter, cfg.moe.moe_intermediate_size * (cfg.moe.num_experts_per_tok + cfg.moe.n_shared_experts));
   }
-  const int64_t head = std::max(cfg.head_dim, cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim);
-  const int64_t q = cfg.num_heads * head;
-  const int64_t kv = std::max(2 * cfg.num_kv_heads * cfg.head_dim, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim);
-  // MLA's absorbed attention: per head a query over the latent (kv_lora_rank + rope) and an output of kv_lora_rank.
-  // The up-projected prefill: per context row (at most max_batched_tokens of them) the gathered latent row and its
-  // per-head k_nope and v.
-  const int64_t mla = cfg.mla.kv_lora_rank > 0 ? cfg.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) +
-                                                     cfg.num_heads * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim) +
-                                                     cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
-                                               : 0;
-  const int64_t per_token = 4 * (4 * h + 2 * q + 2 * kv + 2 * inter + mla) + 2 * std::max(h, inter);
+  // The attention block's share is its family's (an unknown architecture, which no load accepts, counts as GQA).
+  const StatusOr<const Architecture*> arch = FindArchitecture(cfg.architecture);
+  const AttentionFootprint attn = arch.ok() && (*arch)->attention_footprint != nullptr
+                                      ? (*arch)->attention_footprint(cfg)
+                                      : GqaAttention::Footprint(cfg);
+  const int64_t per_token = 4 * (4 * h + attn.values_per_token + 2 * inter) + 2 * std::max(h, inter);
   const int64_t logits = std::min(max_seqs, max_batched_tokens) * cfg.vocab_size * 4;
   // What the weight format needs beyond the activations to run a prefill-sized linear (block-scaled f8 dequantizes its
   // weight into the workspace as bf16, next to its bf16 input): for the widest weight (a dense MLP's gate or up, or
-  // o_proj) and the widest input.
+  // the attention block's widest) and the widest input.
   int64_t scratch = 0;
   if (StatusOr<std::shared_ptr<const LinearMethod>> method = LinearMethodFor(cfg.quant, ""); method.ok()) {
-    const int64_t v_dim = cfg.mla.v_head_dim > 0 ? cfg.mla.v_head_dim : cfg.head_dim;
-    const int64_t widest_weight = std::max({cfg.intermediate_size * h, cfg.num_heads * v_dim * h,
-                                            cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts * h,
-                                            cfg.num_heads * head * cfg.mla.q_lora_rank,
-                                            cfg.num_heads * (cfg.mla.qk_nope_head_dim + v_dim) * cfg.mla.kv_lora_rank});
+    const int64_t widest_weight = std::max(
+        {cfg.intermediate_size * h, attn.widest_weight, cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts * h});
     scratch =
-        (*method)->PrefillScratchBytes(widest_weight, std::max({h, inter, cfg.num_heads * v_dim}), max_batched_tokens);
+        (*method)->PrefillScratchBytes(widest_weight, std::max({h, inter, attn.widest_input}), max_batched_tokens);
   }
   const int64_t reserve = max_batched_tokens * per_token + logits + scratch;
   return reserve + reserve / 4 + (288ll << 20);

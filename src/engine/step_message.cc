@@ -106,7 +106,7 @@ std::vector<uint8_t> EncodeStep(const StepMessage& m) {
     }
     case StepMessage::Kind::kRunOptions:
       w.Put(m.run.max_batched_tokens);
-      w.Put(static_cast<uint8_t>(m.run.mla_prefill));
+      w.Put(static_cast<uint8_t>(m.run.prefill_form));
       break;
     case StepMessage::Kind::kStop:
       break;
@@ -148,10 +148,10 @@ StatusOr<StepMessage> DecodeStep(std::span<const uint8_t> bytes) {
     case StepMessage::Kind::kRunOptions: {
       uint8_t prefill = 0;
       if (!r.Get(&m.run.max_batched_tokens) || !r.Get(&prefill) ||
-          prefill > static_cast<uint8_t>(MlaPrefill::kAbsorbed)) {
+          prefill > static_cast<uint8_t>(PrefillForm::kCompact)) {
         return bad;
       }
-      m.run.mla_prefill = static_cast<MlaPrefill>(prefill);
+      m.run.prefill_form = static_cast<PrefillForm>(prefill);
       break;
     }
     case StepMessage::Kind::kStop:

@@ -1,5 +1,5 @@
-// The default implementations of Backend's MoE ops, written with the other ops (see backend.h), and the shape checks
-// that the backends share.
+// The default implementations of Backend's MoE ops, written with the other ops (see
+// backend.h), and the shape checks that the backends share.
 #include "model/backend.h"
 
 #include <vector>

@@ -21,9 +21,11 @@
 #include <string>
 #include <string_view>
 
+#include "core/check.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "format/linear_weight.h"
+#include "model/attention.h"
 #include "model/moe_route.h"
 #include "model/sample_rows.h"
 
@@ -41,42 +43,6 @@ struct ExpertSet {
   int64_t num_local() const { return static_cast<int64_t>(gate.size()); }
   int64_t num_total() const { return total > 0 ? total : num_local(); }
   bool all_local() const { return first == 0 && num_total() == num_local(); }
-};
-
-// Paged KV-cache layout of one layer: K [num_blocks, block_size, num_kv_heads, k_dim] and V likewise with
-// v_dim. Views may be strided (MLA keeps V inside the latent K rows).
-// An FP8 (e4m3) cache also holds float32 scales, k_scale [num_blocks, block_size, num_kv_heads, k_dim / group] (and
-// v_scale likewise; KvCacheSpec::k_scale_group): value i of a row is e4m3(row[i]) * scale[i / group]. The writer
-// picks each scale as the group's largest magnitude / 448 (e4m3's largest finite value). Other dtypes leave them
-// empty.
-struct KvLayerView {
-  TensorView k;
-  TensorView v;
-  TensorView k_scale;
-  TensorView v_scale;
-
-  bool fp8() const { return k.dtype() == DType::kF8E4M3; }
-};
-
-// The dtypes a KV cache may take: float32, float16, bfloat16 and FP8 e4m3 with scales (KvCacheSpec::k_scale_group).
-inline bool IsKvCacheDtype(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF8E4M3;
-}
-
-// Per-step attention metadata, on device(). Flattened over the batch as in vLLM v1.
-struct AttentionMetadata {
-  TensorView positions;          // i32 [n_tokens]
-  TensorView slot_mapping;       // i32 [n_tokens], block_id * block_size + offset where each new token's K/V goes
-  TensorView query_start;        // i32 [n_seqs + 1], token row where each sequence starts
-  TensorView seq_lens;           // i32 [n_seqs], tokens in the cache after this step
-  TensorView block_table_start;  // i32 [n_seqs + 1], CSR offsets into block_tables
-  TensorView block_tables;       // i32 [total blocks], physical block ids of each sequence in order
-  int64_t num_seqs = 0;
-  int64_t num_tokens = 0;
-  int64_t block_size = 16;
-  int64_t max_seq_len = 0;
-  int64_t total_seq_len = 0;  // the sum of seq_lens: the rows of GatherContext's output
-  int64_t causal_pairs = 0;   // (query, key) pairs that causal attention scores this step, over all sequences
 };
 
 // A device's memory: zero totals mean host memory, which fathom does not plan.
@@ -99,9 +65,9 @@ class Backend {
   virtual bool SupportsKvCacheDtype(DType dtype) const {
     return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
   }
-  // Whether an MLA model's latent cache of `dtype` (one SupportsKvCacheDtype allows) is served at speed: the CLI
-  // refuses the others rather than run a path that is correct but slow.
-  virtual bool ServesMlaKvCacheDtype(DType dtype) const { return SupportsKvCacheDtype(dtype); }
+  // The provider of attention layout `layout` on this backend (model/attention.h: its ops, switches and per-step
+  // plan), or null where this backend does not serve that layout. Owned by the backend.
+  virtual AttentionOps* attention_ops(AttentionLayout layout) = 0;
 
   // The device's free and total memory now (zeros on the CPU).
   virtual DeviceMemoryInfo MemoryInfo() { return {}; }
@@ -149,7 +115,8 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) Linear(x, ws[i], outs[i]);
   }
 
-  // out[:, h, :] = x[:, h, :] W[h]^T for every head h (MLA's absorbed W_UK and W_UV): one launch on the GPU.
+  // out[:, h, :] = x[:, h, :] W[h]^T for every head h (MLA's absorbed W_UK and W_UV; a grouped per-head projection
+  // such as V4's grouped output projection): one launch on the GPU.
   // x [n, heads, in]; w [heads, out, in] (f32, f16 or bf16, contiguous); out [n, heads, out]; x and out may be strided
   // views with unit inner stride. The default runs Linear once per head.
   virtual void HeadLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
@@ -196,25 +163,6 @@ class Backend {
     ApplyRope(k, cos, sin, interleaved);
     WriteKv(k, v, meta, cache);
   }
-
-  // Causal attention of each new token over its sequence's cached tokens (the new ones included, as written by
-  // WriteKv). q [n, heads, k_dim]; out [n, heads, v_dim]; heads is a multiple of the cache's kv_heads (GQA).
-  virtual void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
-                              const TensorView& out) = 0;
-
-  // Every sequence's cached K rows in order (its positions 0 .. seq_len - 1, sequence after sequence) from a cache of
-  // one KV head: MLA's latent rows for the up-projected prefill. cache.k [num_blocks, block_size, 1, d] (any cache
-  // dtype, FP8 with cache.k_scale); out f32 [meta.total_seq_len, d].
-  virtual void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) = 0;
-
-  // MLA attention in its up-projected form (prefill): per head, q [n, heads, nope + rope] against keys whose first
-  // `nope` values are per head (k_nope [ctx, heads, nope]) and whose last `rope` are shared by the heads (k_rope
-  // [ctx, rope]); values v [ctx, heads, v_dim]. The ctx rows hold every sequence's context in GatherContext's order;
-  // token t attends causally to its sequence's rows 0 .. positions[t]. out [n, heads, v_dim]. Views may be strided
-  // with a unit inner stride.
-  virtual void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
-                                   const TensorView& v, const AttentionMetadata& meta, float scale,
-                                   const TensorView& out) = 0;
 
   // out[i, :] = x[indices[i], :].   x [n, d]; indices i32 [m]; out [m, d]
   virtual void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) = 0;
@@ -307,5 +255,15 @@ class Backend {
   static void CheckMaskLogitsArgs(const TensorView& logits, std::span<const int32_t> rows,
                                   std::span<const uint32_t> masks, int64_t words_per_row);
 };
+
+// The provider of layout Ops::kLayout on `be`, as its ops interface; a backend that does not serve it is a
+// FATHOM_CHECK (the engine refuses such a model before any step: engine/engine_builder.cc).
+//   AttentionOpsOf<PagedAttentionOps>(be).Run(plan, q, cache, meta, scale, out);
+template <class Ops>
+Ops& AttentionOpsOf(Backend& be) {
+  AttentionOps* ops = be.attention_ops(Ops::kLayout);
+  FATHOM_CHECK(ops != nullptr, "no provider of this attention layout on this backend");
+  return static_cast<Ops&>(*ops);
+}
 
 }  // namespace fathom

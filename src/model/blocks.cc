@@ -79,13 +79,23 @@ StatusOr<GqaAttention> GqaAttention::Bind(const WeightStore& w, Backend& be, con
   return a;
 }
 
-GqaAttention::Scratch GqaAttention::Allocate(Backend& be, int64_t n) const {
+AttentionFootprint GqaAttention::Footprint(const ModelConfig& c) {
+  const int64_t q = c.num_heads * c.head_dim, kv = 2 * c.num_kv_heads * c.head_dim;
+  // q and the attention output, k and v (twice: the projections and their rotated copies).
+  return {.values_per_token = 2 * q + 2 * kv, .widest_weight = q * c.hidden_size, .widest_input = q};
+}
+
+GqaAttention::Scratch GqaAttention::Allocate(Backend& be, const AttentionMetadata& meta,
+                                             const KvLayerView& first_layer) const {
   const DType act = be.activation_dtype();
+  const int64_t n = meta.num_tokens;
   Scratch s;
   s.q = be.Alloc(act, {n, heads, head_dim});     // [n_tokens, n_heads, head_dim]
   s.k = be.Alloc(act, {n, kv_heads, head_dim});  // [n_tokens, n_kv_heads, head_dim]
   s.v = be.Alloc(act, {n, kv_heads, head_dim});  // [n_tokens, n_kv_heads, head_dim]
   s.attn = be.Alloc(act, {n, heads, head_dim});  // [n_tokens, n_heads, head_dim]
+  s.plan = AttentionOpsOf<PagedAttentionOps>(be).Plan(meta, {.heads = heads, .k_dim = head_dim, .v_dim = head_dim},
+                                                      first_layer);
   return s;
 }
 
@@ -96,7 +106,7 @@ void GqaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& st
                                 s.v.view().Reshape({n, kv_heads * head_dim})};
   be.LinearFanOut(x, qkv, qkv_out);
   be.RopeWriteKv(s.q, s.k, s.v, step.cos, step.sin, interleaved, step.meta, step.cache);
-  be.PagedAttention(s.q, step.cache, step.meta, scale, s.attn);
+  AttentionOpsOf<PagedAttentionOps>(be).Run(s.plan, s.q, step.cache, step.meta, scale, s.attn);
   be.Linear(s.attn.view().Reshape({n, heads * head_dim}), o, out);
 }
 

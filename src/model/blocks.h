@@ -54,11 +54,16 @@ struct GqaAttention {
   static StatusOr<GqaAttention> Bind(const WeightStore& w, Backend& be, const std::string& prefix,
                                      const ModelConfig& cfg, const ParallelConfig& par);
 
-  // A step's q, k, v and attention output, shared by the layers.
+  // Its share of a step's memory (an Architecture's attention_footprint).
+  static AttentionFootprint Footprint(const ModelConfig& cfg);
+
+  // A step's q, k, v and attention output, shared by the layers, and its attention plan (model/attention.h).
   struct Scratch {
     Tensor q, k, v, attn;  // [n, heads, head_dim], [n, kv_heads, head_dim] twice, [n, heads, head_dim]
+    AttentionPlan plan;
   };
-  Scratch Allocate(Backend& be, int64_t n) const;
+  // For meta.num_tokens tokens; the plan over `first_layer`'s cache.
+  Scratch Allocate(Backend& be, const AttentionMetadata& meta, const KvLayerView& first_layer) const;
   void Forward(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s, const TensorView& out) const;
 };
 

@@ -65,7 +65,7 @@ Status DecoderModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tens
   Tensor proj = be.Alloc(act, {n, h});                     // [n_tokens, hidden]: each block's output
   Tensor cos = be.Alloc(DType::kF32, {n, rope_dim_ / 2});  // [n_tokens, rope_dim / 2]
   Tensor sin = be.Alloc(DType::kF32, {n, rope_dim_ / 2});
-  BeginStep(meta);
+  BeginStep(meta, kv);
   be.RopeCosSin(meta.positions, inv_freq_, rope_scale_, cos, sin);
   be.Embedding(dev.token_ids(), embed_, residual);
   Status status;

@@ -25,6 +25,16 @@ using LayerSpecs = void (*)(WeightSpecBuilder& b, int64_t layer, const ModelConf
 StatusOr<std::vector<WeightSpec>> DecoderWeightSpecs(const ModelConfig& cfg, const ParallelConfig& par,
                                                      const LayerSpecs& attention, const LayerSpecs& mlp);
 
+// What a family's attention block needs of a step's memory, for the memory plan's reserve (engine/memory_plan.cc):
+// float32 values per token of its step scratch (q, K/V or the cache row, outputs, and any second form's context
+// rows), and its widest linear's weight (elements) and input (values a token).
+struct AttentionFootprint {
+  int64_t values_per_token = 0;
+  int64_t widest_weight = 0;
+  int64_t widest_input = 0;
+};
+using AttentionFootprintFn = AttentionFootprint (*)(const ModelConfig& cfg);
+
 // What a layer's attention block sees of the step.
 struct LayerStep {
   const AttentionMetadata& meta;
@@ -47,8 +57,9 @@ class DecoderModel : public Model {
   // Load time: the rope tables for `rope_dim` rotated values a head, the layers' norms, the embedding, the final norm
   // and lm_head.
   Status InitDecoder(int64_t rope_dim);
-  // Per step, before the layers and after them: a family allocates its step scratch for meta.num_tokens tokens.
-  virtual void BeginStep(const AttentionMetadata& /*meta*/) {}
+  // Per step, before the layers and after them: a family allocates its step scratch for meta.num_tokens tokens and
+  // makes its attention layout's plan for the step (model/attention.h).
+  virtual void BeginStep(const AttentionMetadata& /*meta*/, const KvCache& /*kv*/) {}
   virtual void EndStep() {}
   // Layer i's attention of x [n, hidden] into out [n, hidden] (this rank's partial sum).
   virtual Status Attention(int64_t i, const TensorView& x, const LayerStep& step, const TensorView& out) = 0;

@@ -26,6 +26,7 @@ KvCacheSpec DeepseekKvSpec(const ModelConfig& c, const ParallelConfig& /*par*/) 
   KvCacheSpec k;
   k.num_layers = c.num_layers;
   k.num_kv_heads = 1;
+  k.layout = AttentionLayout::kMlaLatent;
   k.k_dim = c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;
   k.v_dim = c.mla.kv_lora_rank;
   k.v_in_k = true;
@@ -69,9 +70,9 @@ class DeepseekModel final : public DecoderModel {
     GatedMlp dense;
   };
 
-  void BeginStep(const AttentionMetadata& meta) override {
+  void BeginStep(const AttentionMetadata& meta, const KvCache& kv) override {
     const MlaAttention& a = layers_[0].attn;
-    scratch_ = a.Allocate(backend(), meta, a.UpProjected(meta, run_));
+    scratch_ = a.Allocate(backend(), meta, kv.layer(0), a.UpProjected(meta, run_));
   }
   void EndStep() override { scratch_ = {}; }
 
@@ -100,7 +101,8 @@ void RegisterDeepseekFamily(std::vector<Architecture>& out) {
                  {.attention_specs = &MlaAttention::LayerSpecs,
                   .mlp_specs = &DeepseekMlpSpecs,
                   .kv_spec = &DeepseekKvSpec,
-                  .create = &CreateModel<DeepseekModel>});
+                  .create = &CreateModel<DeepseekModel>,
+                  .attention_footprint = &MlaAttention::Footprint});
 }
 
 }  // namespace fathom

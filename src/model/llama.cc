@@ -51,9 +51,9 @@ class LlamaModel final : public DecoderModel {
   };
 
   // The step's scratch, shared by the layers.
-  void BeginStep(const AttentionMetadata& meta) override {
+  void BeginStep(const AttentionMetadata& meta, const KvCache& kv) override {
     const int64_t n = meta.num_tokens, inter = layers_[0].mlp.local_inter();
-    attn_ = layers_[0].attn.Allocate(backend(), n);
+    attn_ = layers_[0].attn.Allocate(backend(), meta, kv.layer(0));
     gate_ = backend().Alloc(backend().activation_dtype(), {n, inter});  // [n_tokens, intermediate]
     up_ = backend().Alloc(backend().activation_dtype(), {n, inter});    // [n_tokens, intermediate]
   }
@@ -83,7 +83,8 @@ void RegisterLlamaFamily(std::vector<Architecture>& out) {
                  {.attention_specs = &LlamaAttentionSpecs,
                   .mlp_specs = &LlamaMlpSpecs,
                   .kv_spec = &LlamaKvSpec,
-                  .create = &CreateModel<LlamaModel>});
+                  .create = &CreateModel<LlamaModel>,
+                  .attention_footprint = &GqaAttention::Footprint});
 }
 
 }  // namespace fathom

@@ -105,15 +105,31 @@ StatusOr<MlaAttention> MlaAttention::Bind(const WeightStore& w, Backend& be, con
   return a;
 }
 
+AttentionFootprint MlaAttention::Footprint(const ModelConfig& c) {
+  const MlaConfig& m = c.mla;
+  const int64_t head = std::max(c.head_dim, m.qk_nope_head_dim + m.qk_rope_head_dim), q = c.num_heads * head;
+  const int64_t kv = std::max(2 * c.num_kv_heads * c.head_dim, m.kv_lora_rank + m.qk_rope_head_dim);
+  // The absorbed form: per head a query over the latent (kv_lora_rank + rope) and an output of kv_lora_rank. The
+  // up-projected prefill: per context row the gathered latent row and its per-head k_nope and v.
+  const int64_t forms = c.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) +
+                        c.num_heads * (m.qk_nope_head_dim + m.v_head_dim) + m.kv_lora_rank + m.qk_rope_head_dim;
+  const int64_t v_dim = m.v_head_dim > 0 ? m.v_head_dim : c.head_dim;
+  return {.values_per_token = 2 * q + 2 * kv + forms,
+          .widest_weight = std::max({c.num_heads * v_dim * c.hidden_size, c.num_heads * head * m.q_lora_rank,
+                                     c.num_heads * (m.qk_nope_head_dim + v_dim) * m.kv_lora_rank}),
+          .widest_input = c.num_heads * v_dim};
+}
+
 bool MlaAttention::UpProjected(const AttentionMetadata& meta, const ModelRunOptions& options) const {
   if (meta.num_tokens <= meta.num_seqs || meta.total_seq_len == 0) return false;
   // Its context rows are step activations: the memory plan reserves them for max_batched_tokens rows.
   if (options.max_batched_tokens > 0 && meta.total_seq_len > options.max_batched_tokens) return false;
-  if (options.mla_prefill != MlaPrefill::kAuto) return options.mla_prefill == MlaPrefill::kUpProjected;
+  if (options.prefill_form != PrefillForm::kAuto) return options.prefill_form == PrefillForm::kExpanded;
   return MlaUpProjectedPays(m, meta.causal_pairs, meta.total_seq_len);
 }
 
-MlaAttention::Scratch MlaAttention::Allocate(Backend& be, const AttentionMetadata& meta, bool up) const {
+MlaAttention::Scratch MlaAttention::Allocate(Backend& be, const AttentionMetadata& meta, const KvLayerView& first_layer,
+                                             bool up) const {
   const DType act = be.activation_dtype();
   const int64_t n = meta.num_tokens, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, lora = m.kv_lora_rank;
   const int64_t vd = m.v_head_dim;
@@ -131,6 +147,9 @@ MlaAttention::Scratch MlaAttention::Allocate(Backend& be, const AttentionMetadat
   if (up) {
     s.ctx_lat = be.Alloc(act, {meta.total_seq_len, lora + rope});      // [context rows, kv_lora + rope]
     s.ctx_kv = be.Alloc(act, {meta.total_seq_len, heads, nope + vd});  // [context rows, n_heads, nope + v_head_dim]
+  } else {
+    s.plan =
+        AttentionOpsOf<MlaLatentOps>(be).Plan(meta, {.heads = heads, .k_dim = lora + rope, .v_dim = lora}, first_layer);
   }
   return s;
 }
@@ -158,17 +177,18 @@ void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& st
   be.ApplyRope(k_pe, step.cos, step.sin, interleaved);
   be.ApplyRope(q_pe, step.cos, step.sin, interleaved);
   be.WriteKv(s.latent, TensorView(), meta, step.cache);
+  MlaLatentOps& ops = AttentionOpsOf<MlaLatentOps>(be);
   if (s.up) {
-    be.GatherContext(step.cache, meta, s.ctx_lat);
+    ops.GatherContext(step.cache, meta, s.ctx_lat);
     be.Linear(s.ctx_lat.view().Slice(1, 0, lora), kv_b,
               s.ctx_kv.view().Reshape({meta.total_seq_len, heads * (nope + vd)}));
-    be.MlaContextAttention(s.q, s.ctx_kv.view().Slice(2, 0, nope), s.ctx_lat.view().Slice(1, lora, lora + rope),
-                           s.ctx_kv.view().Slice(2, nope, nope + vd), meta, softmax_scale, s.attn);
+    ops.ContextAttention(s.q, s.ctx_kv.view().Slice(2, 0, nope), s.ctx_lat.view().Slice(1, lora, lora + rope),
+                         s.ctx_kv.view().Slice(2, nope, nope + vd), meta, softmax_scale, s.attn);
   } else {
     // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
     be.HeadLinear(s.q.view().Slice(2, 0, nope), w_uk_t, s.q_abs.view().Slice(2, 0, lora));
     be.Copy(q_pe, s.q_abs.view().Slice(2, lora, lora + rope));
-    be.PagedAttention(s.q_abs, step.cache, meta, softmax_scale, s.attn_lat);
+    ops.Absorbed(s.plan, s.q_abs, step.cache, meta, softmax_scale, s.attn_lat);
     be.HeadLinear(s.attn_lat, w_uv, s.attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
   }
   be.Linear(s.attn.view().Reshape({n, heads * vd}), o, out);

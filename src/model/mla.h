@@ -7,7 +7,7 @@
 //   out[h]   = W_UV[h] (sum_j p_j c_kv_j)                  -> o_proj
 // where kv_b_proj = [W_UK[0]; W_UV[0]; W_UK[1]; W_UV[1]; ...] row blocks of qk_nope_head_dim and v_head_dim.
 // Up-projected form (prefill): each sequence's whole context of cache rows is gathered (GatherContext) and
-// up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe] (MlaContextAttention) gives
+// up-projected by kv_b_proj to per-head k_nope and v; then MHA with key [k_nope[h], k_pe] (ContextAttention) gives
 // out[h] directly: fewer FLOPs per (query, key) pair (nope + rope + v_head_dim against 2 kv_lora + rope), plus one kv_b
 // GEMM over the context. A step takes it when the pairs' saving reaches kMlaUpProjectedMinRatio x the kv_b GEMM's
 // FLOPs; on the H200 (V2-Lite) the forms tie up to about 200 tokens, and the up-projected step took 0.95x the absorbed
@@ -15,8 +15,10 @@
 //
 //   MlaAttention::AddSpecs(b, LayerName(i, "self_attn."), cfg);
 //   FATHOM_ASSIGN_OR_RETURN(MlaAttention a, MlaAttention::Bind(weights, be, LayerName(i, "self_attn."), cfg, par, &k));
-//   MlaAttention::Scratch s = a.Allocate(be, meta, a.UpProjected(meta, run_options));
+//   MlaAttention::Scratch s = a.Allocate(be, meta, kv.layer(0), a.UpProjected(meta, run_options));  // plans the step
 //   a.Forward(be, x, step, s, out);
+// The latent cache is an attention layout of its own (MlaLatentOps below, model/attention.h): its ops are the
+// providers', backend/cpu/attention_mla.cc and backend/cuda/attention_mla.cc.
 #pragma once
 
 #include <array>
@@ -41,6 +43,31 @@ inline constexpr double kMlaUpProjectedMinRatio = 0.75;
 // kMlaUpProjectedMinRatio x the FLOPs of up-projecting `context_rows` latent rows by kv_b_proj.
 bool MlaUpProjectedPays(const MlaConfig& m, int64_t causal_pairs, int64_t context_rows);
 
+// MLA's latent cache as an attention layout: per layer one row a token, [RmsNorm(c_kv) (kv_lora_rank),
+// rope(k_pe) (qk_rope_head_dim)], one KV head, V the first kv_lora_rank values of each row (KvLayerView::v a strided
+// view into k). Written with Backend::WriteKv.
+class MlaLatentOps : public AttentionOps {
+ public:
+  static constexpr AttentionLayout kLayout = AttentionLayout::kMlaLatent;
+  AttentionLayout layout() const override { return kLayout; }
+  // The absorbed form: MQA of q [n, heads, kv_lora + rope] over the latent rows with the step's plan (Plan for
+  // {heads, kv_lora + rope, kv_lora}); out [n, heads, kv_lora]. Causal: token t sees its sequence's rows
+  // 0 .. positions[t].
+  virtual void Absorbed(const AttentionPlan& plan, const TensorView& q, const KvLayerView& cache,
+                        const AttentionMetadata& meta, float scale, const TensorView& out) = 0;
+  // Every sequence's cached rows in order (its positions 0 .. seq_len - 1, sequence after sequence), widened to
+  // float32 (FP8 with cache.k_scale): the up-projected form's context. out f32 [meta.total_seq_len, d], d the row.
+  virtual void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) = 0;
+  // The up-projected form's attention: per head, q [n, heads, nope + rope] against keys whose first `nope` values are
+  // per head (k_nope [ctx, heads, nope]) and whose last `rope` are shared by the heads (k_rope [ctx, rope]); values
+  // v [ctx, heads, v_dim]. The ctx rows hold every sequence's context in GatherContext's order; token t attends
+  // causally to its sequence's rows 0 .. positions[t]. out [n, heads, v_dim]. Views may be strided with a unit inner
+  // stride.
+  virtual void ContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
+                                const TensorView& v, const AttentionMetadata& meta, float scale,
+                                const TensorView& out) = 0;
+};
+
 struct MlaAttention {
   LinearWeight q_b, kv_b, o;            // q_b: q_b_proj, or q_proj without q LoRA
   std::array<LinearWeight, 2> attn_in;  // {q_a_proj or q_proj, kv_a_proj_with_mqa}: the projections of the normed input
@@ -56,6 +83,9 @@ struct MlaAttention {
   // prefix + "q_a_proj", "q_a_layernorm", "q_b_proj" (or "q_proj"), "kv_a_proj_with_mqa", "kv_a_layernorm",
   // "kv_b_proj", "o_proj" (prefix ends in '.'). Heads are split between tensor-parallel ranks; the latent is not.
   static void AddSpecs(WeightSpecBuilder& b, const std::string& prefix, const ModelConfig& cfg);
+  // Its share of a step's memory (an Architecture's attention_footprint): both forms' scratch, the up-projected
+  // form's per context row (at most max_batched_tokens of them), and its widest linear (o_proj, q_b_proj or kv_b_proj).
+  static AttentionFootprint Footprint(const ModelConfig& cfg);
   // Layer i's: AddSpecs at "model.layers.i.self_attn." (an Architecture's attention_specs).
   static void LayerSpecs(WeightSpecBuilder& b, int64_t i, const ModelConfig& cfg);
   // `constants` owns the per-head projections split out of kv_b_proj (exact: kv_b's dtype, or float32 for scaled
@@ -79,8 +109,10 @@ struct MlaAttention {
     Tensor ctx_lat;   // up-projected: [context rows, kv_lora + rope]
     Tensor ctx_kv;    // up-projected: [context rows, heads, nope + v_head_dim]
     bool up = false;
+    AttentionPlan plan;  // the absorbed form's, made once a step
   };
-  Scratch Allocate(Backend& be, const AttentionMetadata& meta, bool up) const;
+  // The step's scratch and, for the absorbed form, its plan over `first_layer`'s cache.
+  Scratch Allocate(Backend& be, const AttentionMetadata& meta, const KvLayerView& first_layer, bool up) const;
   void Forward(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s, const TensorView& out) const;
 };
 

@@ -58,6 +58,10 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
     return InvalidArgumentError(
         fmt::format("a KV cache of dtype {} is not supported by the {} backend", DTypeName(dtype), backend.name()));
   }
+  if (backend.attention_ops(spec.layout) == nullptr) {
+    return InvalidArgumentError(fmt::format("the {} backend has no provider of the {} attention layout", backend.name(),
+                                            AttentionLayoutName(spec.layout)));
+  }
   const bool fp8 = dtype == DType::kF8E4M3;
   KvCache kv;
   kv.spec_ = spec;
@@ -103,7 +107,7 @@ Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const Kv
   }
   const KvCacheSpec& got = kv.spec();
   if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
-      got.v_dim != want.v_dim || got.v_in_k != want.v_in_k) {
+      got.v_dim != want.v_dim || got.v_in_k != want.v_in_k || got.layout != want.layout) {
     return InvalidArgumentError("KV cache was built for another model");
   }
   return OkStatus();

@@ -30,6 +30,7 @@ struct KvCacheSpec {
   int64_t k_dim = 0;
   int64_t v_dim = 0;
   bool v_in_k = false;
+  AttentionLayout layout = AttentionLayout::kGqaPaged;  // whose ops read and plan over it (model/attention.h)
 
   // Values stored per token across all layers.
   int64_t values_per_token() const { return num_layers * num_kv_heads * (k_dim + (v_in_k ? 0 : v_dim)); }
@@ -51,7 +52,8 @@ StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype);
 class KvCache {
  public:
   KvCache() = default;
-  // A dtype the backend cannot run (Backend::SupportsKvCacheDtype) is INVALID_ARGUMENT.
+  // A dtype the backend cannot run (Backend::SupportsKvCacheDtype), or a layout it has no provider of
+  // (Backend::attention_ops), is INVALID_ARGUMENT.
   static StatusOr<KvCache> Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
                                     int64_t block_size);
 

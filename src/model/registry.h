@@ -27,6 +27,8 @@ struct Architecture {
   LayerSpecs mlp_specs = nullptr;
   KvSpecFn kv_spec = nullptr;
   CreateFn create = nullptr;
+  // Its attention block's share of a step's memory (GqaAttention::Footprint, MlaAttention::Footprint).
+  AttentionFootprintFn attention_footprint = nullptr;
 
   // The weights one rank of `par` loads (all of them for one rank); an unsupported weight format or a shape that does
   // not split is an error naming it.

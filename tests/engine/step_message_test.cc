@@ -38,11 +38,11 @@ TEST(StepMessageTest, EveryKindRoundTrips) {
 
   ModelRunOptions run;
   run.max_batched_tokens = 8192;
-  run.mla_prefill = MlaPrefill::kAbsorbed;
+  run.prefill_form = PrefillForm::kCompact;
   auto ro = DecodeStep(EncodeStep(StepMessage::RunOptions(run)));
   ASSERT_TRUE(ro.ok());
   EXPECT_EQ(ro->run.max_batched_tokens, 8192);
-  EXPECT_EQ(ro->run.mla_prefill, MlaPrefill::kAbsorbed);
+  EXPECT_EQ(ro->run.prefill_form, PrefillForm::kCompact);
 
   auto stop = DecodeStep(EncodeStep(StepMessage::Stop()));
   ASSERT_TRUE(stop.ok());

@@ -225,18 +225,18 @@ TEST_P(GoldenTest, Fp8KvCacheAgreesWithBf16Kv) {
       GetParam(), fp8.worst, bound, fp8.compared, fp8.flips, fp8.confident);
 }
 
-// MLA's up-projected prefill (MlaPrefill::kUpProjected): the context gathered from the latent cache, kv_b over it, and
+// MLA's up-projected prefill (PrefillForm::kExpanded): the context gathered from the latent cache, kv_b over it, and
 // MHA per head, against the oracle: the four cases as whole prompts in one step, and in uneven chunks (later chunks
 // read their cached prefix back through GatherContext; steps of one token per sequence keep the absorbed form).
 class MlaPrefillGoldenTest : public GoldenTest {
  protected:
   void SetUp() override {
     GoldenTest::SetUp();
-    SetPrefill(MlaPrefill::kUpProjected);
+    SetPrefill(PrefillForm::kExpanded);
   }
-  void SetPrefill(MlaPrefill form) {
+  void SetPrefill(PrefillForm form) {
     ModelRunOptions o;
-    o.mla_prefill = form;
+    o.prefill_form = form;
     model_->set_run_options(o);
   }
 };
@@ -248,7 +248,7 @@ TEST_P(MlaPrefillGoldenTest, UpProjectedPrefillMatchesTheOracle) {
 
 // The absorbed form forced on prefill steps too (the shape rule picks the up-projected one for long prompts).
 TEST_P(MlaPrefillGoldenTest, AbsorbedPrefillMatchesTheOracle) {
-  SetPrefill(MlaPrefill::kAbsorbed);
+  SetPrefill(PrefillForm::kCompact);
   ExpectMatchesOracle(RunChunked({0}), "absorbed, batched whole prompts");
   ExpectMatchesOracle(RunChunked({3, 1, 7, 2, 5, 11}), "absorbed, uneven chunks");
 }

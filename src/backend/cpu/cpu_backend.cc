@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/attention_layouts.h"
 #include "backend/cpu/kernels.h"
 #include "core/thread_pool.h"
 #include "format/linear_method.h"
@@ -16,7 +17,11 @@ namespace fathom {
 
 namespace {
 
+using cpu::CacheRow;
 using cpu::DotF32;
+using cpu::GroupOf;
+using cpu::ScaleRow;
+using cpu::StoreCacheRow;
 
 ThreadPool& Pool() {
   return DefaultThreadPool();
@@ -26,57 +31,15 @@ float* F32Row(const TensorView& t, int64_t row) {
   return t.data<float>() + row * t.stride(0);
 }
 
-// Element pointer of a [blocks, block_size, heads, dim] cache view at (slot, head), as bytes.
-char* CacheRow(const TensorView& cache, int64_t slot, int64_t block_size, int64_t head) {
-  const int64_t block = slot / block_size, off = slot % block_size;
-  const int64_t elem = block * cache.stride(0) + off * cache.stride(1) + head * cache.stride(2);
-  return static_cast<char*>(cache.raw()) + elem * static_cast<int64_t>(DTypeSize(cache.dtype()));
-}
-
-// Row `head` of `slot` in a cache view's scales (f32 [blocks, block_size, heads, groups]).
-float* ScaleRow(const TensorView& scale, int64_t slot, int64_t block_size, int64_t head) {
-  const int64_t block = slot / block_size, off = slot % block_size;
-  return scale.data<float>() + block * scale.stride(0) + off * scale.stride(1) + head * scale.stride(2);
-}
-
-// Stores `dim` values at `dst` (a cache row of `dtype`). FP8: each group of dim / groups values gets the scale
-// max|x| / 448 in scales[g] (at least FLT_MIN, so that 1 / scale stays finite; 1 for an all-zero group) and
-// e4m3(x * (1 / scale)) values, as KvLayerView describes.
-void StoreCacheRow(const float* src, int64_t dim, DType dtype, char* dst, float* scales, int64_t groups) {
-  if (dtype != DType::kF8E4M3) {
-    ConvertFromF32(src, dim, dtype, dst, 0);
-    return;
-  }
-  const int64_t g = dim / groups;
-  auto* out = reinterpret_cast<uint8_t*>(dst);
-  for (int64_t i = 0; i < groups; ++i) {
-    float amax = 0.0f;
-    for (int64_t j = i * g; j < (i + 1) * g; ++j) amax = std::max(amax, std::fabs(src[j]));
-    const float scale = amax > 0.0f ? std::max(amax / 448.0f, std::numeric_limits<float>::min()) : 1.0f;
-    scales[i] = scale;
-    const float inv = 1.0f / scale;
-    for (int64_t j = i * g; j < (i + 1) * g; ++j) out[j] = F32ToF8E4M3(src[j] * inv);
-  }
-}
-
-// The first `dim` values of a cache row (of `dtype`; FP8 with its group scales, groups of `group` values) as f32.
-void LoadCacheRow(const char* src, DType dtype, const float* scales, int64_t group, int64_t dim, float* out) {
-  if (dtype != DType::kF8E4M3) {
-    ConvertToF32(src, dtype, 0, dim, out);
-    return;
-  }
-  const auto* in = reinterpret_cast<const uint8_t*>(src);
-  for (int64_t j = 0; j < dim; ++j) out[j] = F8E4M3ToF32(in[j]) * scales[j / group];
-}
-
-// A cache view's scale group (0 without scales).
-int64_t GroupOf(const TensorView& cache, const TensorView& scale) {
-  return scale.empty() ? 0 : cache.dim(3) / scale.dim(3);
-}
-
 }  // namespace
 
-void CpuBackend::Fail(Status s) {
+CpuBackend::CpuBackend() : layouts_(cpu::MakeAttentionLayouts(*this)) {
+  for (const auto& l : layouts_) FATHOM_CHECK(l != nullptr, "an attention layout without a CPU provider");
+}
+
+CpuBackend::~CpuBackend() = default;
+
+void CpuBackend::RecordError(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (first_error_.ok()) first_error_ = std::move(s);
 }
@@ -125,7 +88,7 @@ void CpuBackend::Embedding(const TensorView& ids, const TensorView& table, const
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = ids.data<int32_t>()[t];
     if (id < 0 || id >= vocab) {
-      Fail(InvalidArgumentError(fmt::format("token id {} outside the vocabulary [0, {})", id, vocab)));
+      RecordError(InvalidArgumentError(fmt::format("token id {} outside the vocabulary [0, {})", id, vocab)));
       return;
     }
   }
@@ -165,10 +128,9 @@ void CpuBackend::Linear(const TensorView& x, const LinearWeight& w, const Tensor
   FATHOM_CHECK_EQ(out.dim(0), n);
   FATHOM_CHECK_EQ(out.dim(1), m);
   FATHOM_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "Linear needs unit inner strides");
-  FATHOM_CHECK(
-      w.fp8_block() ? w.format_payload != nullptr && w.weight.dtype() == DType::kF8E4M3
-                    : w.weight.dtype() != DType::kF8E4M3,
-      "a {} weight in format {}", DTypeName(w.weight.dtype()), static_cast<int>(w.format));
+  FATHOM_CHECK(w.fp8_block() ? w.format_payload != nullptr && w.weight.dtype() == DType::kF8E4M3
+                             : w.weight.dtype() != DType::kF8E4M3,
+               "a {} weight in format {}", DTypeName(w.weight.dtype()), static_cast<int>(w.format));
   std::vector<float> bias;
   if (!w.bias.empty()) {
     bias.resize(static_cast<size_t>(m));
@@ -265,7 +227,7 @@ void CpuBackend::WriteKv(const TensorView& k, const TensorView& v, const Attenti
   for (int64_t t = 0; t < n; ++t) {
     const int32_t slot = meta.slot_mapping.data<int32_t>()[t];
     if (slot < 0 || slot >= capacity) {
-      Fail(InvalidArgumentError(
+      RecordError(InvalidArgumentError(
           fmt::format("token row {} has KV slot {} outside the cache's {} slots", t, slot, capacity)));
       return;
     }
@@ -291,156 +253,12 @@ void CpuBackend::WriteKv(const TensorView& k, const TensorView& v, const Attenti
   });
 }
 
-void CpuBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
-                                float scale, const TensorView& out) {
-  const int64_t n = q.dim(0), heads = q.dim(1), kd = q.dim(2);
-  const int64_t kv_heads = cache.k.dim(2), vd = cache.v.dim(3);
-  FATHOM_CHECK_EQ(cache.k.dim(3), kd);
-  FATHOM_CHECK_EQ(heads % kv_heads, 0);
-  FATHOM_CHECK_EQ(out.dim(2), vd);
-  const int64_t group = heads / kv_heads;
-  const int32_t* qs = meta.query_start.data<int32_t>();
-  const int32_t* pos = meta.positions.data<int32_t>();
-  const int32_t* lens = meta.seq_lens.data<int32_t>();
-  const int32_t* bts = meta.block_table_start.data<int32_t>();
-  const int32_t* bt = meta.block_tables.data<int32_t>();
-  std::vector<int32_t> seq_of(static_cast<size_t>(n));
-  for (int64_t s = 0; s < meta.num_seqs; ++s) {
-    for (int32_t t = qs[s]; t < qs[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    if (pos[t] >= lens[seq_of[t]]) {
-      Fail(InvalidArgumentError(
-          fmt::format("token row {} at position {} is past its sequence length {}", t, pos[t], lens[seq_of[t]])));
-      return;
-    }
-  }
-  const bool k_f32 = cache.k.dtype() == DType::kF32, v_f32 = cache.v.dtype() == DType::kF32;
-  const bool fp8 = cache.fp8();
-  const int64_t bs = meta.block_size;
-  const int64_t k_group = GroupOf(cache.k, cache.k_scale), v_group = GroupOf(cache.v, cache.v_scale);
-  Pool().ParallelFor(n * heads, 1, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> scores, acc, row;
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t t = task / heads, h = task % heads, g = h / group;
-      const int32_t s = seq_of[t];
-      const int64_t ctx = pos[t] + 1;  // causal: positions 0..pos
-      const int32_t* table = bt + bts[s];
-      const float* qv = q.data<float>() + t * q.stride(0) + h * q.stride(1);
-      scores.resize(static_cast<size_t>(ctx));
-      row.resize(static_cast<size_t>(std::max(kd, vd)));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < ctx; ++j) {
-        const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-        const char* kp = CacheRow(cache.k, slot, bs, g);
-        const float* kr = reinterpret_cast<const float*>(kp);
-        if (!k_f32) {
-          LoadCacheRow(kp, cache.k.dtype(), fp8 ? ScaleRow(cache.k_scale, slot, bs, g) : nullptr, k_group, kd,
-                       row.data());
-          kr = row.data();
-        }
-        const float sc = DotF32(qv, kr, kd) * scale;
-        scores[j] = sc;
-        mx = std::max(mx, sc);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < ctx; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
-      }
-      acc.assign(static_cast<size_t>(vd), 0.0f);
-      for (int64_t j = 0; j < ctx; ++j) {
-        const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-        const char* vp = CacheRow(cache.v, slot, bs, g);
-        const float* vr = reinterpret_cast<const float*>(vp);
-        if (!v_f32) {
-          LoadCacheRow(vp, cache.v.dtype(), fp8 ? ScaleRow(cache.v_scale, slot, bs, g) : nullptr, v_group, vd,
-                       row.data());
-          vr = row.data();
-        }
-        const float p = scores[j];
-        for (int64_t i = 0; i < vd; ++i) acc[i] += p * vr[i];
-      }
-      float* o = out.data<float>() + t * out.stride(0) + h * out.stride(1);
-      const float inv = 1.0f / sum;
-      for (int64_t i = 0; i < vd; ++i) o[i] = acc[i] * inv;
-    }
-  });
-}
-
-void CpuBackend::GatherContext(const KvLayerView& kv, const AttentionMetadata& meta, const TensorView& out) {
-  const TensorView& cache = kv.k;
-  const int64_t d = cache.dim(3), bs = meta.block_size, group = GroupOf(cache, kv.k_scale);
-  const bool fp8 = kv.fp8();
-  FATHOM_CHECK_EQ(out.dim(1), d);
-  FATHOM_CHECK_EQ(out.dim(0), meta.total_seq_len);
-  const int32_t* lens = meta.seq_lens.data<int32_t>();
-  const int32_t* bts = meta.block_table_start.data<int32_t>();
-  const int32_t* bt = meta.block_tables.data<int32_t>();
-  int64_t row = 0;
-  for (int64_t s = 0; s < meta.num_seqs; ++s) {
-    for (int64_t j = 0; j < lens[s]; ++j, ++row) {
-      const int64_t slot = static_cast<int64_t>(bt[bts[s] + j / bs]) * bs + j % bs;
-      LoadCacheRow(CacheRow(cache, slot, bs, 0), cache.dtype(), fp8 ? ScaleRow(kv.k_scale, slot, bs, 0) : nullptr,
-                   group, d, out.data<float>() + row * out.stride(0));
-    }
-  }
-}
-
-void CpuBackend::MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
-                                     const TensorView& v, const AttentionMetadata& meta, float scale,
-                                     const TensorView& out) {
-  const int64_t n = q.dim(0), heads = q.dim(1), nope = k_nope.dim(2), rope = k_rope.dim(1), vd = v.dim(2);
-  FATHOM_CHECK_EQ(q.dim(2), nope + rope);
-  FATHOM_CHECK(k_nope.dim(1) == heads && v.dim(1) == heads && out.dim(1) == heads && out.dim(2) == vd);
-  const int32_t* qs = meta.query_start.data<int32_t>();
-  const int32_t* pos = meta.positions.data<int32_t>();
-  const int32_t* lens = meta.seq_lens.data<int32_t>();
-  std::vector<int64_t> seq_of(static_cast<size_t>(n)), ctx_start(static_cast<size_t>(meta.num_seqs) + 1, 0);
-  for (int64_t s = 0; s < meta.num_seqs; ++s) {
-    ctx_start[static_cast<size_t>(s) + 1] = ctx_start[static_cast<size_t>(s)] + lens[s];
-    for (int32_t t = qs[s]; t < qs[s + 1]; ++t) seq_of[static_cast<size_t>(t)] = s;
-  }
-  Pool().ParallelFor(n * heads, 1, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> scores, acc;
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t t = task / heads, h = task % heads;
-      const int64_t s = seq_of[static_cast<size_t>(t)], base = ctx_start[static_cast<size_t>(s)];
-      const int64_t ctx = std::min<int64_t>(pos[t] + 1, lens[s]);  // causal: positions 0..pos
-      const float* qn = q.data<float>() + t * q.stride(0) + h * q.stride(1);
-      scores.resize(static_cast<size_t>(ctx));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* kn = k_nope.data<float>() + (base + j) * k_nope.stride(0) + h * k_nope.stride(1);
-        const float* kr = k_rope.data<float>() + (base + j) * k_rope.stride(0);
-        const float sc = (DotF32(qn, kn, nope) + DotF32(qn + nope, kr, rope)) * scale;
-        scores[static_cast<size_t>(j)] = sc;
-        mx = std::max(mx, sc);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < ctx; ++j) {
-        scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx);
-        sum += scores[static_cast<size_t>(j)];
-      }
-      acc.assign(static_cast<size_t>(vd), 0.0f);
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* vr = v.data<float>() + (base + j) * v.stride(0) + h * v.stride(1);
-        const float p = scores[static_cast<size_t>(j)];
-        for (int64_t i = 0; i < vd; ++i) acc[static_cast<size_t>(i)] += p * vr[i];
-      }
-      float* o = out.data<float>() + t * out.stride(0) + h * out.stride(1);
-      const float inv = 1.0f / sum;
-      for (int64_t i = 0; i < vd; ++i) o[i] = acc[static_cast<size_t>(i)] * inv;
-    }
-  });
-}
-
 void CpuBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
   const int64_t m = indices.dim(0), d = x.dim(1);
   for (int64_t i = 0; i < m; ++i) {
     const int32_t r = indices.data<int32_t>()[i];
     if (r < 0 || r >= x.dim(0)) {
-      Fail(InvalidArgumentError(fmt::format("gather index {} outside [0, {})", r, x.dim(0))));
+      RecordError(InvalidArgumentError(fmt::format("gather index {} outside [0, {})", r, x.dim(0))));
       return;
     }
     std::memcpy(F32Row(out, i), F32Row(x, r), static_cast<size_t>(d) * sizeof(float));
@@ -454,7 +272,7 @@ void CpuBackend::ScatterAddRows(const TensorView& x, const TensorView& indices, 
   for (int64_t i = 0; i < m; ++i) {
     const int32_t r = indices.data<int32_t>()[i];
     if (r < 0 || r >= out.dim(0)) {
-      Fail(InvalidArgumentError(fmt::format("scatter index {} outside [0, {})", r, out.dim(0))));
+      RecordError(InvalidArgumentError(fmt::format("scatter index {} outside [0, {})", r, out.dim(0))));
       return;
     }
   }

@@ -5,6 +5,8 @@
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, cpu));
 #pragma once
 
+#include <array>
+#include <memory>
 #include <mutex>
 
 #include "model/backend.h"
@@ -13,11 +15,16 @@ namespace fathom {
 
 class CpuBackend : public Backend {
  public:
+  CpuBackend();
+  ~CpuBackend() override;
+
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
   // f32, f16, bf16 and FP8 e4m3 with scales (the reference quantization, backend.h's KvLayerView).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
+  // GQA's paged K and V (attention_gqa.cc) and MLA's latent rows (attention_mla.cc): the reference providers.
+  AttentionOps* attention_ops(AttentionLayout layout) override { return layouts_[static_cast<size_t>(layout)].get(); }
 
   using Backend::Alloc;
   Tensor Alloc(DType dtype, std::span<const int64_t> shape) override;
@@ -38,11 +45,6 @@ class CpuBackend : public Backend {
   void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) override;
   void WriteKv(const TensorView& k, const TensorView& v, const AttentionMetadata& meta,
                const KvLayerView& cache) override;
-  void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
-                      const TensorView& out) override;
-  void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) override;
-  void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
-                           const AttentionMetadata& meta, float scale, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
@@ -52,8 +54,11 @@ class CpuBackend : public Backend {
   void Copy(const TensorView& src, const TensorView& dst) override;
   Status Synchronize() override;
 
+  // Keeps the first error of an op (its own, or an attention provider's), which Synchronize returns.
+  void RecordError(Status s);
+
  private:
-  void Fail(Status s);
+  std::array<std::unique_ptr<AttentionOps>, kNumAttentionLayouts> layouts_;
   std::mutex mu_;
   Status first_error_;
 };

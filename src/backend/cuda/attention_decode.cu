@@ -1,6 +1,6 @@
 // The split-K decode attention kernels (attention.h): per (token, head) chunks, the GQA-packed kernel, the merge of
-// the chunks' partial states, and the choice and launch of every split kernel (the tensor-core one: attention_mma.cu;
-// MLA's: mla.cu).
+// the chunks' partial states (MLA's decode kernel, mla.cu, uses it too), and the choice and launch of the split
+// kernels (the tensor-core one: attention_mma.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,7 +15,6 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/memory.cuh"
-#include "backend/cuda/mla.h"
 #include "backend/cuda/reduce.cuh"
 
 namespace fathom::cuda {
@@ -266,10 +265,10 @@ int64_t Chunks(const AttentionArgs& a, int64_t chunk) {
   return (std::max<int64_t>(a.max_seq_len, 1) + chunk - 1) / chunk;
 }
 
-bool SplitFits(const AttentionArgs& a, SplitAttentionKind kind) {
+}  // namespace
+
+bool SplitAttentionFits(const AttentionArgs& a, SplitAttentionKind kind) {
   switch (kind) {
-    case SplitAttentionKind::kMla:
-      return MlaDecodeFits(a);
     case SplitAttentionKind::kMma:
       return MmaAttentionFits(a);
     case SplitAttentionKind::kGqa:
@@ -280,8 +279,9 @@ bool SplitFits(const AttentionArgs& a, SplitAttentionKind kind) {
   return false;
 }
 
+namespace {
+
 int64_t SplitChunk(const AttentionArgs& a, SplitAttentionKind kind, int sm_count) {
-  if (kind == SplitAttentionKind::kMla) return MlaDecodeChunk(a, sm_count);
   if (kind == SplitAttentionKind::kMma) return MmaAttentionChunk(a, sm_count);
   return kind == SplitAttentionKind::kGqa ? GroupChunk(a, 2 * kAttnWarps * kKeysPerStep) : kChunk;
 }
@@ -289,7 +289,6 @@ int64_t SplitChunk(const AttentionArgs& a, SplitAttentionKind kind, int sm_count
 }  // namespace
 
 SplitAttentionKind ChooseSplitAttention(const AttentionArgs& a, const SplitAttentionKernels& allowed) {
-  if (allowed.mla && MlaDecodeFits(a)) return SplitAttentionKind::kMla;
   if (allowed.mma && MmaAttentionFits(a)) return SplitAttentionKind::kMma;
   if (allowed.gqa && GqaFits(a)) return SplitAttentionKind::kGqa;
   return SplitAttentionKind::kPerHead;
@@ -303,7 +302,7 @@ int64_t SplitAttentionWorkspaceBytes(const AttentionArgs& a, SplitAttentionKind 
 
 int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm_count, void* workspace, Stream s) {
   if (a.n == 0) return 0;
-  if (!SplitFits(a, kind)) return static_cast<int>(cudaErrorInvalidValue);
+  if (!SplitAttentionFits(a, kind)) return static_cast<int>(cudaErrorInvalidValue);
   const bool gqa = kind != SplitAttentionKind::kPerHead;
   const int64_t chunk = SplitChunk(a, kind, sm_count);
   const int64_t chunks = Chunks(a, chunk);
@@ -312,10 +311,7 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
   float* part_acc = part_l + a.n * a.heads * chunks;
   if (gqa) {
     if (chunks > 1 && workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    if (kind == SplitAttentionKind::kMla) {
-      const int err = LaunchMlaDecode(a, chunk, chunks, part_m, part_l, part_acc, s);
-      if (err != 0) return err;
-    } else if (kind == SplitAttentionKind::kMma) {
+    if (kind == SplitAttentionKind::kMma) {
       const int err = LaunchMmaAttention(a, chunk, chunks, part_m, part_l, part_acc, S(s));
       if (err != 0) return err;
     } else if (a.k.dtype == kF32) {
@@ -329,9 +325,7 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
     }
     const int err = Done();
     if (err != 0 || chunks == 1) return err;
-    LaunchKernel(MergeAttentionKernel, static_cast<unsigned>(a.n * a.heads), 128,
-                 static_cast<size_t>(chunks) * sizeof(float), S(s), a, chunks, part_m, part_l, part_acc);
-    return Done();
+    return LaunchMergeAttention(a, chunks, part_m, part_l, part_acc, s);
   }
   if (a.k.dtype != a.v.dtype || !CacheScalesFit(a.k, a.k_dim) || !CacheScalesFit(a.v, a.v_dim)) {
     return static_cast<int>(cudaErrorInvalidValue);
@@ -344,6 +338,12 @@ int LaunchSplitAttention(const AttentionArgs& a, SplitAttentionKind kind, int sm
     return Done();
   });
   if (err != 0) return err;
+  return LaunchMergeAttention(a, chunks, part_m, part_l, part_acc, s);
+}
+
+int LaunchMergeAttention(const AttentionArgs& a, int64_t chunks, const float* part_m, const float* part_l,
+                         const float* part_acc, Stream s) {
+  if (a.n == 0) return 0;
   LaunchKernel(MergeAttentionKernel, static_cast<unsigned>(a.n * a.heads), 128,
                static_cast<size_t>(chunks) * sizeof(float), S(s), a, chunks, part_m, part_l, part_acc);
   return Done();

@@ -8,10 +8,9 @@
 #include <cstring>
 #include <set>
 
-#include "backend/cuda/attention.h"
+#include "backend/cuda/attention_layout.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gather.h"
-#include "backend/cuda/mla.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/rope_kv.h"
@@ -33,26 +32,14 @@ int Dt(const TensorView& t) {
   return static_cast<int>(t.dtype());
 }
 
-// A cache view as kernels take it; an f8 cache's `scale` view [blocks, block_size, heads, dim / group] rides along.
-cuda::CacheView Cache(const TensorView& c, const TensorView& scale = TensorView()) {
-  cuda::CacheView v{c.raw(), Dt(c), c.stride(0), c.stride(1), c.stride(2)};
-  if (!scale.empty()) {
-    FATHOM_CHECK(scale.dim(0) == c.dim(0) && scale.dim(1) == c.dim(1) && scale.dim(2) == c.dim(2) && scale.dim(3) > 0 &&
-                 c.dim(3) % scale.dim(3) == 0 && scale.stride(3) == 1);
-    v.scale = scale.data<float>();
-    v.ss0 = scale.stride(0);
-    v.ss1 = scale.stride(1);
-    v.ss2 = scale.stride(2);
-    v.group = c.dim(3) / scale.dim(3);
-  }
-  return v;
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   FATHOM_ASSIGN_OR_RETURN(const cuda::KernelOptions options, cuda::KernelOptions::FromEnvironment());
-  return Create(device, options);
+  FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, Create(device, options));
+  // Each attention layout's own switches (attention_mla.h's MlaKernelOptions).
+  for (const auto& l : be->layouts_) FATHOM_RETURN_IF_ERROR(l->ReadEnvironment());
+  return be;
 }
 
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cuda::KernelOptions& options) {
@@ -83,6 +70,8 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   be->gemm_->set_tune(options.gemm_tune);
   be->formats_ = cuda::MakeLinearFormatKernels(*be);
   for (const auto& f : be->formats_) FATHOM_CHECK(f != nullptr, "a weight format without a CUDA provider");
+  be->layouts_ = cuda::MakeAttentionLayouts(*be);
+  for (const auto& l : be->layouts_) FATHOM_CHECK(l != nullptr, "an attention layout without a CUDA provider");
   return be;
 }
 
@@ -595,14 +584,14 @@ void CudaBackend::WriteKv(const TensorView& k, const TensorView& v, const Attent
                           const KvLayerView& cache) {
   Launch("WriteKv(k)", [&] {
     return cuda::LaunchWriteCache(k.data<float>(), k.dim(0), k.dim(1), k.dim(2), k.stride(0), k.stride(1),
-                                  meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.k, cache.k_scale),
-                                  stream_);
+                                  meta.slot_mapping.data<int32_t>(), meta.block_size,
+                                  cuda::CacheOf(cache.k, cache.k_scale), stream_);
   });
   if (!v.empty()) {
     Launch("WriteKv(v)", [&] {
       return cuda::LaunchWriteCache(v.data<float>(), v.dim(0), v.dim(1), v.dim(2), v.stride(0), v.stride(1),
-                                    meta.slot_mapping.data<int32_t>(), meta.block_size, Cache(cache.v, cache.v_scale),
-                                    stream_);
+                                    meta.slot_mapping.data<int32_t>(), meta.block_size,
+                                    cuda::CacheOf(cache.v, cache.v_scale), stream_);
     });
   }
 }
@@ -633,7 +622,7 @@ void CudaBackend::RopeWriteKv(const TensorView& q, const TensorView& k, const Te
     a.v_s0 = v.stride(0);
     a.v_s1 = v.stride(1);
     a.v_dim = v.dim(2);
-    a.v_cache = Cache(cache.v);
+    a.v_cache = cuda::CacheOf(cache.v);
   }
   a.cos = cos.data<float>();
   a.sin = sin.data<float>();
@@ -641,58 +630,9 @@ void CudaBackend::RopeWriteKv(const TensorView& q, const TensorView& k, const Te
   a.interleaved = interleaved;
   a.slot_mapping = meta.slot_mapping.data<int32_t>();
   a.block_size = meta.block_size;
-  a.k_cache = Cache(cache.k);
+  a.k_cache = cuda::CacheOf(cache.k);
   a.n = q.dim(0);
   Launch("RopeWriteKv", [&] { return cuda::LaunchRopeWriteCache(a, stream_); });
-}
-
-void CudaBackend::PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta,
-                                 float scale, const TensorView& out) {
-  cuda::AttentionArgs a{};
-  a.q = q.data<float>();
-  a.q_s0 = q.stride(0);
-  a.q_s1 = q.stride(1);
-  a.out = out.data<float>();
-  a.o_s0 = out.stride(0);
-  a.o_s1 = out.stride(1);
-  a.n = q.dim(0);
-  a.heads = q.dim(1);
-  a.kv_heads = cache.k.dim(2);
-  a.k_dim = q.dim(2);
-  a.v_dim = out.dim(2);
-  a.k = Cache(cache.k, cache.k_scale);
-  a.v = Cache(cache.v, cache.v_scale);
-  a.positions = meta.positions.data<int32_t>();
-  a.query_start = meta.query_start.data<int32_t>();
-  a.block_table_start = meta.block_table_start.data<int32_t>();
-  a.block_tables = meta.block_tables.data<int32_t>();
-  a.num_seqs = meta.num_seqs;
-  a.block_size = meta.block_size;
-  a.max_seq_len = meta.max_seq_len;
-  a.scale = scale;
-  a.one_chunk_waves = options_.attention_one_chunk_waves;
-  a.mla_fp8 = options_.mla_fp8;
-  a.mla_pipeline = options_.mla_pipeline;
-  a.mla_wide = options_.mla_wide;
-  a.mla_wide_min_keys = options_.mla_wide_min_keys;
-  // Prefill batches (16 or more query rows a sequence on average) on the tensor-core prefill kernel where it fits
-  // (KernelOptions::prefill_mma_attention): each K/V tile read once for 64 query rows.
-  if (options_.prefill_mma_attention && a.n >= 16 * a.num_seqs && cuda::PrefillMmaAttentionFits(a)) {
-    Launch("PrefillMmaAttention", [&] { return cuda::LaunchPrefillMmaAttention(a, stream_); });
-    return;
-  }
-  // Split-K when the partial states fit a modest workspace (decode and small batches); otherwise one block per
-  // (token, head).
-  const cuda::SplitAttentionKind kind = cuda::ChooseSplitAttention(
-      a, cuda::SplitAttentionKernels{options_.mla_attention, options_.mma_attention, options_.gqa_attention});
-  const int64_t ws = cuda::SplitAttentionWorkspaceBytes(a, kind, sm_count_);
-  if (ws <= kMaxAttentionWorkspace && options_.split_attention) {
-    void* w = ws > 0 ? Workspace(static_cast<size_t>(ws)) : nullptr;
-    if (ws > 0 && w == nullptr) return;
-    Launch("SplitAttention", [&] { return cuda::LaunchSplitAttention(a, kind, sm_count_, w, stream_); });
-  } else {
-    Launch("PagedAttention", [&] { return cuda::LaunchPagedAttention(a, stream_); });
-  }
 }
 
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) {
@@ -708,51 +648,6 @@ void CudaBackend::ScatterAddRows(const TensorView& x, const TensorView& indices,
     return cuda::LaunchScatterAddRows(x.data<float>(), x.stride(0), indices.data<int32_t>(), weights.data<float>(),
                                       indices.dim(0), x.dim(1), out.data<float>(), out.stride(0), out.dim(0), stream_);
   });
-}
-
-void CudaBackend::GatherContext(const KvLayerView& kv, const AttentionMetadata& meta, const TensorView& out) {
-  const TensorView& cache = kv.k;
-  FATHOM_CHECK(out.dim(0) == meta.total_seq_len && out.dim(1) == cache.dim(3) && out.stride(1) == 1);
-  Launch("GatherContext", [&] {
-    return cuda::LaunchGatherContext(Cache(cache, kv.k_scale), cache.dim(3), meta.seq_lens.data<int32_t>(),
-                                     meta.block_table_start.data<int32_t>(), meta.block_tables.data<int32_t>(),
-                                     meta.num_seqs, meta.block_size, meta.total_seq_len, out.data<float>(),
-                                     out.stride(0), stream_);
-  });
-}
-
-void CudaBackend::MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope,
-                                      const TensorView& v, const AttentionMetadata& meta, float scale,
-                                      const TensorView& out) {
-  FATHOM_CHECK(q.stride(2) == 1 && k_nope.stride(2) == 1 && k_rope.stride(1) == 1 && v.stride(2) == 1 &&
-               out.stride(2) == 1);
-  FATHOM_CHECK_EQ(q.dim(2), k_nope.dim(2) + k_rope.dim(1));
-  cuda::MlaContextArgs a{};
-  a.q = q.data<float>();
-  a.qs0 = q.stride(0);
-  a.qs1 = q.stride(1);
-  a.k_nope = k_nope.data<float>();
-  a.kns0 = k_nope.stride(0);
-  a.kns1 = k_nope.stride(1);
-  a.k_rope = k_rope.data<float>();
-  a.krs0 = k_rope.stride(0);
-  a.v = v.data<float>();
-  a.vs0 = v.stride(0);
-  a.vs1 = v.stride(1);
-  a.out = out.data<float>();
-  a.os0 = out.stride(0);
-  a.os1 = out.stride(1);
-  a.n = q.dim(0);
-  a.heads = q.dim(1);
-  a.nope = k_nope.dim(2);
-  a.rope = k_rope.dim(1);
-  a.v_dim = v.dim(2);
-  a.num_seqs = meta.num_seqs;
-  a.query_start = meta.query_start.data<int32_t>();
-  a.seq_lens = meta.seq_lens.data<int32_t>();
-  a.positions = meta.positions.data<int32_t>();
-  a.scale = scale;
-  Launch("MlaContextAttention", [&] { return cuda::LaunchMlaContextAttention(a, options_.mla_context_mma, stream_); });
 }
 
 void CudaBackend::MoeRoute(const TensorView& logits, const TensorView& bias, const moe_route::Params& p,

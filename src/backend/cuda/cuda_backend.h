@@ -2,11 +2,12 @@
 // block-scaled f8 e4m3 ones (LinearFormat::kFp8Block) and 4-bit AWQ/GPTQ ones (kAwq, kGptq). Its kernels sit behind
 // launchers, one header and .cu file per op family (norm.h, rope_kv.h, linear.h, attention.h, mla.h, moe.h, sampling.h,
 // fp8.h, int4.h, gather.h, elementwise.h), with cuBLASLt's GEMMs in gemm.h. Each weight format is a provider that owns
-// its kernels and state (linear_format.h: linear_dense.cc, linear_fp8.cc, linear_int4.cc); this class keeps device
-// memory, the stream, graphs, the profiler and the error latch (cuda_backend.cc), lends them to the providers as a
-// cuda::OpContext, and dispatches the linear ops on the weight's format (linear_dense.cc). Which kernel variant an op
-// takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by Create and changeable with
-// set_kernel_options.
+// its kernels and state (linear_format.h: linear_dense.cc, linear_fp8.cc, linear_int4.cc), and so is each attention
+// layout (attention_layout.h: attention_gqa.cc, attention_mla.cc); this class keeps device memory, the stream,
+// graphs, the profiler and the error latch (cuda_backend.cc), lends them to the providers as a cuda::OpContext,
+// dispatches the linear ops on the weight's format (linear_dense.cc) and hands out the layouts' providers. Which kernel
+// variant an op takes is KernelOptions' (kernel_options.h), read from the FATHOM_CUDA_* environment by Create and
+// changeable with set_kernel_options.
 //
 //   FATHOM_ASSIGN_OR_RETURN(auto gpu, CudaBackend::Create(/*device=*/0));
 //   FATHOM_ASSIGN_OR_RETURN(auto model, LoadModel(dir, cfg, options, *gpu));
@@ -24,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cuda/attention_layout.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernel_options.h"
 #include "backend/cuda/linear_format.h"
@@ -57,11 +59,8 @@ class CudaBackend final : public Backend, private cuda::OpContext {
   // f32, f16, bf16 and f8 e4m3 with scales (f8: every attention kernel; the tensor-core and MLA ones widen its codes
   // to bf16).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
-  // An f8 latent cache only with the MLA kernel's f8 form (KernelOptions::mla_fp8, on by default, and the MLA kernel
-  // on): the generic kernels read the latent row once per head, and past their workspace cannot hold long contexts.
-  bool ServesMlaKvCacheDtype(DType dtype) const override {
-    return dtype != DType::kF8E4M3 || (options_.mla_fp8 && options_.mla_attention);
-  }
+  // Each attention layout's provider (attention_layout.h: attention_gqa.cc, attention_mla.cc).
+  AttentionOps* attention_ops(AttentionLayout layout) override { return &layouts_[static_cast<size_t>(layout)]->ops(); }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;
@@ -90,11 +89,6 @@ class CudaBackend final : public Backend, private cuda::OpContext {
   void RopeWriteKv(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cos,
                    const TensorView& sin, bool interleaved, const AttentionMetadata& meta,
                    const KvLayerView& cache) override;
-  void PagedAttention(const TensorView& q, const KvLayerView& cache, const AttentionMetadata& meta, float scale,
-                      const TensorView& out) override;
-  void GatherContext(const KvLayerView& cache, const AttentionMetadata& meta, const TensorView& out) override;
-  void MlaContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
-                           const AttentionMetadata& meta, float scale, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& indices, const TensorView& out) override;
   void ScatterAddRows(const TensorView& x, const TensorView& indices, const TensorView& weights,
                       const TensorView& out) override;
@@ -210,7 +204,6 @@ class CudaBackend final : public Backend, private cuda::OpContext {
   std::unique_ptr<Profile> profile_;
   // Scratch memory for kernels that need it (split-K attention partials); grows on demand, never shrinks.
   void* Workspace(size_t bytes) override;
-  static constexpr int64_t kMaxAttentionWorkspace = 256ll << 20;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   // MaskLogits' pinned host staging (cudaHostAlloc) and the event after its last copy out of it (cudaEvent_t).
@@ -229,6 +222,8 @@ class CudaBackend final : public Backend, private cuda::OpContext {
   // The weight formats' providers, by LinearFormat (kAwq and kGptq share one).
   cuda::LinearFormatTable formats_;
   cuda::LinearFormatKernels& Kernels(LinearFormat f) const { return *formats_[static_cast<size_t>(f)]; }
+  // The attention layouts' providers, by AttentionLayout.
+  cuda::AttentionLayoutTable layouts_;
   std::mutex mu_;
   Status first_error_;
 };

@@ -86,8 +86,6 @@ StatusOr<KernelOptions> KernelOptions::FromEnvironment() {
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_SPLIT_ATTENTION", o.split_attention, /*invert=*/true));
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_GQA_ATTENTION", o.gqa_attention, /*invert=*/true));
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_MMA_ATTENTION", o.mma_attention, /*invert=*/true));
-  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_NO_MLA_ATTENTION", o.mla_attention, /*invert=*/true));
-  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_CONTEXT_MMA", o.mla_context_mma));
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_HOST_MOE", o.host_moe));
   FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_MOE_MMA_TOKENS", o.moe_mma_tokens));
   FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_INT4_GEMM_TOKENS", o.int4_gemm_tokens));
@@ -96,9 +94,6 @@ StatusOr<KernelOptions> KernelOptions::FromEnvironment() {
   FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_ATTENTION_ONE_CHUNK_WAVES", o.attention_one_chunk_waves));
   FATHOM_RETURN_IF_ERROR(number("FATHOM_CUDA_GEMV_PREFETCH_BYTES", o.gemv_prefetch_bytes));
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_FUSED_SILU", o.fused_silu_staging));
-  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_FP8", o.mla_fp8));
-  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_PIPELINE", o.mla_pipeline));
-  FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_MLA_WIDE", o.mla_wide));
   FATHOM_RETURN_IF_ERROR(flag("FATHOM_CUDA_PREFILL_MMA_ATTENTION", o.prefill_mma_attention));
   return o;
 }

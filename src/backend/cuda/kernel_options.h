@@ -1,7 +1,9 @@
 // The CUDA backend's kernel switches: which variant of an op runs (for measurements, for the exact float32 reference
 // path, for the tests that compare variants), all in one struct with defaults equal to the backend's normal
-// behaviour. KernelOptions::FromEnvironment reads the FATHOM_CUDA_* variables below, once, when CudaBackend::Create
-// makes a backend; the launchers get what they need as parameters and never read the environment.
+// behaviour. GQA's paged attention reads its switches here; a layout with kernels of its own keeps its switches in
+// its provider (MLA's: attention_mla.h, MlaKernelOptions). KernelOptions::FromEnvironment reads the FATHOM_CUDA_*
+// variables below, once, when CudaBackend::Create makes a backend; the launchers get what they need as parameters and
+// never read the environment.
 //
 //   cuda::KernelOptions o = gpu->kernel_options();
 //   o.f32_gemm = true;                  // every GEMM on float32 inputs
@@ -23,14 +25,10 @@
 //                                                               token and 128 columns (W8A8, opt-in); N <= 0: off
 // FATHOM_CUDA_GEMM_TUNE=1            gemm_tune         false    prefill-sized cuBLASLt GEMMs (n >= 64) time the top 8
 //                                                               heuristics once per shape and keep the fastest
-// FATHOM_CUDA_NO_SPLIT_ATTENTION     split_attention   true     false: PagedAttention always one block per (token,
+// FATHOM_CUDA_NO_SPLIT_ATTENTION     split_attention   true     false: the paged kernels always one block per (token,
 //                                                               head), never split-K
 // FATHOM_CUDA_NO_GQA_ATTENTION       gqa_attention     true     false: no GQA-packed split kernel (per-head chunks)
 // FATHOM_CUDA_NO_MMA_ATTENTION       mma_attention     true     false: no tensor-core split kernel for 16-bit caches
-// FATHOM_CUDA_NO_MLA_ATTENTION       mla_attention     true     false: no MLA decode kernel (the generic split kernels
-//                                                               serve MLA's latent cache)
-// FATHOM_CUDA_MLA_CONTEXT_MMA=0      mla_context_mma   true     false: MlaContextAttention on the plain float32
-//                                                               kernel instead of the tensor-core one
 // FATHOM_CUDA_HOST_MOE               host_moe          false    MoeExperts always on the host-sorted path
 // FATHOM_CUDA_MOE_MMA_TOKENS=N       moe_mma_tokens    8        routed experts of batches of N tokens or more as
 //                                                               grouped tensor-core GEMMs, smaller ones as grouped
@@ -57,19 +55,6 @@
 //                                                     true     average) take the tensor-core flash-attention prefill
 //                                                              kernel where it fits (attention.h); off: the split
 //                                                              decode kernels then
-// FATHOM_CUDA_MLA_FP8=0              mla_fp8           true     MLA's decode kernel reads an f8 latent cache (codes
-//                                                              widened to bf16 in shared memory), and the CLI serves
-//                                                              --kv-cache-dtype fp8 for MLA models; off: the CLI
-//                                                              refuses fp8 for MLA
-// FATHOM_CUDA_MLA_PIPELINE=1         mla_pipeline      false    MLA's decode kernel loads the next 64-key tile while
-//                                                              it computes on this one (two buffers, one block a
-//                                                              multiprocessor)
-// FATHOM_CUDA_MLA_WIDE=0             mla_wide          true     MLA's decode kernel takes 64 heads a block (8 warps)
-//                                                              where the heads come in 64s (V3's 128: the latent
-//                                                              cache read twice a token, not eight times) and the
-//                                                              longest context has mla_wide_min_keys (256) or more;
-//                                                              one stage, so it overrides mla_pipeline there; off:
-//                                                              16 heads a block
 #pragma once
 
 #include <cstdint>
@@ -89,8 +74,6 @@ struct KernelOptions {
   bool split_attention = true;
   bool gqa_attention = true;
   bool mma_attention = true;
-  bool mla_attention = true;
-  bool mla_context_mma = true;
   bool host_moe = false;
   int64_t moe_mma_tokens = kDefaultMoeMmaTokens;
   int64_t int4_gemm_tokens = kDefaultInt4GemmTokens;
@@ -100,10 +83,6 @@ struct KernelOptions {
   int64_t gemv_prefetch_bytes = 0;
   bool fused_silu_staging = true;
   bool prefill_mma_attention = true;
-  bool mla_fp8 = true;
-  bool mla_pipeline = false;
-  bool mla_wide = true;
-  int64_t mla_wide_min_keys = 256;  // the wide instance from this longest context on (AttentionArgs::mla_wide_min_keys)
 
   // The defaults, changed by the FATHOM_CUDA_* variables that are set (the table above); kInvalidArgument naming a
   // variable whose value is not a switch (1/true/on/yes, 0/false/off/no) or a decimal integer (core/env.h).

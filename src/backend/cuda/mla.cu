@@ -31,9 +31,9 @@ namespace {
 // that they keep one running maximum, each writes P^T (rounded) for its keys, and then each warp accumulates
 // O^T += V^T P^T over the whole tile for its 128 of the 512 value dims. Chunks and partial states are those of the
 // other split kernels (MergeAttentionKernel combines them).
-// KernelOptions::mla_attention = false (FATHOM_CUDA_NO_MLA_ATTENTION=1) turns it off: the generic kernels then
+// MlaKernelOptions::decode_kernel = false (FATHOM_CUDA_NO_MLA_ATTENTION=1) turns it off: the generic kernels then
 // serve MLA.
-// The wide instance (KernelOptions::mla_wide, kHG = 2 and kNT = 4) takes 64 heads a block with two groups of four
+// The wide instance (MlaDecodeOptions::wide, kHG = 2 and kNT = 4) takes 64 heads a block with two groups of four
 // warps, each warp 32 heads: a tile of rows staged once feeds four times the mma work, so V3's 128 heads read the
 // cache twice a token instead of eight times.
 constexpr int kMlaK = 576, kMlaV = 512, kMlaHeads = 16, kMlaTile = 64, kMlaWarps = 4, kMlaWideHeads = 64;
@@ -53,11 +53,11 @@ constexpr int MlaBaseSmemBytes(int heads) {
 constexpr int kMlaSmemBytes = MlaBaseSmemBytes(kMlaHeads);
 static_assert(kMlaWarps * 128 == kMlaV && kMlaWarps * 16 == kMlaTile,
               "one warp of a head group per 16 keys and per 128 value dims");
-// An f8 cache (KernelOptions::mla_fp8): each tile's e4m3 codes and the rows' scales (one per kMlaGroup values) are
+// An f8 cache (MlaDecodeOptions::fp8): each tile's e4m3 codes and the rows' scales (one per kMlaGroup values) are
 // widened to bf16 (code times scale, the CPU's product, rounded) into the same tile the 16-bit caches fill, and the
 // rest of the kernel runs on bf16. With one stage the codes go through registers (the 16-bit instance's shared
 // memory: two blocks a multiprocessor); with two they land by cp.async in staging areas first.
-// kStages = 2 (KernelOptions::mla_pipeline): the next tile's loads are in flight while the block computes on this one
+// kStages = 2 (MlaDecodeOptions::pipeline): the next tile's loads are in flight while the block computes on this one
 // (two tiles of rows, or for f8 two staging areas, in shared memory: one block a multiprocessor).
 constexpr int kMlaGroup = 64, kMlaScales = kMlaK / kMlaGroup;
 constexpr int kMlaTileElems = kMlaTile * kMlaRow;
@@ -84,11 +84,11 @@ __global__ void __launch_bounds__(kHG* kMlaWarps * 32)
   constexpr int kPRow = MlaPRow(kH);
   static_assert(kNT % 2 == 0, "ldmatrix.x4 loads two n-tiles of 8 heads");
   extern __shared__ __align__(16) unsigned char mla_smem[];
-  T* tiles = reinterpret_cast<T*>(mla_smem);                     // [kTiles][kMlaTile][kMlaRow]: latent rows
-  T* sq = tiles + kTiles * kMlaTileElems;                        // [kH][kMlaRow]
-  T* sp = sq + kH * kMlaRow;                                     // P^T [kMlaTile][kPRow]
+  T* tiles = reinterpret_cast<T*>(mla_smem);                        // [kTiles][kMlaTile][kMlaRow]: latent rows
+  T* sq = tiles + kTiles * kMlaTileElems;                           // [kH][kMlaRow]
+  T* sp = sq + kH * kMlaRow;                                        // P^T [kMlaTile][kPRow]
   float* sm_max = reinterpret_cast<float*>(sp + kMlaTile * kPRow);  // [kMlaWarps][kH]: each key group's tile maxima
-  float* sm_l = sm_max + kMlaWarps * kH;                         // [kMlaWarps][kH]
+  float* sm_l = sm_max + kMlaWarps * kH;                            // [kMlaWarps][kH]
   const int64_t groups = a.heads / kH;
   const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kH, c = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -547,50 +547,64 @@ __global__ void __launch_bounds__(kCtxMmaWarps * 32) MlaContextMmaKernel(MlaCont
   FinishRows<kCtxV / 8>(l, o, a.out + (row0 + warp * 16) * a.os0 + h * a.os1, a.os0, rows - warp * 16, lane);
 }
 
-// The wide instance (64 heads a block) where it is asked for (KernelOptions::mla_wide), the heads come in 64s and the
-// longest context is long enough (AttentionArgs::mla_wide_min_keys); it has one stage (two tiles of rows would pass
-// the shared-memory limit), so it takes the place of mla_pipeline.
-bool MlaWide(const AttentionArgs& a) {
-  return a.mla_wide && a.heads % kMlaWideHeads == 0 && a.max_seq_len >= a.mla_wide_min_keys;
+// The wide instance (64 heads a block) where it is asked for (MlaDecodeOptions::wide), the heads come in 64s and the
+// longest context is long enough (MlaDecodeOptions::wide_min_keys); it has one stage (two tiles of rows would pass
+// the shared-memory limit), so it takes the place of the pipeline.
+bool MlaWide(const AttentionArgs& a, const MlaDecodeOptions& o) {
+  return o.wide && a.heads % kMlaWideHeads == 0 && a.max_seq_len >= o.wide_min_keys;
 }
-int MlaBlockHeads(const AttentionArgs& a) {
-  return MlaWide(a) ? kMlaWideHeads : kMlaHeads;
+int MlaBlockHeads(const AttentionArgs& a, const MlaDecodeOptions& o) {
+  return MlaWide(a, o) ? kMlaWideHeads : kMlaHeads;
 }
 
 // MLA's decode chunks aim at about two waves of blocks: 4 blocks per SM in all where two fit one (the single-stage
 // 16-head instances, 96 KB of shared memory), 2 where one does (the two-stage instances, 135-175 KB, and the wide one,
 // 156 KB).
-int64_t MlaBlocksPerSm(const AttentionArgs& a) {
+int64_t MlaBlocksPerSm(const AttentionArgs& a, const MlaDecodeOptions& o) {
   constexpr int64_t kWaves = 2;
-  return kWaves * (a.mla_pipeline || MlaWide(a) ? 1 : 2);
+  return kWaves * (o.pipeline || MlaWide(a, o) ? 1 : 2);
+}
+
+int64_t MlaChunks(const AttentionArgs& a, int64_t chunk) {
+  return (std::max<int64_t>(a.max_seq_len, 1) + chunk - 1) / chunk;
 }
 
 }  // namespace
 
-bool MlaDecodeFits(const AttentionArgs& a) {
+bool MlaDecodeFits(const AttentionArgs& a, const MlaDecodeOptions& o) {
   if (a.k_dim != kMlaK || a.v_dim != kMlaV || a.kv_heads != 1 || a.heads % kMlaHeads != 0) return false;
   if (a.k.data != a.v.data || a.k.s0 != a.v.s0 || a.k.s1 != a.v.s1) return false;
-  if (a.k.dtype == kF8) {  // opt-in (KernelOptions::mla_fp8): rows of 16-byte pieces, a scale per 64 values
-    return a.mla_fp8 && a.k.scale != nullptr && a.k.group == kMlaGroup && a.k.s0 % 16 == 0 && a.k.s1 % 16 == 0 &&
+  if (a.k.dtype == kF8) {  // MlaDecodeOptions::fp8: rows of 16-byte pieces, a scale per 64 values
+    return o.fp8 && a.k.scale != nullptr && a.k.group == kMlaGroup && a.k.s0 % 16 == 0 && a.k.s1 % 16 == 0 &&
            reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
   }
   if (a.k.dtype != kF16 && a.k.dtype != kBF16) return false;
   return a.k.s0 % 8 == 0 && a.k.s1 % 8 == 0 && reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
 }
 
-int64_t MlaDecodeChunk(const AttentionArgs& a, int sm_count) {
-  const int64_t base = std::max<int64_t>(a.n * (a.heads / MlaBlockHeads(a)), 1);
-  const int64_t want = std::max<int64_t>(MlaBlocksPerSm(a) * sm_count / base, 1);
+int64_t MlaDecodeChunk(const AttentionArgs& a, const MlaDecodeOptions& o, int sm_count) {
+  const int64_t base = std::max<int64_t>(a.n * (a.heads / MlaBlockHeads(a, o)), 1);
+  const int64_t want = std::max<int64_t>(MlaBlocksPerSm(a, o) * sm_count / base, 1);
   const int64_t chunk = (std::max<int64_t>(a.max_seq_len, 1) + want - 1) / want;
   return (chunk + kMlaTile - 1) / kMlaTile * kMlaTile;
 }
 
-int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float* part_m, float* part_l,
-                    float* part_acc, Stream s) {
+int64_t MlaDecodeWorkspaceBytes(const AttentionArgs& a, const MlaDecodeOptions& o, int sm_count) {
+  const int64_t chunks = MlaChunks(a, MlaDecodeChunk(a, o, sm_count));
+  if (chunks == 1) return 0;
+  return a.n * a.heads * chunks * (2 + a.v_dim) * static_cast<int64_t>(sizeof(float));
+}
+
+int LaunchMlaDecodeSplit(const AttentionArgs& a, const MlaDecodeOptions& o, int sm_count, void* workspace, Stream s) {
   if (a.n == 0) return 0;
-  if (!MlaDecodeFits(a)) return static_cast<int>(cudaErrorInvalidValue);
-  const bool f8 = a.k.dtype == kF8, wide = MlaWide(a);
-  const int stages = a.mla_pipeline && !wide ? 2 : 1, heads = MlaBlockHeads(a);
+  if (!MlaDecodeFits(a, o)) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t chunk = MlaDecodeChunk(a, o, sm_count), chunks = MlaChunks(a, chunk);
+  if (chunks > 1 && workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  float* part_m = static_cast<float*>(workspace);
+  float* part_l = part_m + a.n * a.heads * chunks;
+  float* part_acc = part_l + a.n * a.heads * chunks;
+  const bool f8 = a.k.dtype == kF8, wide = MlaWide(a, o);
+  const int stages = o.pipeline && !wide ? 2 : 1, heads = MlaBlockHeads(a, o);
   const auto pick = [&](auto stage_tag) {
     constexpr int kS = decltype(stage_tag)::value;
     return f8 ? MlaAttentionKernel<__nv_fp8_e4m3, kS>
@@ -608,13 +622,15 @@ int LaunchMlaDecode(const AttentionArgs& a, int64_t chunk, int64_t chunks, float
   if (const int e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem); e != 0) return e;
   LaunchKernel(kernel, dim3(static_cast<unsigned>(a.n * (a.heads / heads)), static_cast<unsigned>(chunks)),
                (wide ? 2 : 1) * kMlaWarps * 32, smem, S(s), a, chunk, chunks, part_m, part_l, part_acc);
-  return Done();
+  const int err = Done();
+  if (err != 0 || chunks == 1) return err;
+  return LaunchMergeAttention(a, chunks, part_m, part_l, part_acc, s);
 }
 
 int LaunchMlaContextAttention(const MlaContextArgs& a, bool mma, Stream s) {
   if (a.n == 0 || a.heads == 0) return 0;
   if (a.num_seqs <= 0) return static_cast<int>(cudaErrorInvalidValue);
-  // The tensor-core kernel where its tiles fit (`mma`: KernelOptions::mla_context_mma), else the plain float32 one.
+  // The tensor-core kernel where its tiles fit (`mma`: MlaKernelOptions::context_mma), else the plain float32 one.
   if (mma && MlaContextMmaFits(a)) {
     const int attr = EnsureDynamicSmem(reinterpret_cast<const void*>(MlaContextMmaKernel), kCtxSmemBytes);
     if (attr != 0) return attr;

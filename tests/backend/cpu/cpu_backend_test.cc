@@ -11,6 +11,7 @@
 #include "format/fp8_block.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
+#include "testing/attention.h"
 #include "testing/golden.h"
 
 namespace fathom {
@@ -281,7 +282,7 @@ TEST_P(PagedAttentionTest, MatchesDenseReference) {
     Tensor q = FromVector(qv, {n, heads, d});
     Tensor out = be.Alloc(DType::kF32, {n, heads, d});
     const float scale = 0.35f;
-    be.PagedAttention(q, kv->layer(0), dev->meta(), scale, out);
+    testing::PagedAttention(be, q, kv->layer(0), dev->meta(), scale, out);
     ASSERT_TRUE(be.Synchronize().ok());
     auto round = [&](float v) { return GetParam() == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : v; };
     int64_t row = 0;
@@ -409,14 +410,14 @@ TEST(Fp8KvCacheTest, WritesPerTokenScalesAndReadsBackTheDequantizedValues) {
     const std::vector<float> qv = Random(static_cast<size_t>(n * heads * kd), 13);
     Tensor q = FromVector(qv, {n, heads, kd});
     Tensor o8 = be.Alloc(DType::kF32, {n, heads, vd}), o32 = be.Alloc(DType::kF32, {n, heads, vd});
-    be.PagedAttention(q, c8, dev->meta(), 0.3f, o8);
-    be.PagedAttention(q, c32, dev->meta(), 0.3f, o32);
+    testing::PagedAttention(be, q, c8, dev->meta(), 0.3f, o8);
+    testing::PagedAttention(be, q, c32, dev->meta(), 0.3f, o32);
     ASSERT_TRUE(be.Synchronize().ok());
     EXPECT_LE(testing::MaxAbsDiff(o8.data<float>(), o32.data<float>(), n * heads * vd), 1e-6f);
     if (spec.v_in_k) {
       Tensor g8 = be.Alloc(DType::kF32, {n, kd}), g32 = be.Alloc(DType::kF32, {n, kd});
-      be.GatherContext(c8, dev->meta(), g8);
-      be.GatherContext(c32, dev->meta(), g32);
+      testing::Mla(be).GatherContext(c8, dev->meta(), g8);
+      testing::Mla(be).GatherContext(c32, dev->meta(), g32);
       ASSERT_TRUE(be.Synchronize().ok());
       EXPECT_EQ(testing::MaxAbsDiff(g8.data<float>(), g32.data<float>(), n * kd), 0.0f);
     }
@@ -433,8 +434,8 @@ TEST(Fp8KvCacheTest, WritesPerTokenScalesAndReadsBackTheDequantizedValues) {
     ASSERT_TRUE(d2.ok() && d3.ok());
     Tensor q1 = FromVector(std::vector<float>(qv.begin(), qv.begin() + heads * kd), {1, heads, kd});
     Tensor a = be.Alloc(DType::kF32, {1, heads, vd}), b = be.Alloc(DType::kF32, {1, heads, vd});
-    be.PagedAttention(q1, c8, d2->meta(), 0.3f, a);
-    be.PagedAttention(q1, c8, d3->meta(), 0.3f, b);
+    testing::PagedAttention(be, q1, c8, d2->meta(), 0.3f, a);
+    testing::PagedAttention(be, q1, c8, d3->meta(), 0.3f, b);
     ASSERT_TRUE(be.Synchronize().ok());
     EXPECT_EQ(testing::MaxAbsDiff(a.data<float>(), b.data<float>(), heads * vd), 0.0f);
   }

@@ -18,6 +18,7 @@
 #include "io/model_config.h"
 #include "model/moe.h"
 #include "model/registry.h"
+#include "testing/attention.h"
 #include "testing/fixtures.h"
 #include "testing/golden.h"
 
@@ -25,6 +26,7 @@ namespace fathom {
 namespace {
 
 using testing::SetKernelOptions;
+using testing::SetMlaOptions;
 
 Tensor RandomHost(DType dtype, std::initializer_list<int64_t> shape, uint32_t seed, float scale = 1.0f) {
   Tensor t = Tensor::Empty(dtype, shape);
@@ -740,8 +742,8 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
         Tensor qd = *gpu->Upload(q);
         Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, d});
         Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, d});
-        cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), 0.125f, out_cpu);
-        gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
+        testing::PagedAttention(cpu, q, kv_cpu->layer(0), mc->meta(), 0.125f, out_cpu);
+        testing::PagedAttention(*gpu, qd, kv_gpu->layer(0), mg->meta(), 0.125f, out_gpu);
         ASSERT_TRUE(gpu->Synchronize().ok());
         auto h = Host(*gpu, out_gpu);
         EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * d), tolerance)
@@ -753,8 +755,9 @@ TEST(CudaBackendTest, PagedAttentionMatchesCpu) {
 }
 
 // MLA attention at the real dims (the latent cache: 576 values per token, V its first 512) against the CPU, for
-// V2-Lite's 16 heads and V3's 128: the generic split kernel (mla_attention off; tight) and the MLA kernel
-// ( Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1 decode.
+// V2-Lite's 16 heads and V3's 128: the paged split kernel (MlaKernelOptions::decode_kernel off; tight) and the MLA
+// kernel ( Q and P rounded to bf16, as on the dense tensor-core kernel), for prefill steps, mixed steps and a batch-1
+// decode.
 TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -762,7 +765,7 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
   const float scale = 0.0721f;  // 1 / sqrt(192)
   for (int64_t heads : {16, 128}) {
     for (bool mla_kernel : {false, true}) {
-      SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.mla_attention = mla_kernel; });
+      SetMlaOptions(*gpu, [&](cuda::MlaKernelOptions& o) { o.decode_kernel = mla_kernel; });
       const KvCacheSpec spec{1, 1, k_dim, v_dim, true};
       // 243 blocks of 16 for the five sequences
       auto kv_cpu = KvCache::Allocate(cpu, spec, DType::kBF16, 256, bs);
@@ -787,8 +790,8 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
         Tensor qd = *gpu->Upload(q);
         Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, v_dim});
         Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, v_dim});
-        cpu.PagedAttention(q, kv_cpu->layer(0), mc->meta(), scale, out_cpu);
-        gpu->PagedAttention(qd, kv_gpu->layer(0), mg->meta(), scale, out_gpu);
+        testing::MlaAbsorbed(cpu, q, kv_cpu->layer(0), mc->meta(), scale, out_cpu);
+        testing::MlaAbsorbed(*gpu, qd, kv_gpu->layer(0), mg->meta(), scale, out_gpu);
         ASSERT_TRUE(gpu->Synchronize().ok());
         auto h = Host(*gpu, out_gpu);
         EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * v_dim), mla_kernel ? 1.5e-2f : 1e-5f)
@@ -801,9 +804,9 @@ TEST(CudaBackendTest, MlaAttentionMatchesCpu) {
 
 // MLA's up-projected prefill ops at V2-Lite's sizes (16 heads, nope 128, rope 64, v 128, latent 512 + 64) on a bf16
 // latent cache: GatherContext copies every sequence's cached rows exactly, and MlaContextAttention agrees with the CPU
-// within float32 rounding (the plain kernel, mla_context_mma off) or 1e-2 (the default tensor-core kernel,
-// on bf16 operands), for a step that prefills chunks after cached prefixes (40 fresh tokens at position 0, 3 after 1000
-// cached) next to one-token steps.
+// within float32 rounding (the plain kernel, MlaKernelOptions::context_mma off) or 1e-2 (the default tensor-core
+// kernel, on bf16 operands), for a step that prefills chunks after cached prefixes (40 fresh tokens at position 0, 3
+// after 1000 cached) next to one-token steps.
 TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
@@ -827,8 +830,8 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
     const int64_t ctx = mc->meta().total_seq_len;
     Tensor lat_cpu = cpu.Alloc(DType::kF32, {ctx, lora + rope});
     Tensor lat_gpu = gpu->Alloc(DType::kF32, {ctx, lora + rope});
-    cpu.GatherContext(kv_cpu->layer(0), mc->meta(), lat_cpu);
-    gpu->GatherContext(kv_gpu->layer(0), mg->meta(), lat_gpu);
+    testing::Mla(cpu).GatherContext(kv_cpu->layer(0), mc->meta(), lat_cpu);
+    testing::Mla(*gpu).GatherContext(kv_gpu->layer(0), mg->meta(), lat_gpu);
     ASSERT_TRUE(gpu->Synchronize().ok());
     auto lh = Host(*gpu, lat_gpu);
     EXPECT_EQ(testing::MaxAbsDiff(lh.data(), lat_cpu.data<float>(), ctx * (lora + rope)), 0.0f);
@@ -838,12 +841,12 @@ TEST(CudaBackendTest, MlaContextOpsMatchCpu) {
     Tensor out_cpu = cpu.Alloc(DType::kF32, {n, heads, vd});
     Tensor out_gpu = gpu->Alloc(DType::kF32, {n, heads, vd});
     const float scale = 0.0721f;
-    cpu.MlaContextAttention(q, kv_up.view().Slice(2, 0, nope), lat_cpu.view().Slice(1, lora, lora + rope),
-                            kv_up.view().Slice(2, nope, nope + vd), mc->meta(), scale, out_cpu);
+    testing::Mla(cpu).ContextAttention(q, kv_up.view().Slice(2, 0, nope), lat_cpu.view().Slice(1, lora, lora + rope),
+                                       kv_up.view().Slice(2, nope, nope + vd), mc->meta(), scale, out_cpu);
     for (const bool mma : {false, true}) {  // the plain kernel (float32), the tensor-core one (bf16 operands)
-      SetKernelOptions(*gpu, [&](cuda::KernelOptions& o) { o.mla_context_mma = mma; });
-      gpu->MlaContextAttention(qd, kvd.view().Slice(2, 0, nope), lat_gpu.view().Slice(1, lora, lora + rope),
-                               kvd.view().Slice(2, nope, nope + vd), mg->meta(), scale, out_gpu);
+      SetMlaOptions(*gpu, [&](cuda::MlaKernelOptions& o) { o.context_mma = mma; });
+      testing::Mla(*gpu).ContextAttention(qd, kvd.view().Slice(2, 0, nope), lat_gpu.view().Slice(1, lora, lora + rope),
+                                          kvd.view().Slice(2, nope, nope + vd), mg->meta(), scale, out_gpu);
       ASSERT_TRUE(gpu->Synchronize().ok());
       auto h = Host(*gpu, out_gpu);
       EXPECT_LE(testing::MaxAbsDiff(h.data(), out_cpu.data<float>(), n * heads * vd), mma ? 1e-2f : 1e-4f)
@@ -1077,8 +1080,7 @@ TEST_P(CudaFp8KvTest, MatchesTheCpuReferenceOnAnFp8Cache) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8KvTest,
-                         ::testing::ValuesIn(testing::FixtureNames({.suite = "cuda-fp8-kv"})),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8KvTest, ::testing::ValuesIn(testing::FixtureNames({.suite = "cuda-fp8-kv"})),
                          testing::FixtureName);
 
 // An FP8 cache view without its scales is an error from the op, never a read through a null pointer.
@@ -1099,7 +1101,7 @@ TEST(CudaFp8KvErrorTest, AnFp8CacheWithoutScalesIsAnError) {
   Tensor out = gpu->Alloc(DType::kF32, {3, 8, 64});
   gpu->WriteKv(k, k, dev->meta(), bare);
   EXPECT_FALSE(gpu->Synchronize().ok());
-  gpu->PagedAttention(q, bare, dev->meta(), 0.125f, out);
+  testing::PagedAttention(*gpu, q, bare, dev->meta(), 0.125f, out);
   EXPECT_FALSE(gpu->Synchronize().ok());
   gpu->WriteKv(k, k, dev->meta(), kv->layer(0));  // with its scales: fine
   EXPECT_TRUE(gpu->Synchronize().ok());

@@ -1,5 +1,6 @@
-// KernelOptions::FromEnvironment: the FATHOM_CUDA_* variables' defaults and values (the table atop
-// backend/cuda/kernel_options.h), and programmatic launch as each stream's own setting. No GPU needed.
+// KernelOptions::FromEnvironment and MLA's provider's MlaKernelOptions::FromEnvironment: the FATHOM_CUDA_* variables'
+// defaults and values (the tables atop backend/cuda/kernel_options.h and attention_mla.h), and programmatic launch as
+// each stream's own setting. No GPU needed.
 #include "backend/cuda/kernel_options.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_mla.h"
 #include "backend/cuda/launcher.h"
 
 namespace fathom::cuda {
@@ -50,6 +52,12 @@ KernelOptions Read() {
   return o.ok() ? *o : KernelOptions();
 }
 
+MlaKernelOptions ReadMla() {
+  StatusOr<MlaKernelOptions> o = MlaKernelOptions::FromEnvironment();
+  EXPECT_TRUE(o.ok()) << o.status().ToString();
+  return o.ok() ? *o : MlaKernelOptions();
+}
+
 TEST(KernelOptionsTest, MeasuredDefaultsAreOnAndOptInsOff) {
   ScopedEnv env;
   for (const char* name : {"FATHOM_CUDA_MLA_WIDE", "FATHOM_CUDA_MLA_FP8", "FATHOM_CUDA_MLA_PIPELINE",
@@ -57,12 +65,15 @@ TEST(KernelOptionsTest, MeasuredDefaultsAreOnAndOptInsOff) {
     env.Set(name, nullptr);
   }
   const KernelOptions o = Read();
-  EXPECT_TRUE(o.mla_wide);
-  EXPECT_EQ(o.mla_wide_min_keys, 256);
+  const MlaKernelOptions m = ReadMla();
+  EXPECT_TRUE(m.decode.wide);
+  EXPECT_EQ(m.decode.wide_min_keys, 256);
   EXPECT_TRUE(o.fused_silu_staging);
   EXPECT_TRUE(o.prefill_mma_attention);
-  EXPECT_TRUE(o.mla_fp8);
-  EXPECT_FALSE(o.mla_pipeline);
+  EXPECT_TRUE(m.decode.fp8);
+  EXPECT_FALSE(m.decode.pipeline);
+  EXPECT_TRUE(m.decode_kernel);
+  EXPECT_TRUE(m.context_mma);
   EXPECT_TRUE(o.pdl);
 }
 
@@ -75,7 +86,7 @@ TEST(KernelOptionsTest, EverySwitchTakesTheSameWords) {
     env.Set("FATHOM_CUDA_FUSED_SILU", on);
     env.Set("FATHOM_CUDA_NO_PDL", on);
     const KernelOptions o = Read();
-    EXPECT_TRUE(o.mla_pipeline) << on;
+    EXPECT_TRUE(ReadMla().decode.pipeline) << on;
     EXPECT_TRUE(o.fused_silu_staging) << on;
     EXPECT_FALSE(o.pdl) << "FATHOM_CUDA_NO_PDL=" << on;
   }
@@ -85,18 +96,30 @@ TEST(KernelOptionsTest, EverySwitchTakesTheSameWords) {
     env.Set("FATHOM_CUDA_MLA_FP8", off);
     env.Set("FATHOM_CUDA_NO_PDL", off);
     const KernelOptions o = Read();
-    EXPECT_FALSE(o.mla_wide) << off;
-    EXPECT_FALSE(o.mla_fp8) << off;
+    const MlaKernelOptions m = ReadMla();
+    EXPECT_FALSE(m.decode.wide) << off;
+    EXPECT_FALSE(m.decode.fp8) << off;
     EXPECT_TRUE(o.pdl) << "FATHOM_CUDA_NO_PDL=" << off;
   }
   ScopedEnv empty;
   empty.Set("FATHOM_CUDA_MLA_WIDE", "");  // set to nothing: the default
-  EXPECT_TRUE(Read().mla_wide);
+  EXPECT_TRUE(ReadMla().decode.wide);
+  ScopedEnv no_kernel;
+  no_kernel.Set("FATHOM_CUDA_NO_MLA_ATTENTION", "1");  // a NO_ switch set true turns its feature off
+  EXPECT_FALSE(ReadMla().decode_kernel);
 }
 
 TEST(KernelOptionsTest, AnythingElseIsRefusedByName) {
+  {
+    ScopedEnv env;
+    env.Set("FATHOM_CUDA_MLA_WIDE", "yes please");
+    StatusOr<MlaKernelOptions> m = MlaKernelOptions::FromEnvironment();
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("FATHOM_CUDA_MLA_WIDE"), std::string::npos) << m.status().message();
+  }
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"FATHOM_CUDA_MLA_WIDE", "yes please"},
+           {"FATHOM_CUDA_GEMM_TUNE", "yes please"},
            {"FATHOM_CUDA_PROFILE", "2"},
            {"FATHOM_CUDA_NO_PDL", "enable"},
            {"FATHOM_CUDA_MOE_MMA_TOKENS", "8k"},

@@ -10,6 +10,7 @@
 
 #include <memory>
 
+#include "backend/cuda/attention_mla.h"
 #include "backend/cuda/cuda_backend.h"
 
 namespace fathom::testing {
@@ -26,6 +27,16 @@ void SetKernelOptions(CudaBackend& gpu, F&& change) {
   cuda::KernelOptions o = gpu.kernel_options();
   change(o);
   gpu.set_kernel_options(o);
+}
+
+// Changes the MLA provider's switches on gpu (attention_mla.h):
+//   SetMlaOptions(*gpu, [](cuda::MlaKernelOptions& o) { o.decode_kernel = false; });
+template <typename F>
+void SetMlaOptions(CudaBackend& gpu, F&& change) {
+  cuda::MlaLatentKernels& mla = cuda::MlaKernelsOf(gpu);
+  cuda::MlaKernelOptions o = mla.options();
+  change(o);
+  mla.set_options(o);
 }
 
 }  // namespace fathom::testing

@@ -166,8 +166,8 @@ CudaBackend* Gpu() {
 }
 
 TEST(CudaVariantsTest, EveryKnownVariantMaps) {
-  for (std::string_view v : KnownVariants()) EXPECT_TRUE(KernelOptionsForVariant(v).ok()) << v;
-  EXPECT_FALSE(KernelOptionsForVariant("no_such_kernel").ok());
+  for (std::string_view v : KnownVariants()) EXPECT_TRUE(OptionsForVariant(v).ok()) << v;
+  EXPECT_FALSE(OptionsForVariant("no_such_kernel").ok());
 }
 
 class CudaAgainstCpuTest : public ::testing::TestWithParam<size_t> {};
@@ -177,9 +177,9 @@ TEST_P(CudaAgainstCpuTest, WithinTolerance) {
   if (gpu == nullptr) GTEST_SKIP() << "no CUDA device on this machine";
   const OpCase& c = AllOpCases()[GetParam()];
   if (!gpu->SupportsKvCacheDtype(c.kv_cache)) GTEST_SKIP() << "no " << DTypeName(c.kv_cache) << " KV cache on CUDA";
-  const StatusOr<cuda::KernelOptions> options = KernelOptionsForVariant(c.variant);
+  const StatusOr<VariantOptions> options = OptionsForVariant(c.variant);
   ASSERT_TRUE(options.ok()) << options.status().ToString();
-  gpu->set_kernel_options(*options);  // before the inputs: PrepareLinear depends on them
+  options->ApplyTo(*gpu);  // before the inputs: PrepareLinear depends on them
   CpuBackend cpu;
   const StatusOr<std::vector<OpOutput>> ref = RunOpCase(c, cpu);
   ASSERT_TRUE(ref.ok()) << c.Describe() << ": cpu: " << ref.status().ToString();

@@ -6,9 +6,16 @@
 
 namespace fathom::ops {
 
-StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) {
-  cuda::KernelOptions o;
-  if (variant == "default") return o;
+void VariantOptions::ApplyTo(CudaBackend& gpu) const {
+  gpu.set_kernel_options(kernel);
+  cuda::MlaKernelsOf(gpu).set_options(mla);
+}
+
+StatusOr<VariantOptions> OptionsForVariant(std::string_view variant) {
+  VariantOptions v;
+  cuda::KernelOptions& o = v.kernel;
+  cuda::MlaKernelOptions& m = v.mla;
+  if (variant == "default") return v;
   if (variant == "generic_linear") {
     o.generic_linear = true;  // no 16-byte GEMV, no one-launch LinearFanOut
   } else if (variant == "f32_gemm") {
@@ -30,23 +37,23 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
   } else if (variant == "gemv_prefetch") {
     o.gemv_prefetch_bytes = 2048;  // each warp's first 2 KiB of weights into L2 before it waits
   } else if (variant == "mla_pipeline") {
-    o.mla_pipeline = true;  // MLA's decode kernel with two tiles of rows in flight (the 16-head instance's option)
-    o.mla_wide = false;
+    m.decode.pipeline = true;  // MLA's decode kernel with two tiles of rows in flight (the 16-head instance's option)
+    m.decode.wide = false;
   } else if (variant == "mla_pipeline_fp8") {
-    o.mla_pipeline = true;
-    o.mla_wide = false;
-    o.mla_fp8 = true;
+    m.decode.pipeline = true;
+    m.decode.wide = false;
+    m.decode.fp8 = true;
   } else if (variant == "mla_wide_short") {
-    o.mla_wide_min_keys = 0;  // the wide MLA instance at every context length
+    m.decode.wide_min_keys = 0;  // the wide MLA instance at every context length
   } else if (variant == "no_mla_wide") {
-    o.mla_wide = false;  // MLA's decode kernel with 16 heads a block at every head count
+    m.decode.wide = false;  // MLA's decode kernel with 16 heads a block at every head count
   } else if (variant == "no_mla_wide_fp8") {
-    o.mla_wide = false;
-    o.mla_fp8 = true;
+    m.decode.wide = false;
+    m.decode.fp8 = true;
   } else if (variant == "mla_fp8") {
-    o.mla_fp8 = true;  // the MLA decode kernel on f8 latent caches (the default)
+    m.decode.fp8 = true;  // the MLA decode kernel on f8 latent caches (the default)
   } else if (variant == "no_mla_fp8") {
-    o.mla_fp8 = false;  // f8 latent caches on the generic kernels (FATHOM_CUDA_MLA_FP8=0)
+    m.decode.fp8 = false;  // f8 latent caches on the paged kernels (FATHOM_CUDA_MLA_FP8=0)
   } else if (variant == "prefill_mma_attention") {
     o.prefill_mma_attention = true;  // prefill batches on the tensor-core flash-attention kernel
   } else if (variant == "no_prefill_mma_attention") {
@@ -54,9 +61,9 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
   } else if (variant == "attention_one_chunk") {
     o.attention_one_chunk_waves = 1;  // one chunk of keys a token wherever that fills a wave
   } else if (variant == "no_mla_attention") {
-    o.mla_attention = false;
+    m.decode_kernel = false;
   } else if (variant == "mla_context_plain") {
-    o.mla_context_mma = false;
+    m.context_mma = false;
   } else if (variant == "host_moe") {
     o.host_moe = true;
   } else if (variant == "moe_gemv") {
@@ -64,7 +71,7 @@ StatusOr<cuda::KernelOptions> KernelOptionsForVariant(std::string_view variant) 
   } else {
     return InvalidArgumentError(fmt::format("no CUDA kernel variant '{}'", variant));
   }
-  return o;
+  return v;
 }
 
 }  // namespace fathom::ops

@@ -17,6 +17,7 @@
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "testing/attention.h"
 
 namespace fathom::ops {
 
@@ -797,8 +798,14 @@ struct AttentionCase {
     const TensorView q = s->Random(F32, {n, heads, k_dim}, 1);                    // [n, heads, k_dim]
     const TensorView out = s->Zeros(F32, {n, heads, v_dim});                      // [n, heads, v_dim]
     const float scale = 1.0f / std::sqrt(static_cast<float>(mla ? 192 : k_dim));  // MLA: nope 128 + rope 64
-    s->op = [&be, q, kv, meta, scale, out] {
-      be.PagedAttention(q, kv, meta, scale, out);
+    const bool mla_cache = mla;
+    s->op = [&be, q, kv, meta, scale, out, mla_cache] {
+      // Planned at each run (the op table times one layer); MLA's latent cache through its own provider.
+      if (mla_cache) {
+        testing::MlaAbsorbed(be, q, kv, meta, scale, out);
+      } else {
+        testing::PagedAttention(be, q, kv, meta, scale, out);
+      }
       return OkStatus();
     };
     s->Output("out", out);
@@ -835,7 +842,7 @@ struct GatherContextCase {
     }
     const TensorView out = s->Zeros(F32, {batch.Context(), d});  // [total_seq_len, d]
     s->op = [&be, kv, meta, out] {
-      be.GatherContext(kv, meta, out);
+      testing::Mla(be).GatherContext(kv, meta, out);
       return OkStatus();
     };
     s->Output("out", out);
@@ -873,7 +880,7 @@ struct MlaContextCase {
     const TensorView k_rope = lat.Slice(1, kLora, kLora + kRope);
     const float scale = 1.0f / std::sqrt(static_cast<float>(kNope + kRope));
     s->op = [&be, q, k_nope, k_rope, v, meta, scale, out] {
-      be.MlaContextAttention(q, k_nope, k_rope, v, meta, scale, out);
+      testing::Mla(be).ContextAttention(q, k_nope, k_rope, v, meta, scale, out);
       return OkStatus();
     };
     s->Output("out", out);
