@@ -464,15 +464,66 @@ bool ParseLogitBias(Reader& r, const RequestLimits& limits, SamplingParams* sp) 
   return true;
 }
 
+// Fields of OpenAI's and DeepSeek's APIs that fathom knows but cannot honour: refused by name, never ignored, so that
+// a client does not believe it got what it asked for.
+bool RefuseUnhonourable(Reader& r) {
+  for (const char* name : {"audio", "prediction", "web_search_options", "reasoning_effort"}) {
+    if (r.Get(name) != nullptr) {
+      return r.Fail(name, fmt::format("'{}' is not supported by this server", name), StatusCode::kUnimplemented);
+    }
+  }
+  if (const Json* m = r.Get("modalities"); m != nullptr) {
+    const bool text_only = m->is_array() && std::all_of(m->begin(), m->end(), [](const Json& x) {
+                             return x.is_string() && x.get_ref<const std::string&>() == "text";
+                           });
+    if (!text_only) {
+      return r.Fail("modalities", "'modalities' other than [\"text\"] are not supported", StatusCode::kUnimplemented);
+    }
+  }
+  if (const Json* store = r.Get("store"); store != nullptr && store->is_boolean() && store->get<bool>()) {
+    return r.Fail("store", "'store': true is not supported: this server keeps no completions",
+                  StatusCode::kUnimplemented);
+  }
+  return !r.failed();
+}
+
+// DeepSeek's `thinking`: {"type": "enabled"} or {"type": "disabled"}; any other type, or another key, is refused.
+bool ParseThinking(Reader& r, Endpoint endpoint, ParsedRequest* out) {
+  const Json* t = r.Get("thinking");
+  if (t == nullptr) return true;
+  if (endpoint != Endpoint::kChat) return r.Fail("thinking", "'thinking' needs /v1/chat/completions");
+  if (!t->is_object()) return r.Fail("thinking", fmt::format("'thinking' must be an object, got {}", TypeName(*t)));
+  for (auto it = t->begin(); it != t->end(); ++it) {
+    if (it.key() != "type") {
+      return r.Fail("thinking." + it.key(),
+                    fmt::format("'thinking.{}' is not supported: 'thinking' takes only 'type'", it.key()));
+    }
+  }
+  auto type = t->find("type");
+  if (type == t->end() || !type->is_string()) {
+    return r.Fail("thinking.type", "'thinking.type' must be \"enabled\" or \"disabled\"");
+  }
+  const std::string& v = type->get_ref<const std::string&>();
+  if (v != "enabled" && v != "disabled") {
+    return r.Fail("thinking.type",
+                  fmt::format("'thinking.type' '{}' is unknown: use \"enabled\" or \"disabled\"", v.substr(0, 64)));
+  }
+  out->thinking = v == "enabled";
+  return true;
+}
+
 bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
   if (endpoint == Endpoint::kCompletion) {
     if (const Json* tools = r.Get("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
       return r.Fail("tools", "'tools' needs /v1/chat/completions", StatusCode::kUnimplemented);
     }
   }
-  if (const Json* functions = r.Get("functions"); functions != nullptr) {
-    return r.Fail("functions", "'functions' (the legacy form) is not supported: send 'tools'",
-                  StatusCode::kUnimplemented);
+  for (const char* legacy : {"functions", "function_call"}) {
+    if (r.Get(legacy) != nullptr) {
+      return r.Fail(legacy,
+                    fmt::format("'{}' (the legacy form) is not supported: send 'tools' and 'tool_choice'", legacy),
+                    StatusCode::kUnimplemented);
+    }
   }
   if (endpoint == Endpoint::kCompletion) {
     if (r.Get("echo") != nullptr && r.Get("echo")->is_boolean() && r.Get("echo")->get<bool>()) {
@@ -483,6 +534,21 @@ bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
 }
 
 }  // namespace
+
+const std::vector<std::string_view> kKnownRequestFields = {
+    // both endpoints
+    "model", "stream", "stream_options", "max_tokens", "n", "best_of", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "logprobs", "seed", "stop",
+    "stop_token_ids", "ignore_eos", "min_tokens", "user", "response_format", "guided_json", "guided_regex",
+    "guided_choice", "guided_grammar", "structured_outputs", "cache_salt", "priority",
+    // refused by name (RefuseUnsupported, RefuseUnhonourable)
+    "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort", "modalities",
+    "store",
+    // chat
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "thinking",
+    // completions
+    "prompt", "suffix", "echo"};
 
 // response_format, guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs: at most one.
 bool ParseConstraint(Reader& r, ParsedRequest* out) {
@@ -600,7 +666,14 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
   if (!ParseBody(body, &j, error)) return false;
   Reader r(j, error);
   if (auto model = r.String("model")) out->model = *model;
-  if (!RefuseUnsupported(r, endpoint)) return false;
+  if (!RefuseUnsupported(r, endpoint) || !RefuseUnhonourable(r) || !ParseThinking(r, endpoint, out)) return false;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (std::find(kKnownRequestFields.begin(), kKnownRequestFields.end(), it.key()) == kKnownRequestFields.end()) {
+        out->ignored_fields.push_back(it.key());
+      }
+    }
+  }
   if (!ParseConstraint(r, out)) return false;
   if (endpoint == Endpoint::kChat) {
     if (!ParseMessages(r, j, out) || !ParseTools(r, out)) return false;

@@ -133,6 +133,39 @@ bool TemplateOpensThink(const ChatTemplate& chat) {
   return text.size() >= 7 && text.substr(text.size() - 7) == "<think>";
 }
 
+std::string ThinkingSwitch(std::string_view src) {
+  // Only inside tags: a template's literal text may say "thinking" without it being a variable.
+  const auto is_ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+  bool plain = false;
+  size_t pos = 0;
+  while ((pos = src.find('{', pos)) != std::string_view::npos) {
+    if (pos + 1 >= src.size() || (src[pos + 1] != '%' && src[pos + 1] != '{')) {
+      ++pos;
+      continue;
+    }
+    const std::string_view close = src[pos + 1] == '%' ? "%}" : "}}";
+    const size_t end = src.find(close, pos + 2);
+    const std::string_view tag = src.substr(pos + 2, (end == std::string_view::npos ? src.size() : end) - pos - 2);
+    for (const std::string_view name : {std::string_view("enable_thinking"), std::string_view("thinking")}) {
+      for (size_t at = tag.find(name); at != std::string_view::npos; at = tag.find(name, at + 1)) {
+        const bool starts = at == 0 || !is_ident(tag[at - 1]);
+        const bool ends = at + name.size() == tag.size() || !is_ident(tag[at + name.size()]);
+        // Not inside a string literal: the quotes before it in the tag are balanced.
+        const std::string_view before = tag.substr(0, at);
+        const bool quoted = std::count(before.begin(), before.end(), '\'') % 2 == 1 ||
+                            std::count(before.begin(), before.end(), '"') % 2 == 1;
+        if (starts && ends && !quoted) {
+          if (name == "enable_thinking") return std::string(name);
+          plain = true;
+        }
+      }
+    }
+    if (end == std::string_view::npos) break;
+    pos = end + 2;
+  }
+  return plain ? "thinking" : "";
+}
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   // Every byte of the longer string is visited whatever matches, so the time tells only the lengths.
   const size_t n = std::max(a.size(), b.size());
@@ -205,7 +238,11 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
         strand_(asio::make_strand(server->http_.io_context())),
         grace_timer_(strand_),
         samples_(static_cast<size_t>(req_.sampling.n)) {
-    reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat;
+    // A constrained output (response_format, the guided fields, a forced tool call) follows its grammar from the first
+    // token, so it has no reasoning to split off: all of it is content (else an R1 model's JSON would come back as
+    // reasoning_content, with content null, since no "</think>" ever comes).
+    reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat &&
+                 !req_.constraint.has_value();
     created_ = static_cast<int64_t>(EpochSeconds());
     if (req_.tools && req_.tools->choice != ToolsSpec::Choice::kNone) {
       for (Sample& s : samples_) {
@@ -736,15 +773,32 @@ Status OpenAiServer::Start() {
   return OkStatus();
 }
 
+void OpenAiServer::NoteIgnoredFields(const std::vector<std::string>& fields, const std::string& request_id) {
+  std::string fresh;
+  {
+    std::lock_guard<std::mutex> lock(ignored_mu_);
+    for (const std::string& f : fields) {
+      if (ignored_logged_.size() >= 64 || !ignored_logged_.insert(f.substr(0, 64)).second) continue;
+      fresh += (fresh.empty() ? "'" : ", '") + f.substr(0, 64) + "'";
+    }
+  }
+  if (!fresh.empty()) {
+    FATHOM_LOG_WARN("request {}: ignored the unknown field(s) {} (each name is logged once)", request_id, fresh);
+  }
+}
+
 void OpenAiServer::Attach(ServedModel model) {
   model_ = model;
   constraints_ = std::make_unique<ConstraintCompiler>(
       model_.tokenizer, model_.engines != nullptr ? model_.engines->config().eos_token_ids : std::vector<int64_t>{});
   constraints_->SetCancelFlag(&cancel_work_);
-  if (options_.reasoning_auto && model_.chat != nullptr && TemplateOpensThink(*model_.chat)) {
+  const bool opens_think = model_.chat != nullptr && TemplateOpensThink(*model_.chat);
+  if (options_.reasoning_auto && opens_think) {
     options_.reasoning = ReasoningParser::kDeepSeekR1;
     FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
   }
+  thinking_switch_ = model_.chat != nullptr ? ThinkingSwitch(model_.chat->source()) : "";
+  always_thinks_ = thinking_switch_.empty() && opens_think;
   if (options_.tool_format) {
     tool_format_ = *options_.tool_format;
   } else if (model_.chat != nullptr) {
@@ -756,9 +810,31 @@ void OpenAiServer::Attach(ServedModel model) {
   ready_.store(true);
 }
 
-Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr) const {
+Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const {
   cr->messages = req.messages;
   cr->extra = req.chat_template_kwargs;
+  *param = "thinking";
+  if (req.thinking) {
+    const bool on = *req.thinking;
+    if (!thinking_switch_.empty()) {
+      // The template's switch: set from `thinking` unless chat_template_kwargs already says the same.
+      auto given = cr->extra.find(thinking_switch_);
+      if (given != cr->extra.end() && !given->is_null() && *given != nlohmann::ordered_json(on)) {
+        return InvalidArgumentError(fmt::format("'thinking' ({}) and chat_template_kwargs.{} ({}) disagree",
+                                                on ? "enabled" : "disabled", thinking_switch_, given->dump()));
+      }
+      cr->extra[thinking_switch_] = on;
+    } else if (always_thinks_ && !on) {
+      return InvalidArgumentError(
+          "'thinking': {\"type\": \"disabled\"} cannot be honoured: this model always thinks (its chat template "
+          "opens <think> and has no thinking switch)");
+    } else if (!always_thinks_ && on) {
+      return InvalidArgumentError(
+          "'thinking': {\"type\": \"enabled\"} cannot be honoured: this model has no thinking mode (its chat "
+          "template has no thinking switch and does not open <think>)");
+    }
+  }
+  *param = "tools";
   cr->add_generation_prompt = req.add_generation_prompt;
   cr->continue_final_message = req.continue_final_message;
   ToolsSpec none;
@@ -1087,8 +1163,9 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
       return ReplyError(ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template")), record);
     }
     ChatRequest cr;
-    if (Status st = PrepareChat(req.chat_request, &cr); !st.ok()) {
-      return ReplyError(ex, ApiErrorFromStatus(st, "tools"), record);
+    std::string param;
+    if (Status st = PrepareChat(req.chat_request, &cr, &param); !st.ok()) {
+      return ReplyError(ex, ApiErrorFromStatus(st, param), record);
     }
     auto text = model_.chat->Render(cr);
     if (!text.ok()) return ReplyError(ex, ApiErrorFromStatus(text.status(), "messages", "chat_template_error"), record);
@@ -1096,10 +1173,11 @@ void OpenAiServer::HandleTokenize(const std::shared_ptr<HttpExchange>& ex) {
   } else {
     ids = model_.tokenizer->Encode(req.prompt, {.add_special_tokens = req.add_special_tokens});
   }
-  ex->Reply(200, "application/json",
-            Dump({{"tokens", ids},
-                  {"count", ids.size()},
-                  {"max_model_len", model_.engines->config().scheduler.max_model_len}}));
+  ex->Reply(
+      200, "application/json",
+      Dump({{"tokens", ids},
+            {"count", ids.size()},
+            {"max_model_len", model_.engines != nullptr ? model_.engines->config().scheduler.max_model_len : 0}}));
 }
 
 void OpenAiServer::HandleDetokenize(const std::shared_ptr<HttpExchange>& ex) {
@@ -1199,6 +1277,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
     record.error_code = "invalid";
     return ReplyError(ex, err, record);
   }
+  if (!req.ignored_fields.empty()) NoteIgnoredFields(req.ignored_fields, record.request_id);
   record.stream = req.stream;
   record.user = req.user;
   if (!req.model.empty() && req.model != options_.served_model_name) {
@@ -1288,9 +1367,10 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
           ex, ApiErrorFromStatus(InvalidArgumentError("this model has no chat template; use /v1/completions")), record);
     }
     ChatRequest cr;
-    if (Status st = PrepareChat(req, &cr); !st.ok()) {
+    std::string param;
+    if (Status st = PrepareChat(req, &cr, &param); !st.ok()) {
       record.error_code = "invalid";
-      return ReplyError(ex, ApiErrorFromStatus(st, "tools"), record);
+      return ReplyError(ex, ApiErrorFromStatus(st, param), record);
     }
     auto text = model_.chat->Render(cr);
     if (!text.ok()) {

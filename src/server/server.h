@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -193,8 +194,17 @@ class OpenAiServer {
   std::vector<std::string> api_keys_;                // options_.api_key split at commas
   std::unique_ptr<ConstraintCompiler> constraints_;  // structured output, at the model's vocabulary
   ToolFormat tool_format_ = ToolFormat::kNone;       // resolved at Attach
-  // Fills `cr` from a chat request: messages, tools (server/tools.h) and the template switches.
-  Status PrepareChat(const ParsedRequest& req, ChatRequest* cr) const;
+  // What a request's `thinking` maps to (resolved at Attach): the chat template's switch variable (ThinkingSwitch;
+  // empty: none), else whether the template always opens <think> (R1 and its distills).
+  std::string thinking_switch_;
+  bool always_thinks_ = false;
+  // Fills `cr` from a chat request: messages, tools (server/tools.h), `thinking` and the template switches. An error
+  // names its field in *param.
+  Status PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const;
+  // Logs a request's unknown fields (ParsedRequest::ignored_fields), each name once per process (64 names at most).
+  void NoteIgnoredFields(const std::vector<std::string>& fields, const std::string& request_id);
+  std::mutex ignored_mu_;
+  std::set<std::string> ignored_logged_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   // Set when a shutdown begins (without hand-off) or at Stop: queued work answers 503 and compiles stop.
@@ -220,6 +230,9 @@ class OpenAiServer {
 StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* automatic);
 // Whether a chat template's generation prompt ends inside an opened <think> block (R1 distills).
 bool TemplateOpensThink(const ChatTemplate& chat);
+// The chat template's thinking switch: "thinking" (DeepSeek-V3.1) or "enable_thinking" (Qwen3) where one of them is
+// an identifier inside the template's {% %} or {{ }} tags; empty when neither is.
+std::string ThinkingSwitch(std::string_view template_source);
 // Constant-time comparison of secrets (the time depends on the lengths only).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // The token of an `Authorization: Bearer <token>` header: the scheme is case-insensitive (RFC 7235) and spaces

@@ -204,6 +204,24 @@ test("DeepSeek's URL forms: no /v1, and /beta, reach the /v1 routes with the sam
   assert.match((await other.json()).error.message, /no route POST \/v2\/chat\/completions/);
 });
 
+test("DeepSeek's `thinking` is refused where the model cannot honour it; unknown fields are ignored and logged", async () => {
+  // The scripted model has DeepSeek-V3's template: no thinking switch, no <think> of its own.
+  const messages = [{role: 'user', content: 'What is 2+2?'}];
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages, thinking: {type: 'enabled'}}),
+                       (e) => e.status === 400 && e.param === 'thinking' && /no thinking mode/.test(e.message));
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages, thinking: {type: 'auto'}}),
+                       (e) => e.status === 400 && e.param === 'thinking.type');
+  const off = await client.chat.completions.create({model: 'scripted', messages, thinking: {type: 'disabled'}});
+  assert.equal(off.object, 'chat.completion');
+  // Known but not honoured: refused by name.
+  await assert.rejects(client.chat.completions.create({model: 'scripted', messages, reasoning_effort: 'low'}),
+                       (e) => e.status === 400 && e.param === 'reasoning_effort' && e.code === 'unsupported_parameter');
+  // Unknown: ignored, and named once in the server's log.
+  const unknown = await client.chat.completions.create({model: 'scripted', messages, frobnicate_e2e: {x: 1}});
+  assert.equal(unknown.choices[0].message.content, 'The answer is 4.');
+  assert.match(srv.stderr, /ignored the unknown field\(s\) 'frobnicate_e2e'/);
+});
+
 test('a bad or missing API key gets 401; /health needs none', async () => {
   const bad = new OpenAI({baseURL: srv.url + '/v1', apiKey: 'sk-wrong', maxRetries: 0});
   await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.error.type === 'authentication_error');

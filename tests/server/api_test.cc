@@ -49,6 +49,65 @@ TEST(ApiTest, ChatFieldsBecomeSamplingParams) {
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.user, "u1");
   EXPECT_EQ(r.priority, -2);
+  EXPECT_EQ(r.ignored_fields, std::vector<std::string>{"unknown_field"});
+}
+
+// DeepSeek's `thinking`: the two types it has, on chat only; anything else is a 400 naming the field.
+TEST(ApiTest, ThinkingIsParsedOrRefusedByName) {
+  EXPECT_EQ(Ok(R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled"}})").thinking, true);
+  EXPECT_EQ(Ok(R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"}})").thinking, false);
+  EXPECT_FALSE(Ok(R"({"messages":[{"role":"user","content":"x"}]})").thinking.has_value());
+  EXPECT_FALSE(Ok(R"({"messages":[{"role":"user","content":"x"}],"thinking":null})").thinking.has_value());
+  EXPECT_TRUE(
+      Ok(R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled"}})").ignored_fields.empty());
+  struct Case {
+    const char* body;
+    Endpoint endpoint;
+    const char* param;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"auto"}})", Endpoint::kChat,
+            "thinking.type"},
+           {R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":true}})", Endpoint::kChat,
+            "thinking.type"},
+           {R"({"messages":[{"role":"user","content":"x"}],"thinking":{}})", Endpoint::kChat, "thinking.type"},
+           {R"({"messages":[{"role":"user","content":"x"}],"thinking":true})", Endpoint::kChat, "thinking"},
+           {R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budget_tokens":1024}})",
+            Endpoint::kChat, "thinking.budget_tokens"},
+           {R"({"prompt":"x","thinking":{"type":"enabled"}})", Endpoint::kCompletion, "thinking"},
+       }) {
+    const ApiError e = Bad(c.body, c.endpoint);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+  }
+  EXPECT_NE(Bad(R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"auto"}})").message.find("'auto'"),
+            std::string::npos);
+}
+
+// The unknown-field policy: a field the server does not know is ignored and listed (the server logs it); one it
+// knows but cannot honour is refused by name, never ignored.
+TEST(ApiTest, UnknownFieldsAreListedAndUnhonourableOnesRefused) {
+  const ParsedRequest r = Ok(R"({"messages":[{"role":"user","content":"x"}],"zeta":1,"metadata":{"a":"b"},
+      "store":false,"modalities":["text"],"alpha":null})");
+  EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"zeta", "metadata", "alpha"}));
+  EXPECT_TRUE(Ok(R"({"prompt":"x","max_tokens":3,"seed":1})", Endpoint::kCompletion).ignored_fields.empty());
+  for (const char* field : {R"("audio":{"voice":"x"})", R"("prediction":{"type":"content","content":"x"})",
+                            R"("web_search_options":{})", R"("reasoning_effort":"low")", R"("store":true)",
+                            R"("modalities":["text","audio"])", R"("function_call":"auto")"}) {
+    const std::string body = std::string(R"({"messages":[{"role":"user","content":"x"}],)") + field + "}";
+    const ApiError e = Bad(body);
+    EXPECT_EQ(e.http_status, 400) << body;
+    EXPECT_EQ(e.code, "unsupported_parameter") << body;
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    EXPECT_EQ(e.param, name) << body;
+  }
+  // Every field the known list names is one the parser reads or refuses: none of them is listed as ignored.
+  std::string body = R"({"messages":[{"role":"user","content":"x"}])";
+  for (std::string_view f : kKnownRequestFields) {
+    if (f != "messages") body += ",\"" + std::string(f) + "\":null";
+  }
+  body += "}";
+  EXPECT_TRUE(Ok(body).ignored_fields.empty());
 }
 
 // Prefix completion, DeepSeek's way (prefix: true on the last assistant message) and vLLM's

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "server/server.h"
+
 namespace fathom::server {
 namespace {
 
@@ -18,6 +20,22 @@ std::pair<std::string, std::string> SplitAll(const std::vector<std::string>& del
   }
   ReasoningDelta tail = s.Finish();
   return {reasoning + tail.reasoning, content + tail.content};
+}
+
+// The chat template's thinking switch, which a request's `thinking` sets: a variable inside the template's tags, never
+// a word of its text or a string literal.
+TEST(ThinkingSwitchTest, FindsTheTemplateVariable) {
+  EXPECT_EQ(ThinkingSwitch("{% if add_generation_prompt %}<｜Assistant｜>{% if thinking %}<think>{% else %}</think>"
+                           "{% endif %}{% endif %}"),
+            "thinking");  // DeepSeek-V3.1's form
+  EXPECT_EQ(ThinkingSwitch("{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n"
+                           "</think>\\n\\n' }}{%- endif %}"),
+            "enable_thinking");  // Qwen3's
+  EXPECT_EQ(ThinkingSwitch("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"), "");
+  EXPECT_EQ(ThinkingSwitch("You are thinking carefully. {{ messages[0]['content'] }}"), "");  // text, not a tag
+  EXPECT_EQ(ThinkingSwitch("{{ 'thinking' }}{{ \"thinking\" }}{{ rethinking }}{{ thinking_budget }}"), "");
+  EXPECT_EQ(ThinkingSwitch("{% if x %}{{ '<think>' }}{% endif %}"), "");  // R1: opens <think>, no switch
+  EXPECT_EQ(ThinkingSwitch("{% if thinking"), "thinking");                // an unclosed tag is still read
 }
 
 TEST(ReasoningTest, SplitsAtCloseTag) {

@@ -1,0 +1,115 @@
+// A request's `thinking` (DeepSeek's API) through a running server's /tokenize, which renders a chat request as
+// generation does: on a template with a thinking switch (Qwen3's enable_thinking) it drives the switch; on one without
+// (DeepSeek-V3's) {"type": "enabled"} is a 400 that says so; on one that always opens <think> (R1's form)
+// {"type": "disabled"} is. An unknown field is ignored and logged once.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "loopback.h"
+#include "server/server.h"
+#include "testing/temp_dir.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A server over `dir`'s tokenizer and chat template, with no engine: /tokenize needs none.
+struct TemplateServer {
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<ChatTemplate> chat;
+  std::unique_ptr<OpenAiServer> srv;
+
+  explicit TemplateServer(const std::string& dir) {
+    auto t = Tokenizer::FromDirectory(dir);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    tok = std::move(t).value();
+    auto c = ChatTemplate::FromTokenizer(*tok);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    chat = std::move(c).value();
+    ServerOptions o;
+    o.http.port = 0;
+    o.access_log = "";
+    srv = std::make_unique<OpenAiServer>(o);
+    srv->Attach({.tokenizer = tok.get(), .chat = chat.get(), .vocab_size = static_cast<int64_t>(tok->vocab_size())});
+    EXPECT_TRUE(srv->Start().ok());
+  }
+  ~TemplateServer() { srv->Stop(); }
+
+  // POST /tokenize with `fields` added to a one-message chat: the status and the body.
+  std::pair<int, nlohmann::json> Tokenize(const std::string& fields) const {
+    const std::string body = R"({"messages":[{"role":"user","content":"hi"}])" + fields + "}";
+    const std::string r = Exchange(srv->port(),
+                                   "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                   "Content-Type: application/json\r\nContent-Length: " +
+                                       std::to_string(body.size()) + "\r\n\r\n" + body);
+    const int status = std::stoi(r.substr(9, 3));
+    return {status, nlohmann::json::parse(r.substr(r.find("\r\n\r\n") + 4), nullptr, false)};
+  }
+  // The prompt text /tokenize rendered.
+  std::string Prompt(const std::string& fields) const {
+    auto [status, body] = Tokenize(fields);
+    EXPECT_EQ(status, 200) << body.dump();
+    const std::vector<int32_t> ids = body.value("tokens", std::vector<int32_t>{});
+    return tok->Decode(ids, /*skip_special_tokens=*/false);
+  }
+};
+
+const std::string kTokenizers = std::string(FATHOM_TOKENIZER_TEST_DATA) + "/";  // unpacked (tests/tokenizer)
+
+TEST(ThinkingTest, DrivesTheTemplatesSwitch) {
+  TemplateServer s(kTokenizers + "qwen3");
+  // Qwen3 writes an empty think block when enable_thinking is false.
+  EXPECT_NE(s.Prompt(R"(,"thinking":{"type":"disabled"})").find("<think>\n\n</think>"), std::string::npos);
+  EXPECT_EQ(s.Prompt(R"(,"thinking":{"type":"enabled"})").find("</think>"), std::string::npos);
+  EXPECT_EQ(s.Prompt("").find("</think>"), std::string::npos);
+  // chat_template_kwargs may say the same; saying the opposite is a 400 naming `thinking`.
+  EXPECT_NE(
+      s.Prompt(R"(,"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":false})").find("</think>"),
+      std::string::npos);
+  auto [status, body] =
+      s.Tokenize(R"(,"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":true})");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(body["error"]["param"], "thinking") << body.dump();
+}
+
+TEST(ThinkingTest, AModelWithoutThinkingRefusesEnabled) {
+  TemplateServer s(kTokenizers + "deepseek-v3");
+  auto [status, body] = s.Tokenize(R"(,"thinking":{"type":"enabled"})");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(body["error"]["param"], "thinking");
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("no thinking mode"), std::string::npos) << body.dump();
+  EXPECT_EQ(s.Tokenize(R"(,"thinking":{"type":"disabled"})").first, 200);
+  auto [bad, bad_body] = s.Tokenize(R"(,"thinking":{"type":"sometimes"})");
+  EXPECT_EQ(bad, 400);
+  EXPECT_EQ(bad_body["error"]["param"], "thinking.type");
+}
+
+TEST(ThinkingTest, AModelThatAlwaysThinksRefusesDisabled) {
+  // DeepSeek-V3's tokenizer with R1's generation prompt: "<｜Assistant｜><think>\n".
+  testing::TempDir dir("fathom-thinking-");
+  const std::string src = kTokenizers + "deepseek-v3";
+  fs::copy_file(src + "/tokenizer.json", dir.file("tokenizer.json"));
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(std::ifstream(src + "/tokenizer_config.json"));
+  std::string tmpl = config["chat_template"];
+  const std::string assistant = "{{'<｜Assistant｜>'}}{% endif %}";
+  ASSERT_NE(tmpl.rfind(assistant), std::string::npos);
+  tmpl.replace(tmpl.rfind(assistant), assistant.size(), "{{'<｜Assistant｜><think>\\n'}}{% endif %}");
+  config["chat_template"] = tmpl;
+  std::ofstream(dir.file("tokenizer_config.json")) << config.dump();
+  TemplateServer s(dir.path());
+  EXPECT_NE(s.Prompt(R"(,"thinking":{"type":"enabled"})").find("<think>"), std::string::npos);
+  auto [status, body] = s.Tokenize(R"(,"thinking":{"type":"disabled"})");
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("always thinks"), std::string::npos) << body.dump();
+}
+
+}  // namespace
+}  // namespace fathom::server
