@@ -241,8 +241,9 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     // A constrained output (response_format, the guided fields, a forced tool call) follows its grammar from the first
     // token, so it has no reasoning to split off: all of it is content (else an R1 model's JSON would come back as
     // reasoning_content, with content null, since no "</think>" ever comes).
+    // A prefix completion continues the last assistant message's content, so its text is content too.
     reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat &&
-                 !req_.constraint.has_value();
+                 !req_.constraint.has_value() && !req_.continue_final_message;
     created_ = static_cast<int64_t>(EpochSeconds());
     if (req_.tools && req_.tools->choice != ToolsSpec::Choice::kNone) {
       for (Sample& s : samples_) {

@@ -1,7 +1,7 @@
 // Client libraries exactly as their documentation shows them, against one `fathom serve` of the scripted test model
 // (lib/fathom.mjs), pinned in package.json: the official `openai` SDK 7 (create, stream, parse with zodResponseFormat,
-// runTools), the Vercel AI SDK 7 (@ai-sdk/deepseek at DeepSeek's URL form without /v1, @ai-sdk/openai-compatible at
-// /v1) and LangChain JS (ChatOpenAI, ChatDeepSeek). The schemas are zod's own output (z.toJSONSchema and the libraries'
+// runTools), the Vercel AI SDK 7 (@ai-sdk/deepseek at DeepSeek's URL forms without /v1 and with /beta,
+// @ai-sdk/openai-compatible at /v1) and LangChain JS (ChatOpenAI, ChatDeepSeek). The schemas are zod's own output (z.toJSONSchema and the libraries'
 // converters), never copied by hand. Under a grammar the scripted model's text is whatever the constraint lets through,
 // so structured cases check validity and shape, not values: that is what random weights explain.
 import {test, before, after} from 'node:test';
@@ -24,6 +24,7 @@ let srv, openai;
 before(async () => {
   const model = buildScriptedModel(path.join(tmpDir('fathom-e2e-'), 'model'), [
     {triggerId: kAssistant, text: 'Let me think.</think>The answer is 4.', end: 'eos'},
+    {trigger: 'Count:', text: ' one two three', end: 'eos'},
   ]);
   srv = await startServer(['--model', model.dir, '--served-model-name', 'deepseek-chat', 'deepseek-reasoner',
                            '--reasoning-parser', 'deepseek-r1', '--max-model-len', '1024', '--api-key', kKey,
@@ -61,6 +62,21 @@ test('openai 7: create, stream, parse with zodResponseFormat', async () => {
   const p = parsed.choices[0].message.parsed;
   assert.ok(p !== null, parsed.choices[0].message.content);
   assert.ok(Number.isSafeInteger(p.value), JSON.stringify(p));
+});
+
+// zod writes a pattern beside the format for z.email(), z.uuid(), z.iso.date() and z.iso.datetime(): the output must
+// meet both (parse() checks it with the zod schema itself). The datetime has millisecond precision: the default's
+// pattern allows any number of fraction digits, which random weights may extend to max_tokens.
+test('openai 7: parse with zod formats that carry their own patterns', async () => {
+  const Contact = z.object({email: z.email().max(40), id: z.uuid(), day: z.iso.date(),
+                            at: z.iso.datetime({precision: 3})});
+  const r = await openai.chat.completions.parse({
+    model: 'deepseek-chat', messages: [{role: 'user', content: 'Who?'}], max_tokens: 300,
+    response_format: zodResponseFormat(Contact, 'contact'),
+  });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const c = r.choices[0].message.parsed;
+  assert.ok(c !== null && Contact.safeParse(c).success, r.choices[0].message.content);
 });
 
 test('openai 7: runTools runs a forced call and answers from its result', async () => {
@@ -105,12 +121,27 @@ test('AI SDK 7 with @ai-sdk/deepseek at the base URL without /v1: text, stream, 
       });
 });
 
+test("AI SDK 7 with @ai-sdk/deepseek at DeepSeek's /beta base URL: prefix completion", async () => {
+  // The provider sends `prefix: true` only with a base URL ending in /beta, as DeepSeek documents it.
+  const beta = createDeepSeek({baseURL: srv.url + '/beta', apiKey: kKey});
+  const r = await generateText({model: beta('deepseek-chat'), maxRetries: 0, messages: [
+    {role: 'user', content: 'Count:'},
+    {role: 'assistant', content: 'Count:', providerOptions: {deepseek: {prefix: true}}},
+  ]});
+  assert.equal(r.text, ' one two three');
+});
+
 test('AI SDK 7 with @ai-sdk/openai-compatible: structured output and a required tool call', async () => {
   const local = createOpenAICompatible({name: 'fathom', baseURL: srv.url + '/v1', apiKey: kKey,
                                          supportsStructuredOutputs: true});
   const o = await generateText({model: local('deepseek-chat'), prompt: 'What is 2+2?', maxRetries: 0,
                                 maxOutputTokens: 200, output: Output.object({schema: Answer})});
   assert.ok(['apples', 'pears', null].includes(o.output.unit), JSON.stringify(o.output));
+  // z.record(z.string(), ...) writes propertyNames (here with maxLength): keys and values are held to them.
+  const Scores = z.object({scores: z.record(z.string().max(3), z.int().min(0).max(9))});
+  const rec = await generateText({model: local('deepseek-chat'), prompt: 'Scores?', maxRetries: 0, maxOutputTokens: 300,
+                                  output: Output.object({schema: Scores})});
+  assert.ok(Scores.safeParse(rec.output).success, JSON.stringify(rec.output));
   let args = null;
   const t = await generateText({
     model: local('deepseek-chat'), prompt: 'Add 2 and 2.', maxRetries: 0, maxOutputTokens: 200,
