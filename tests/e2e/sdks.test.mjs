@@ -1,16 +1,17 @@
 // Client libraries exactly as their documentation shows them, against one `fathom serve` of the scripted test model
 // (lib/fathom.mjs), pinned in package.json: the official `openai` SDK 7 (create, stream, parse with zodResponseFormat,
 // runTools), the Vercel AI SDK 7 (@ai-sdk/deepseek at DeepSeek's URL forms without /v1 and with /beta,
-// @ai-sdk/openai-compatible at /v1) and LangChain JS (ChatOpenAI, ChatDeepSeek). The schemas are zod's own output (z.toJSONSchema and the libraries'
+// @ai-sdk/openai-compatible and @ai-sdk/openai's chat models at /v1) and LangChain JS (ChatOpenAI, ChatDeepSeek). The schemas are zod's own output (z.toJSONSchema and the libraries'
 // converters), never copied by hand. Under a grammar the scripted model's text is whatever the constraint lets through,
 // so structured cases check validity and shape, not values: that is what random weights explain.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import OpenAI from 'openai-v7';
-import {zodResponseFormat} from 'openai-v7/helpers/zod';
+import OpenAI from 'openai';
+import {zodResponseFormat} from 'openai/helpers/zod';
 import {generateText, streamText, Output, tool, stepCountIs} from 'ai';
 import {createDeepSeek} from '@ai-sdk/deepseek';
+import {createOpenAI} from '@ai-sdk/openai';
 import {createOpenAICompatible} from '@ai-sdk/openai-compatible';
 import {ChatOpenAI} from '@langchain/openai';
 import {ChatDeepSeek} from '@langchain/deepseek';
@@ -152,6 +153,18 @@ test('AI SDK 7 with @ai-sdk/openai-compatible: structured output and a required 
   });
   assert.equal(t.toolCalls.length >= 1, true, JSON.stringify(t.finishReason));
   assert.ok(args !== null && Number.isInteger(args.a), JSON.stringify(args));
+});
+
+// @ai-sdk/openai's chat models (openai.chat(id)) speak Chat Completions; its default models speak OpenAI's Responses
+// API, which fathom does not serve (a 404 naming the route).
+test('AI SDK 7 with @ai-sdk/openai: chat models, text and stream', async () => {
+  const provider = createOpenAI({baseURL: srv.url + '/v1', apiKey: kKey});
+  const r = await generateText({model: provider.chat('deepseek-chat'), prompt: 'What is 2+2?', maxRetries: 0});
+  assert.equal(r.text, 'The answer is 4.');
+  const s = streamText({model: provider.chat('deepseek-chat'), prompt: 'What is 2+2?', maxRetries: 0});
+  let streamed = '';
+  for await (const delta of s.textStream) streamed += delta;
+  assert.equal(streamed, 'The answer is 4.');
 });
 
 test('LangChain ChatOpenAI and ChatDeepSeek: invoke, stream, withStructuredOutput', async () => {
