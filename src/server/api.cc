@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "server/json_limits.h"
 
@@ -40,8 +41,9 @@ class Reader {
     return false;
   }
 
-  // nullptr when absent or null.
+  // nullptr when absent or null. Every key asked for is one the parser knows (Unasked).
   const Json* Get(const char* key) const {
+    asked_.insert(key);
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
@@ -111,7 +113,18 @@ class Reader {
     return v->get<std::string>();
   }
 
+  // The body's top-level keys that no Get asked for, in body order: the fields this parse did not read.
+  std::vector<std::string> Unasked() const {
+    std::vector<std::string> out;
+    if (!obj_.is_object()) return out;
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (asked_.count(it.key()) == 0) out.push_back(it.key());
+    }
+    return out;
+  }
+
  private:
+  mutable std::set<std::string, std::less<>> asked_;
   const Json& obj_;
   ApiError* error_;
   bool failed_ = false;
@@ -535,21 +548,6 @@ bool RefuseUnsupported(Reader& r, Endpoint endpoint) {
 
 }  // namespace
 
-const std::vector<std::string_view> kKnownRequestFields = {
-    // both endpoints
-    "model", "stream", "stream_options", "max_tokens", "n", "best_of", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "logprobs", "seed", "stop",
-    "stop_token_ids", "ignore_eos", "min_tokens", "user", "response_format", "guided_json", "guided_regex",
-    "guided_choice", "guided_grammar", "structured_outputs", "cache_salt", "priority",
-    // refused by name (RefuseUnsupported, RefuseUnhonourable)
-    "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort", "modalities",
-    "store",
-    // chat
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "thinking",
-    // completions
-    "prompt", "suffix", "echo"};
-
 // response_format, guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs: at most one.
 bool ParseConstraint(Reader& r, ParsedRequest* out) {
   std::vector<ConstraintSpec> specs;
@@ -667,13 +665,6 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
   Reader r(j, error);
   if (auto model = r.String("model")) out->model = *model;
   if (!RefuseUnsupported(r, endpoint) || !RefuseUnhonourable(r) || !ParseThinking(r, endpoint, out)) return false;
-  if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (std::find(kKnownRequestFields.begin(), kKnownRequestFields.end(), it.key()) == kKnownRequestFields.end()) {
-        out->ignored_fields.push_back(it.key());
-      }
-    }
-  }
   if (!ParseConstraint(r, out)) return false;
   if (endpoint == Endpoint::kChat) {
     if (!ParseMessages(r, j, out) || !ParseTools(r, out)) return false;
@@ -806,6 +797,8 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
     out->cache_salt = *v;
   }
   if (auto v = r.Integer("priority", -1000000, 1000000)) out->priority = static_cast<int32_t>(*v);
+  // What the parse above did not read is a field this server does not know for this endpoint.
+  out->ignored_fields = r.Unasked();
   return !r.failed();
 }
 

@@ -97,14 +97,10 @@ struct ParsedRequest {
   // DeepSeek's `thinking: {"type": "enabled" | "disabled"}` (chat only): true or false as asked, unset when absent.
   // The server maps it onto the chat template's thinking switch, or refuses what the model cannot do (server.h).
   std::optional<bool> thinking;
-  // Top-level fields this server does not know (kKnownRequestFields), in body order: ignored, as vLLM ignores them,
-  // and logged by the server. Fields it knows but cannot honour are refused instead (400/501 naming them).
+  // Top-level fields the parse did not read for this endpoint, in body order: ignored, as vLLM ignores them, and
+  // logged by the server. Fields it knows but cannot honour are refused instead (400/501 naming them).
   std::vector<std::string> ignored_fields;
 };
-
-// Every top-level request field the parser reads or refuses by name (chat and completions together): the rest are
-// ParsedRequest::ignored_fields.
-extern const std::vector<std::string_view> kKnownRequestFields;
 
 // Returns false and fills `error` (400 with `param`) when the body is not a valid request. Every body is first
 // held to the JSON limits (server/json_limits.h), so that parsing stays linear in its size.
