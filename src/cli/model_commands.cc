@@ -158,6 +158,12 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
                            cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
   std::cout << fmt::format("attention:         {} heads, {} kv heads, head_dim {}, rope {} (theta {})\n", cfg.num_heads,
                            cfg.num_kv_heads, cfg.head_dim, RopeTypeName(cfg.rope.type), cfg.rope.theta);
+  if (cfg.mla.sparse()) {
+    std::cout << fmt::format(
+        "sparse attention:  a lightning indexer of {} heads x {} keeps the top {} cached tokens a query ({} indexer "
+        "values a token and layer in the kv cache)\n",
+        cfg.mla.index_n_heads, cfg.mla.index_head_dim, cfg.mla.index_topk, kv.side_dim);
+  }
   if (cfg.quant.quantized()) {
     std::cout << fmt::format("quantization:      {} ({}){}\n", cfg.quant.Describe(), cfg.quant.source,
                              cfg.quant.method == "awq" || cfg.quant.method == "gptq"

@@ -32,8 +32,7 @@ StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(std::
                  "rank {} is incomplete or out of place", r);
     FATHOM_CHECK(r == 0 || ranks[r].backend != nullptr, "rank {} needs a backend of its own", r);
     const KvCacheSpec got = ranks[r].model->kv_cache_spec();
-    if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
-        got.v_dim != want.v_dim || got.v_in_k != want.v_in_k || got.layout != want.layout) {
+    if (!got.SameShape(want)) {
       return InternalError(fmt::format("tensor-parallel rank {} has another KV cache layout than rank 0", r));
     }
   }

@@ -28,6 +28,7 @@ constexpr ArchInfo kArchs[] = {
     {"qwen2", "Qwen2ForCausalLM"},
     {"deepseek_v2", "DeepseekV2ForCausalLM"},
     {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"deepseek_v32", "DeepseekV32ForCausalLM"},
 };
 
 std::string SupportedList() {
@@ -111,7 +112,9 @@ Status ParseRope(const json& j, ModelConfig* c) {
 
 Status ParseDeepseek(const json& j, ModelConfig* c) {
   Reader r(j);
-  const bool v3 = c->model_type == "deepseek_v3";
+  // V3.2 is V3 plus the indexer (and V3.1 is V3 as far as the weights go: model_type deepseek_v3).
+  const bool v32 = c->model_type == "deepseek_v32";
+  const bool v3 = c->model_type == "deepseek_v3" || v32;
   c->is_mla = true;
   c->rope.interleaved = true;
   MlaConfig& m = c->mla;
@@ -141,6 +144,21 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
   c->head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
   // transformers' DeepSeek rope: interleaved pairs unless rope_interleave is false.
   FATHOM_RETURN_IF_ERROR(r.Bool("rope_interleave", &c->rope.interleaved));
+  if (v32) {
+    m.index_n_heads = 64;
+    m.index_head_dim = 128;
+    m.index_topk = 2048;
+    FATHOM_RETURN_IF_ERROR(r.Int("index_n_heads", &m.index_n_heads));
+    FATHOM_RETURN_IF_ERROR(r.Int("index_head_dim", &m.index_head_dim));
+    FATHOM_RETURN_IF_ERROR(r.Int("index_topk", &m.index_topk));
+    // The indexer rotates the first qk_rope_head_dim values of its heads (transformers' DeepseekV32Indexer).
+    if (m.index_n_heads <= 0 || m.index_topk <= 0 || m.index_head_dim < m.qk_rope_head_dim) {
+      return InvalidArgumentError(fmt::format(
+          "config.json: inconsistent indexer (index_n_heads {} and index_topk {} must be positive, index_head_dim {} "
+          "at least qk_rope_head_dim {})",
+          m.index_n_heads, m.index_topk, m.index_head_dim, m.qk_rope_head_dim));
+    }
+  }
 
   MoeConfig& e = c->moe;
   e.moe_intermediate_size = v3 ? 2048 : 1407;
@@ -261,6 +279,11 @@ Status ValidateRanges(const ModelConfig& c) {
                              {"qk_nope_head_dim", m.qk_nope_head_dim, 1, 1024},
                              {"qk_rope_head_dim", m.qk_rope_head_dim, 2, 1024},
                              {"v_head_dim", m.v_head_dim, 1, 1024}});
+    if (m.sparse()) {
+      ints.insert(ints.end(), {{"index_n_heads", m.index_n_heads, 1, 1024},
+                               {"index_head_dim", m.index_head_dim, 2, 1024},
+                               {"index_topk", m.index_topk, 1, 1 << 20}});
+    }
   }
   if (c.is_moe()) {
     ints.insert(ints.end(), {{"moe_intermediate_size", e.moe_intermediate_size, 1, 1 << 20},
@@ -270,8 +293,7 @@ Status ValidateRanges(const ModelConfig& c) {
   }
   for (const IntRange& r : ints) {
     if (r.v < r.lo || r.v > r.hi) {
-      return InvalidArgumentError(
-          fmt::format("config.json: '{}' is {}, outside [{}, {}]", r.key, r.v, r.lo, r.hi));
+      return InvalidArgumentError(fmt::format("config.json: '{}' is {}, outside [{}, {}]", r.key, r.v, r.lo, r.hi));
     }
   }
   FATHOM_RETURN_IF_ERROR(CheckRange("rms_norm_eps", c.rms_norm_eps, 0, 1, /*lo_open=*/true));

@@ -48,6 +48,13 @@ struct MlaConfig {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  // DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer of index_n_heads heads of index_head_dim scores
+  // every cached token per query, and MLA attends to the top index_topk. index_topk 0: dense MLA (V2, V3).
+  int64_t index_n_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
+
+  bool sparse() const { return index_topk > 0; }
 };
 
 struct MoeConfig {
@@ -67,7 +74,7 @@ struct MoeConfig {
 
 struct ModelConfig {
   std::string architecture;    // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
-  std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3"
+  std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3", "deepseek_v32"
   DType dtype = DType::kBF16;  // torch_dtype / dtype
 
   int64_t vocab_size = 0;

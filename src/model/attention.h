@@ -24,11 +24,15 @@ namespace fathom {
 // v_scale likewise; KvCacheSpec::k_scale_group): value i of a row is e4m3(row[i]) * scale[i / group]. The writer
 // picks each scale as the group's largest magnitude / 448 (e4m3's largest finite value). Other dtypes leave them
 // empty.
+// A layout's side row (KvCacheSpec::side_dim: V3.2's indexer keys) is side [num_blocks, block_size, 1, side_dim] in
+// the same slots, in the cache's dtype (FP8 with side_scale likewise, groups of KvCacheSpec::side_scale_group()).
 struct KvLayerView {
   TensorView k;
   TensorView v;
   TensorView k_scale;
   TensorView v_scale;
+  TensorView side;
+  TensorView side_scale;
 
   bool fp8() const { return k.dtype() == DType::kF8E4M3; }
 };
@@ -59,8 +63,10 @@ struct AttentionMetadata {
 enum class AttentionLayout : uint8_t {
   kGqaPaged,   // K and V of each KV head, paged (Llama, Qwen2): PagedAttentionOps
   kMlaLatent,  // one latent row a token, V inside K (DeepSeek-V2/V3): MlaLatentOps (model/mla.h)
+  kMlaSparse,  // the latent rows plus an indexer-key side row; top-k sparse MLA (DeepSeek-V3.2): MlaSparseOps
+               // (model/mla_sparse.h)
 };
-inline constexpr int kNumAttentionLayouts = 2;
+inline constexpr int kNumAttentionLayouts = 3;
 // The layout's name in messages and the op table.
 constexpr std::string_view AttentionLayoutName(AttentionLayout layout) {
   switch (layout) {
@@ -68,6 +74,8 @@ constexpr std::string_view AttentionLayoutName(AttentionLayout layout) {
       return "gqa_paged";
     case AttentionLayout::kMlaLatent:
       return "mla_latent";
+    case AttentionLayout::kMlaSparse:
+      return "mla_sparse";
   }
   return "unknown";
 }

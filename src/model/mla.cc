@@ -154,11 +154,10 @@ MlaAttention::Scratch MlaAttention::Allocate(Backend& be, const AttentionMetadat
   return s;
 }
 
-void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s,
-                           const TensorView& out) const {
+void MlaAttention::Project(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s) const {
   const AttentionMetadata& meta = step.meta;
   const int64_t n = x.dim(0), nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qd = nope + rope;
-  const int64_t lora = m.kv_lora_rank, vd = m.v_head_dim;
+  const int64_t lora = m.kv_lora_rank;
   const TensorView latent2 = s.latent.view().Reshape({n, lora + rope});
   const TensorView c_kv = latent2.Slice(1, 0, lora);                    // [n_tokens, kv_lora], strided
   const TensorView k_pe = s.latent.view().Slice(2, lora, lora + rope);  // [n_tokens, 1, rope], strided
@@ -177,6 +176,18 @@ void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& st
   be.ApplyRope(k_pe, step.cos, step.sin, interleaved);
   be.ApplyRope(q_pe, step.cos, step.sin, interleaved);
   be.WriteKv(s.latent, TensorView(), meta, step.cache);
+}
+
+void MlaAttention::AbsorbQuery(Backend& be, const Scratch& s) const {
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, lora = m.kv_lora_rank;
+  // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
+  be.HeadLinear(s.q.view().Slice(2, 0, nope), w_uk_t, s.q_abs.view().Slice(2, 0, lora));
+  be.Copy(s.q.view().Slice(2, nope, nope + rope), s.q_abs.view().Slice(2, lora, lora + rope));
+}
+
+void MlaAttention::AttendDense(Backend& be, const LayerStep& step, const Scratch& s) const {
+  const AttentionMetadata& meta = step.meta;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, lora = m.kv_lora_rank, vd = m.v_head_dim;
   MlaLatentOps& ops = AttentionOpsOf<MlaLatentOps>(be);
   if (s.up) {
     ops.GatherContext(step.cache, meta, s.ctx_lat);
@@ -185,13 +196,21 @@ void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& st
     ops.ContextAttention(s.q, s.ctx_kv.view().Slice(2, 0, nope), s.ctx_lat.view().Slice(1, lora, lora + rope),
                          s.ctx_kv.view().Slice(2, nope, nope + vd), meta, softmax_scale, s.attn);
   } else {
-    // q_abs[:, h, :lora] = q_nope[:, h] W_UK[h]
-    be.HeadLinear(s.q.view().Slice(2, 0, nope), w_uk_t, s.q_abs.view().Slice(2, 0, lora));
-    be.Copy(q_pe, s.q_abs.view().Slice(2, lora, lora + rope));
+    AbsorbQuery(be, s);
     ops.Absorbed(s.plan, s.q_abs, step.cache, meta, softmax_scale, s.attn_lat);
     be.HeadLinear(s.attn_lat, w_uv, s.attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
   }
-  be.Linear(s.attn.view().Reshape({n, heads * vd}), o, out);
+}
+
+void MlaAttention::Output(Backend& be, const Scratch& s, const TensorView& out) const {
+  be.Linear(s.attn.view().Reshape({s.attn.dim(0), heads * m.v_head_dim}), o, out);
+}
+
+void MlaAttention::Forward(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s,
+                           const TensorView& out) const {
+  Project(be, x, step, s);
+  AttendDense(be, step, s);
+  Output(be, s, out);
 }
 
 }  // namespace fathom

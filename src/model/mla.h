@@ -113,7 +113,17 @@ struct MlaAttention {
   };
   // The step's scratch and, for the absorbed form, its plan over `first_layer`'s cache.
   Scratch Allocate(Backend& be, const AttentionMetadata& meta, const KvLayerView& first_layer, bool up) const;
+  // Project, AttendDense, Output.
   void Forward(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s, const TensorView& out) const;
+
+  // Forward's parts, for a block built on this one (model/mla_sparse.h). Project: the projections, norms and rope of
+  // x [n, hidden] into s.q (and s.qa_n, the q LoRA's normed activations) and s.latent, whose rows it writes into the
+  // cache. AttendDense: attention over every cached row into s.attn, in the step's form. AbsorbQuery: s.q_abs from
+  // s.q (the absorbed form's query). Output: o_proj of s.attn into out [n, hidden].
+  void Project(Backend& be, const TensorView& x, const LayerStep& step, const Scratch& s) const;
+  void AttendDense(Backend& be, const LayerStep& step, const Scratch& s) const;
+  void AbsorbQuery(Backend& be, const Scratch& s) const;
+  void Output(Backend& be, const Scratch& s, const TensorView& out) const;
 };
 
 }  // namespace fathom

@@ -29,11 +29,16 @@ int64_t KvCacheSpec::v_scale_group() const {
   return v_in_k ? k_scale_group() : ScaleGroup(v_dim);
 }
 
+int64_t KvCacheSpec::side_scale_group() const {
+  return ScaleGroup(side_dim);
+}
+
 int64_t KvCacheSpec::bytes_per_token(DType dtype) const {
   const int64_t values = values_per_token() * static_cast<int64_t>(DTypeSize(dtype));
   if (dtype != DType::kF8E4M3) return values;
-  const int64_t scales = k_dim / k_scale_group() + (v_in_k ? 0 : v_dim / v_scale_group());
-  return values + num_layers * num_kv_heads * scales * static_cast<int64_t>(sizeof(float));
+  const int64_t scales = num_kv_heads * (k_dim / k_scale_group() + (v_in_k ? 0 : v_dim / v_scale_group())) +
+                         (side_dim > 0 ? side_dim / side_scale_group() : 0);
+  return values + num_layers * scales * static_cast<int64_t>(sizeof(float));
 }
 
 StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype) {
@@ -94,6 +99,16 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
       }
     }
     kv.storage_.push_back(std::move(k));
+    if (spec.side_dim > 0) {
+      Tensor side = backend.Alloc(dtype, {num_blocks, block_size, 1, spec.side_dim});
+      view.side = side.view();
+      kv.storage_.push_back(std::move(side));
+      if (fp8) {
+        Tensor ss = backend.Alloc(DType::kF32, {num_blocks, block_size, 1, spec.side_dim / spec.side_scale_group()});
+        view.side_scale = ss.view();
+        kv.storage_.push_back(std::move(ss));
+      }
+    }
     kv.layers_.push_back(view);
   }
   return kv;
@@ -106,8 +121,7 @@ Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const Kv
         fmt::format("batch block_size {} differs from the KV cache's {}", batch.block_size, kv.block_size()));
   }
   const KvCacheSpec& got = kv.spec();
-  if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.k_dim != want.k_dim ||
-      got.v_dim != want.v_dim || got.v_in_k != want.v_in_k || got.layout != want.layout) {
+  if (!got.SameShape(want)) {
     return InvalidArgumentError("KV cache was built for another model");
   }
   return OkStatus();
@@ -221,6 +235,8 @@ Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> 
       parts.push_back(layer.k_scale);
       if (!kv.spec().v_in_k) parts.push_back(layer.v_scale);
     }
+    if (!layer.side.empty()) parts.push_back(layer.side);
+    if (!layer.side_scale.empty()) parts.push_back(layer.side_scale);
     for (const TensorView& t : parts) {
       FATHOM_CHECK(t.is_contiguous());
       for (const KvBlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each

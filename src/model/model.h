@@ -24,6 +24,8 @@ namespace fathom {
 
 // What one layer's cache holds per token. Dense attention: K and V of every KV head. MLA: one latent row of
 // k_dim = kv_lora_rank + qk_rope_head_dim values and no separate V (v_in_k: V is the first v_dim values of K).
+// A layout may keep a side row a token beside them (side_dim values, one head; KvLayerView::side): DeepSeek-V3.2's
+// indexer keys. It lives in the same blocks and slots as K, so kv:: allocates, frees, shares and copies it with them.
 struct KvCacheSpec {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
@@ -31,9 +33,15 @@ struct KvCacheSpec {
   int64_t v_dim = 0;
   bool v_in_k = false;
   AttentionLayout layout = AttentionLayout::kGqaPaged;  // whose ops read and plan over it (model/attention.h)
+  int64_t side_dim = 0;                                 // 0: no side row
 
   // Values stored per token across all layers.
-  int64_t values_per_token() const { return num_layers * num_kv_heads * (k_dim + (v_in_k ? 0 : v_dim)); }
+  int64_t values_per_token() const { return num_layers * (num_kv_heads * (k_dim + (v_in_k ? 0 : v_dim)) + side_dim); }
+  // The same cache shape (a cache made for one spec serves the other).
+  bool SameShape(const KvCacheSpec& o) const {
+    return num_layers == o.num_layers && num_kv_heads == o.num_kv_heads && k_dim == o.k_dim && v_dim == o.v_dim &&
+           v_in_k == o.v_in_k && layout == o.layout && side_dim == o.side_dim;
+  }
 
   // An FP8 cache (--kv-cache-dtype fp8) keeps e4m3 values and one float32 scale per group of this many values of a
   // token's row in each KV head (KvLayerView::k_scale): the whole row up to 128 values (a dense head: per token and
@@ -41,6 +49,7 @@ struct KvCacheSpec {
   // takes the group that divides both, 64 for 576/512: 576 e4m3 values and 9 scales, 612 bytes a token.
   int64_t k_scale_group() const;
   int64_t v_scale_group() const;
+  int64_t side_scale_group() const;
   // Bytes a token takes across all layers in a cache of `dtype` (the scales included for FP8).
   int64_t bytes_per_token(DType dtype) const;
 };

@@ -245,6 +245,28 @@ TEST(CliTest, InspectDummyDeepseekV3) {
   EXPECT_NE(r.out.find("kv cache:          70272 bytes per token (bf16"), std::string::npos) << r.out;
 }
 
+// DeepSeek-V3.2's real config (FP8, ue8m0 scales, the MTP layer past the 61): the indexer's key is a side row of
+// each layer's cache, 128 values beside MLA's 576.
+TEST(CliTest, InspectDummyDeepseekV32CountsTheIndexerKeys) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v32_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.2.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DeepseekV32ForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sparse attention:  a lightning indexer of 64 heads x 128 keeps the top 2048"),
+            std::string::npos)
+      << r.out;
+  // 61 layers x (576 + 128) x 2 bytes
+  EXPECT_NE(r.out.find("kv cache:          85888 bytes per token (bf16"), std::string::npos) << r.out;
+  // 61 layers x (576 + 9 scales of 4 bytes + 128 + 1 scale)
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  EXPECT_NE(fp8.out.find("kv cache:          45384 bytes per token (f8_e4m3"), std::string::npos) << fp8.out;
+}
+
 // A 4-bit config is sized as 4-bit weights, scales and zeros (never as f16); a method fathom cannot run is refused by
 // name.
 TEST(CliTest, InspectSizesAnAwqConfigAs4BitAndRefusesUnknownMethodsByName) {

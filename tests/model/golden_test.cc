@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
@@ -156,15 +157,18 @@ TEST_P(GoldenTest, GreedyContinuationBatched) {
 // times larger). The MoE fixtures' larger figures are router steps: deepseek-v3-tiny's layer-1 router has near-ties
 // (tests/data/models/README.md), so a bf16 cache already moves its logits by 2.43 against float32 and flips one
 // confident top-1. There, and only where that evidence holds (checked below), up to 5% of the confident positions may
-// flip.
+// flip (10% for deepseek-v32-tiny, whose 45 compared confident positions hold one, case3 position 2 at a margin of
+// 0.285, that flips in each of the three chunkings: a bf16 cache flips 15 of its confident positions against float32).
 struct Fp8KvBound {
   const char* fixture;
   float max_delta;
+  int max_flip_percent = 5;
 };
 constexpr Fp8KvBound kFp8KvBounds[] = {
-    {"llama-coder-tiny", 0.25f},   {"llama3-distill-tiny", 0.25f},  {"llama3-distill-fp8-tiny", 0.25f},
-    {"qwen2-distill-tiny", 0.25f}, {"qwen2-tied-tiny", 0.85f},      {"deepseek-v2-lite-tiny", 0.75f},
-    {"deepseek-v3-tiny", 3.5f},    {"deepseek-v3-fp8-tiny", 2.75f},
+    {"llama-coder-tiny", 0.25f},     {"llama3-distill-tiny", 0.25f},  {"llama3-distill-fp8-tiny", 0.25f},
+    {"qwen2-distill-tiny", 0.25f},   {"qwen2-tied-tiny", 0.85f},      {"deepseek-v2-lite-tiny", 0.75f},
+    {"deepseek-v3-tiny", 3.5f},      {"deepseek-v3-fp8-tiny", 2.75f}, {"deepseek-v32-tiny", 3.5f, 10},
+    {"deepseek-v32-fp8-tiny", 1.0f},
 };
 constexpr float kFp8KvMargin = 0.2f;
 
@@ -176,12 +180,23 @@ struct KvCompare {
 
 TEST_P(GoldenTest, Fp8KvCacheAgreesWithBf16Kv) {
   float bound = -1.0f;
+  int max_flip_percent = 0;
   for (const Fp8KvBound& b : kFp8KvBounds) {
-    if (GetParam() == b.fixture) bound = b.max_delta;
+    if (GetParam() == b.fixture) {
+      bound = b.max_delta;
+      max_flip_percent = b.max_flip_percent;
+    }
   }
   ASSERT_GT(bound, 0.0f) << "no FP8 KV bound for " << GetParam();
+  // DeepSeek-V3.2's indexer keeps the top index_topk of a token's context, and the tiny fixtures keep 8 of up to 95
+  // tokens: past the first 8 positions a change in the cache's precision changes which 8 (a bf16 cache already flips
+  // 15 confident top-1 tokens of deepseek-v32-tiny against float32, and moves a logit by 5.4). There the comparison
+  // stops at position index_topk, where every token is still selected and the cache's precision moves only the
+  // values, as for V3; the FP8 side row's reads are tested against the values it holds (attention_mla_sparse_test).
+  const ModelConfig& cfg = model_->config();
+  const int64_t compared_positions = cfg.mla.sparse() ? cfg.mla.index_topk : std::numeric_limits<int64_t>::max();
   // ref's logits against got's over the three chunkings.
-  auto compare = [&](DType ref_dtype, DType got_dtype) {
+  auto compare = [&](DType ref_dtype, DType got_dtype, int64_t position_limit) {
     KvCompare r;
     for (const std::vector<int>& pattern : std::vector<std::vector<int>>{{0}, {1}, {3, 1, 7, 2, 5, 11}}) {
       StatusOr<std::vector<std::vector<float>>> ref =
@@ -191,7 +206,7 @@ TEST_P(GoldenTest, Fp8KvCacheAgreesWithBf16Kv) {
       EXPECT_TRUE(ref.ok() && got.ok()) << ref.status().ToString() << got.status().ToString();
       if (!ref.ok() || !got.ok()) return r;
       for (size_t c = 0; c < ref->size(); ++c) {
-        const int64_t positions = static_cast<int64_t>((*ref)[c].size()) / vocab_;
+        const int64_t positions = std::min(static_cast<int64_t>((*ref)[c].size()) / vocab_, position_limit);
         for (int64_t t = 0; t < positions; ++t) {
           const float* a = (*ref)[c].data() + t * vocab_;
           const float* b = (*got)[c].data() + t * vocab_;
@@ -209,14 +224,15 @@ TEST_P(GoldenTest, Fp8KvCacheAgreesWithBf16Kv) {
     }
     return r;
   };
-  const KvCompare fp8 = compare(DType::kBF16, DType::kF8E4M3);
+  const KvCompare fp8 = compare(DType::kBF16, DType::kF8E4M3, compared_positions);
   EXPECT_GT(fp8.confident, fp8.compared / 2);  // the top-1 check has positions to bite on
   EXPECT_LE(fp8.worst, bound);
   if (fp8.flips > 0) {
     // Allowed only for a fixture whose routing a bf16 cache already flips against float32.
-    const KvCompare bf16 = compare(DType::kF32, DType::kBF16);
+    // The evidence over every position: the fixture's routing, not the compared stretch.
+    const KvCompare bf16 = compare(DType::kF32, DType::kBF16, std::numeric_limits<int64_t>::max());
     EXPECT_GT(bf16.flips, 0) << fp8.flips << " confident top-1 flips where a bf16 cache makes none";
-    EXPECT_LE(fp8.flips * 20, fp8.confident) << fp8.flips << " confident top-1 flips";
+    EXPECT_LE(fp8.flips * 100, fp8.confident * max_flip_percent) << fp8.flips << " confident top-1 flips";
   }
   RecordProperty("fp8_kv_max_abs_logit_delta", std::to_string(fp8.worst));
   std::cout << fmt::format(

@@ -84,8 +84,16 @@ Derived Derive(const json& cfg, const json& tensors, Strings* problems, const st
   const json q = cfg.contains("quantization_config") ? cfg["quantization_config"] : json();
   if (q.is_null()) {
     static const std::map<std::string, std::string> kPlain = {{"BF16", "bf16"}, {"F16", "f16"}, {"F32", "f32"}};
-    if (d.dtypes.size() == 1 && kPlain.count(*d.dtypes.begin())) {
-      d.format = kPlain.at(*d.dtypes.begin());
+    // The matrices' dtype names the format; vectors may be float32 beside them (V3.2's hub checkpoint keeps its
+    // indexer's k_norm and the router's e_score_correction_bias in F32).
+    std::set<std::string> matrices;
+    for (const auto& [tensor, entry] : tensors.items()) {
+      if (entry.contains("shape") && entry["shape"].is_array() && entry["shape"].size() >= 2) {
+        matrices.insert(Str(entry, "dtype"));
+      }
+    }
+    if (matrices.size() == 1 && kPlain.count(*matrices.begin())) {
+      d.format = kPlain.at(*matrices.begin());
     } else {
       problems->push_back(
           fmt::format("{}: no quantization_config, but its tensors are [{}]", name, fmt::join(d.dtypes, ", ")));
@@ -127,6 +135,7 @@ Derived Derive(const json& cfg, const json& tensors, Strings* problems, const st
   }
   if (Int(cfg, "n_shared_experts") > 0) d.features.insert("shared-experts");
   if (Int(cfg, "q_lora_rank") > 0) d.features.insert("q-lora");
+  if (Int(cfg, "index_topk") > 0) d.features.insert("sparse-attention");  // DeepSeek-V3.2's lightning indexer
   if (cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"] == true) d.features.insert("tied-embeddings");
   if (tensors.contains("model.layers.0.self_attn.q_proj.bias") &&
       tensors.contains("model.layers.0.self_attn.k_proj.bias") &&

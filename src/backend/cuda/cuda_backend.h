@@ -59,8 +59,12 @@ class CudaBackend final : public Backend, private cuda::OpContext {
   // f32, f16, bf16 and f8 e4m3 with scales (f8: every attention kernel; the tensor-core and MLA ones widen its codes
   // to bf16).
   bool SupportsKvCacheDtype(DType dtype) const override { return IsKvCacheDtype(dtype); }
-  // Each attention layout's provider (attention_layout.h: attention_gqa.cc, attention_mla.cc).
-  AttentionOps* attention_ops(AttentionLayout layout) override { return &layouts_[static_cast<size_t>(layout)]->ops(); }
+  // Each attention layout's provider (attention_layout.h: attention_gqa.cc, attention_mla.cc); null for a layout
+  // with none here yet (mla_sparse: the engine refuses such a model by name).
+  AttentionOps* attention_ops(AttentionLayout layout) override {
+    const auto& l = layouts_[static_cast<size_t>(layout)];
+    return l ? &l->ops() : nullptr;
+  }
 
   DeviceMemoryInfo MemoryInfo() override;
   using Backend::Alloc;
