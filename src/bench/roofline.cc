@@ -72,6 +72,14 @@ ModelCosts ComputeModelCosts(const ModelConfig& cfg, const std::vector<WeightSpe
   }
   c.attention_flops_per_context_token = 2.0 * static_cast<double>(cfg.num_layers) * static_cast<double>(cfg.num_heads) *
                                         static_cast<double>(qk_dim + v_dim);
+  if (cfg.is_mla && cfg.mla.sparse()) {
+    KvCacheSpec dense = kv;
+    dense.side_dim = 0;
+    c.attended_tokens = static_cast<double>(cfg.mla.index_topk);
+    c.scan_bytes_per_token = c.kv_bytes_per_token - static_cast<double>(dense.bytes_per_token(kv_dtype));
+    c.scan_flops_per_context_token =
+        2.0 * static_cast<double>(cfg.num_layers) * static_cast<double>(cfg.mla.index_n_heads * cfg.mla.index_head_dim);
+  }
   return c;
 }
 

@@ -9,6 +9,7 @@
 //   FATHOM_ASSIGN_OR_RETURN(Peaks p, ResolvePeaks("cpu", std::nullopt, std::nullopt));   // measured on the CPU
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -39,15 +40,24 @@ struct ModelCosts {
   std::string kv_dtype;
   // FLOPs one token spends per token of context: 2 * layers * heads * (qk_head_dim + v_head_dim).
   double attention_flops_per_context_token = 0;
+  // Sparse attention (DeepSeek-V3.2): a query reads the side row (its indexer key) of every context token, and the
+  // rest of the cache row, and spends the attention FLOPs, only for the attended_tokens it keeps; 0: every token.
+  double attended_tokens = 0;
+  double scan_bytes_per_token = 0;          // of kv_bytes_per_token: the part read for every context token
+  double scan_flops_per_context_token = 0;  // the indexer's scoring: 2 * layers * index_heads * index_head_dim
+
+  double Attended(double context) const { return attended_tokens > 0 ? std::min(context, attended_tokens) : context; }
 
   // Weight bytes a step of `batch` tokens reads: each tensor's share touched by at least one token,
   // 1 - (1 - read_fraction)^batch (all of a dense matrix; `batch` rows of an embedding; the experts hit).
   double WeightBytesPerStep(int64_t batch) const;
   double KvBytesPerStep(int64_t batch, double context) const {
-    return static_cast<double>(batch) * context * kv_bytes_per_token;
+    return static_cast<double>(batch) *
+           (Attended(context) * (kv_bytes_per_token - scan_bytes_per_token) + context * scan_bytes_per_token);
   }
   double DecodeFlopsPerToken(double context) const {
-    return 2 * matmul_params + attention_flops_per_context_token * context;
+    return 2 * matmul_params + attention_flops_per_context_token * Attended(context) +
+           scan_flops_per_context_token * context;
   }
   // A batch of `batch` prompts of `len` tokens: causal attention, logits of the last row only.
   double PrefillFlops(int64_t batch, int64_t len) const;

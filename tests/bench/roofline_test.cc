@@ -96,6 +96,24 @@ TEST(RooflineTest, Qwen15BCosts) {
   EXPECT_NEAR(c.PrefillFlops(1, 1), c.DecodeFlopsPerToken(1), 1e-3);
 }
 
+// DeepSeek-V3.2: a decoded token reads every context token's indexer key (128 values a layer) but the latent rows of
+// only the 2,048 it keeps, and spends the attention FLOPs on those; below 2,048 tokens of context that is all of them.
+TEST(RooflineTest, DeepseekV32ReadsTheIndexerKeysOfEveryTokenAndTheLatentOfTheTopK) {
+  auto cfg = LoadModelConfig(std::string(FATHOM_TEST_DATA_DIR) + "/configs/deepseek-v3.2.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto arch = FindArchitecture(cfg->architecture);
+  ASSERT_TRUE(arch.ok());
+  const auto specs = *(*arch)->weight_specs(*cfg);
+  const ModelCosts c = ComputeModelCosts(*cfg, specs, {}, (*arch)->kv_cache_spec(*cfg), DType::kBF16);
+  EXPECT_DOUBLE_EQ(c.kv_bytes_per_token, 61.0 * (576 + 128) * 2);
+  EXPECT_DOUBLE_EQ(c.scan_bytes_per_token, 61.0 * 128 * 2);
+  EXPECT_DOUBLE_EQ(c.KvBytesPerStep(1, 1000), 1000 * c.kv_bytes_per_token);
+  // 128k of context: 2,048 latent rows and 131,072 indexer keys a layer.
+  EXPECT_DOUBLE_EQ(c.KvBytesPerStep(2, 131072), 2 * (2048.0 * 61 * 576 * 2 + 131072.0 * 61 * 128 * 2));
+  EXPECT_DOUBLE_EQ(c.DecodeFlopsPerToken(131072) - c.DecodeFlopsPerToken(65536),
+                   65536.0 * 2 * 61 * 64 * 128);  // past 2,048 only the indexer grows
+}
+
 // A 4-bit checkpoint does the same matmuls as its bf16 original: a packed qweight counts its eight weights an int32,
 // zeros and scales none; its bytes are the packed ones.
 TEST(RooflineTest, Int4CostsCountUnpackedParams) {
