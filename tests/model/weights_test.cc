@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -119,42 +120,46 @@ TEST(WeightsTest, MissingExpertAndScaleTensorsAreClearErrors) {
   }
 }
 
-// Multi-token-prediction layers sit past num_hidden_layers in real V3 checkpoints; plain decoding skips them.
+// Multi-token-prediction layers sit past num_hidden_layers in real V3 and V3.2 checkpoints (V3.2's with its own
+// indexer); plain decoding skips them.
 TEST(WeightsTest, MtpLayersAreSkippedWithoutError) {
-  const fs::path dir = fs::temp_directory_path() / ("fathom_mtp_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
-    std::ifstream in(testing::ModelDir("deepseek-v3-tiny") + "/config.json");
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    const std::string key = "\"num_nextn_predict_layers\": 0";
-    ASSERT_NE(text.find(key), std::string::npos);
-    text.replace(text.find(key), key.size(), "\"num_nextn_predict_layers\": 1");
-    std::ofstream(dir / "config.json") << text;
+  for (const std::string fixture : {"deepseek-v3-tiny", "deepseek-v32-tiny"}) {
+    const fs::path dir = fs::temp_directory_path() / ("fathom_mtp_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    {
+      std::ifstream in(testing::ModelDir(fixture) + "/config.json");
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      const std::string key = "\"num_nextn_predict_layers\": 0";
+      ASSERT_NE(text.find(key), std::string::npos) << fixture;
+      text.replace(text.find(key), key.size(), "\"num_nextn_predict_layers\": 1");
+      std::ofstream(dir / "config.json") << text;
+    }
+    auto src = Checkpoint::Open(testing::ModelDir(fixture));
+    ASSERT_TRUE(src.ok());
+    std::vector<SafetensorsWriteItem> items;
+    for (const std::string& name : (*src)->names()) {
+      const SafetensorsEntry* e = *(*src)->Entry(name);
+      TensorView v = *(*src)->Get(name);
+      items.push_back({name, e->dtype, e->shape, {static_cast<const uint8_t*>(v.raw()), v.nbytes()}});
+    }
+    auto cfg = LoadModelConfig(dir.string());
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    const std::string mtp = fmt::format("model.layers.{}.", cfg->num_layers);
+    std::vector<uint16_t> extra(128 * 256);
+    for (const std::string name : {"eh_proj.weight", "self_attn.indexer.wk.weight"}) {
+      items.push_back(
+          {mtp + name, DType::kBF16, {128, 256}, {reinterpret_cast<const uint8_t*>(extra.data()), extra.size() * 2}});
+    }
+    ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), items).ok());
+    EXPECT_EQ(cfg->num_nextn_predict_layers, 1);
+    CpuBackend cpu;
+    LoadOptions o;
+    o.show_progress = false;
+    auto m = LoadModel(dir.string(), *cfg, o, cpu);
+    EXPECT_TRUE(m.ok()) << fixture << ": " << m.status().ToString();
+    fs::remove_all(dir);
   }
-  auto src = Checkpoint::Open(testing::ModelDir("deepseek-v3-tiny"));
-  ASSERT_TRUE(src.ok());
-  std::vector<SafetensorsWriteItem> items;
-  for (const std::string& name : (*src)->names()) {
-    const SafetensorsEntry* e = *(*src)->Entry(name);
-    TensorView v = *(*src)->Get(name);
-    items.push_back({name, e->dtype, e->shape, {static_cast<const uint8_t*>(v.raw()), v.nbytes()}});
-  }
-  std::vector<uint16_t> extra(128 * 256);
-  items.push_back({"model.layers.3.eh_proj.weight",
-                   DType::kBF16,
-                   {128, 256},
-                   {reinterpret_cast<const uint8_t*>(extra.data()), extra.size() * 2}});
-  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), items).ok());
-  auto cfg = LoadModelConfig(dir.string());
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EXPECT_EQ(cfg->num_nextn_predict_layers, 1);
-  CpuBackend cpu;
-  LoadOptions o;
-  o.show_progress = false;
-  auto m = LoadModel(dir.string(), *cfg, o, cpu);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  fs::remove_all(dir);
 }
 
 TEST(WeightsTest, TiedEmbeddingsCountOnce) {
