@@ -282,7 +282,7 @@ Status ValidateRanges(const ModelConfig& c) {
     if (m.sparse()) {
       ints.insert(ints.end(), {{"index_n_heads", m.index_n_heads, 1, 1024},
                                {"index_head_dim", m.index_head_dim, 2, 1024},
-                               {"index_topk", m.index_topk, 1, 1 << 20}});
+                               {"index_topk", m.index_topk, 1, 1 << 16}});
     }
   }
   if (c.is_moe()) {

@@ -76,6 +76,41 @@ TEST(ModelConfigTest, RealConfigs) {
   EXPECT_EQ(r70->vocab_size, 128256);
 }
 
+// DeepSeek-V3.2: V3's keys plus the indexer's, as shipped (FP8 with ue8m0 scales, one MTP layer).
+TEST(ModelConfigTest, DeepseekV32) {
+  auto c = LoadModelConfig(testing::DataDir() + "/configs/deepseek-v3.2.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, "DeepseekV32ForCausalLM");
+  EXPECT_TRUE(c->is_mla);
+  EXPECT_TRUE(c->mla.sparse());
+  EXPECT_EQ(c->mla.index_n_heads, 64);
+  EXPECT_EQ(c->mla.index_head_dim, 128);
+  EXPECT_EQ(c->mla.index_topk, 2048);
+  EXPECT_EQ(c->moe.topk_method, "noaux_tc");
+  EXPECT_EQ(c->quant.method, "fp8");
+  EXPECT_EQ(c->num_nextn_predict_layers, 1);
+  auto v3 = LoadModelConfig(testing::DataDir() + "/configs/deepseek-v3.json");
+  ASSERT_TRUE(v3.ok());
+  EXPECT_FALSE(v3->mla.sparse());  // V3 (and V3.1) keep dense MLA
+  // An indexer that cannot be sized or rotated is refused by name.
+  std::ifstream in(testing::ModelDir("deepseek-v32-tiny") + "/config.json");
+  const json base = json::parse(in);
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> bad = {
+      {[](json& j) { j["index_topk"] = 0; }, "index_topk 0"},
+      {[](json& j) { j["index_topk"] = 1 << 20; }, "'index_topk' is 1048576"},
+      {[](json& j) { j["index_n_heads"] = -4; }, "index_n_heads -4"},
+      {[](json& j) { j["index_head_dim"] = 4; }, "index_head_dim 4 at least qk_rope_head_dim 8"},
+      {[](json& j) { j["index_head_dim"] = "wide"; }, "index_head_dim"},
+  };
+  for (const auto& [edit, expect] : bad) {
+    json j = base;
+    edit(j);
+    auto r = ParseModelConfig(j);
+    ASSERT_FALSE(r.ok()) << expect;
+    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ModelConfigTest, RopeParametersV5Form) {
   json j = Base();
   j.erase("rope_theta");
