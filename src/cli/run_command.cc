@@ -77,7 +77,8 @@ Status RunEngine(RunOptions o) {
   if (!o.tokens.empty()) {
     FATHOM_ASSIGN_OR_RETURN(prompt, ParseTokenList(o.tokens));
   } else if (!o.chat.empty()) {
-    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<ChatTemplate> chat, ChatTemplate::FromTokenizer(*tokenizer));
+    FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<ChatTemplate> chat,
+                            ChatTemplate::ForModel(*tokenizer, m.config.model_type));
     ChatRequest req;
     req.messages.push_back({{"role", "user"}, {"content", o.chat}});
     req.add_generation_prompt = true;

@@ -261,7 +261,7 @@ Status Serve(ServeOptions o) {
   }
   const LoadedModel& m = models.front();
   std::unique_ptr<ChatTemplate> chat;
-  if (auto c = ChatTemplate::FromTokenizer(*m.tokenizer, o.chat_template); c.ok()) {
+  if (auto c = ChatTemplate::ForModel(*m.tokenizer, m.config.model_type, o.chat_template); c.ok()) {
     chat = std::move(c).value();
   } else {
     FATHOM_LOG_WARN("no chat template ({}); /v1/chat/completions will answer 400", c.status().message());
@@ -410,7 +410,10 @@ void AddServeCommand(CLI::App& app) {
   cmd->add_flag("--enable-auto-tool-choice", o->enable_auto_tool_choice,
                 "Accepted for vLLM's command lines: tool_choice auto is on whenever the tool-call format is known")
       ->group(api);
-  cmd->add_option("--chat-template", o->chat_template, "A named chat template of tokenizer_config.json")->group(api);
+  cmd->add_option("--chat-template", o->chat_template,
+                  "A named chat template of tokenizer_config.json, or deepseek_v32 (the built-in DeepSeek-V3.2 "
+                  "encoding, picked by itself for a deepseek_v32 checkpoint without a template)")
+      ->group(api);
   cmd->add_option("--stream-retention-s", o->stream_retention_s,
                   "How long the events of a finished stream stay resumable (GET /v1/streams/{id})")
       ->capture_default_str()

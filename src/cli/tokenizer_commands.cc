@@ -188,7 +188,9 @@ void AddTokenizerCommands(CLI::App& app, std::ostream& out) {
                     "JSON file: {\"messages\": [...], \"add_generation_prompt\": bool, "
                     "\"tools\": [...]}")
         ->required();
-    cmd->add_option("--template", o->template_name, "Name of the chat template (when the config has several)");
+    cmd->add_option("--template", o->template_name,
+                    "Name of the chat template (when the config has several), or deepseek_v32 (the built-in "
+                    "DeepSeek-V3.2 encoding)");
     cmd->callback([o, sink] { ExitOnError(RunRenderChat(*o, *sink)); });
   }
 }

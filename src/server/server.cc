@@ -242,8 +242,8 @@ class OpenAiServer::Job : public std::enable_shared_from_this<OpenAiServer::Job>
     // token, so it has no reasoning to split off: all of it is content (else an R1 model's JSON would come back as
     // reasoning_content, with content null, since no "</think>" ever comes).
     // A prefix completion continues the last assistant message's content, so its text is content too.
-    reasoning_ = server_->options_.reasoning == ReasoningParser::kDeepSeekR1 && req_.endpoint == Endpoint::kChat &&
-                 !req_.constraint.has_value() && !req_.continue_final_message;
+    reasoning_ = req_.endpoint == Endpoint::kChat && server_->Reasons(req_) && !req_.constraint.has_value() &&
+                 !req_.continue_final_message;
     created_ = static_cast<int64_t>(EpochSeconds());
     if (req_.tools && req_.tools->choice != ToolsSpec::Choice::kNone) {
       for (Sample& s : samples_) {
@@ -800,8 +800,20 @@ void OpenAiServer::Attach(ServedModel model) {
   }
   thinking_switch_ = model_.chat != nullptr ? ThinkingSwitch(model_.chat->source()) : "";
   always_thinks_ = thinking_switch_.empty() && opens_think;
+  if (!thinking_switch_.empty() && !opens_think) {
+    ChatRequest probe;
+    probe.messages.push_back({{"role", "user"}, {"content", "hi"}});
+    probe.add_generation_prompt = true;
+    probe.extra[thinking_switch_] = true;
+    auto rendered = model_.chat->Render(probe);
+    std::string_view text = rendered.ok() ? std::string_view(*rendered) : std::string_view();
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+    switch_opens_think_ = text.size() >= 7 && text.substr(text.size() - 7) == "<think>";
+  }
   if (options_.tool_format) {
     tool_format_ = *options_.tool_format;
+  } else if (model_.chat != nullptr && model_.chat->builtin()) {
+    tool_format_ = ToolFormat::kNone;  // DSML calls are not parsed yet: PrepareChat refuses tools
   } else if (model_.chat != nullptr) {
     tool_format_ = DetectToolFormat(model_.chat->source(), model_.tokenizer);
     if (tool_format_ != ToolFormat::kNone) {
@@ -809,6 +821,14 @@ void OpenAiServer::Attach(ServedModel model) {
     }
   }
   ready_.store(true);
+}
+
+bool OpenAiServer::Reasons(const ParsedRequest& req) const {
+  if (options_.reasoning == ReasoningParser::kDeepSeekR1) return true;
+  if (!options_.reasoning_auto || !switch_opens_think_) return false;
+  if (req.thinking) return *req.thinking;
+  const auto it = req.chat_template_kwargs.find(thinking_switch_);
+  return it != req.chat_template_kwargs.end() && it->is_boolean() && it->get<bool>();
 }
 
 Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const {
@@ -836,6 +856,13 @@ Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std:
     }
   }
   *param = "tools";
+  if (model_.chat->builtin() && req.tools && req.tools->choice != ToolsSpec::Choice::kNone &&
+      !req.tools->tools.empty()) {
+    return InvalidArgumentError(
+        "tools: this model writes tool calls in DeepSeek-V3.2's DSML format, which fathom does not parse yet (the "
+        "calls "
+        "would come back as text); send the request without tools");
+  }
   cr->add_generation_prompt = req.add_generation_prompt;
   cr->continue_final_message = req.continue_final_message;
   ToolsSpec none;
@@ -1353,7 +1380,7 @@ void OpenAiServer::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, bool 
       }
     }
     // An R1 model thinks first: the constraint holds from its "</think>" on (when that is one token).
-    if (chat && options_.reasoning == ReasoningParser::kDeepSeekR1 && model_.tokenizer != nullptr) {
+    if (chat && Reasons(req) && model_.tokenizer != nullptr) {
       if (auto think_end = model_.tokenizer->TokenToId("</think>")) req.sampling.grammar_after_token = *think_end;
     }
   }

@@ -198,6 +198,14 @@ class OpenAiServer {
   // empty: none), else whether the template always opens <think> (R1 and its distills).
   std::string thinking_switch_;
   bool always_thinks_ = false;
+  // Whether setting the switch makes the template open <think> (DeepSeek-V3.1's and V3.2's): such a request's output
+  // starts inside the block, so its reasoning is split off (Reasons) even though the startup probe, rendered without
+  // the switch, did not open it.
+  bool switch_opens_think_ = false;
+  // Whether a request's output is split into reasoning_content and content (ReasoningSplitter): the deepseek-r1
+  // parser (given, or chosen at Attach because the template always opens <think>), or, with the parser on auto, a
+  // request that turns on a switch that opens <think>.
+  bool Reasons(const ParsedRequest& req) const;
   // Fills `cr` from a chat request: messages, tools (server/tools.h), `thinking` and the template switches. An error
   // names its field in *param.
   Status PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const;

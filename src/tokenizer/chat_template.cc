@@ -2,10 +2,22 @@
 
 #include <fmt/format.h>
 
+#include "tokenizer/deepseek_v32_encoding.h"
+
 namespace fathom {
 
 StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokenizer& tokenizer, const std::string& name,
                                                                     bool for_tools) {
+  if (name == kDeepseekV32) {
+    std::unique_ptr<ChatTemplate> chat(new ChatTemplate());
+    chat->tokenizer_ = &tokenizer;
+    chat->name_ = name;
+    // What the encoding reads, for the server's detection (ThinkingSwitch, PrepareToolPrompt).
+    chat->source_ =
+        "{#- built in: DeepSeek-V3.2's encode_messages; reads messages (roles 'tool', tool_calls) and tools -#}"
+        "{% if thinking %}<think>{% else %}</think>{% endif %}";
+    return chat;
+  }
   const auto& templates = tokenizer.config().chat_templates;
   if (templates.empty()) return NotFoundError("tokenizer_config.json has no chat_template");
   const std::pair<std::string, std::string>* chosen = nullptr;
@@ -31,7 +43,17 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokeni
   return chat;
 }
 
+StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::ForModel(const Tokenizer& tokenizer,
+                                                               const std::string& model_type, const std::string& name) {
+  StatusOr<std::unique_ptr<ChatTemplate>> chat = FromTokenizer(tokenizer, name);
+  if (!chat.ok() && name.empty() && model_type == "deepseek_v32" && tokenizer.config().chat_templates.empty()) {
+    return FromTokenizer(tokenizer, kDeepseekV32);
+  }
+  return chat;
+}
+
 StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request) const {
+  if (builtin()) return RenderBuiltin(request);
   jinja::Value context = jinja::Value::MakeObject();
   jinja::Object& ctx = context.as_object();
   const TokenizerConfig& config = tokenizer_->config();
@@ -72,6 +94,31 @@ StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request) const {
           "cannot end inside it");
     }
     rendered->resize(at + final_text.size());
+  }
+  return rendered;
+}
+
+StatusOr<std::string> ChatTemplate::RenderBuiltin(const ChatRequest& request) const {
+  DeepseekV32EncodeOptions o;
+  for (const char* key : {"thinking", "enable_thinking"}) {
+    const auto it = request.extra.is_object() ? request.extra.find(key) : request.extra.end();
+    if (it != request.extra.end() && it->is_boolean()) o.thinking = o.thinking || it->get<bool>();
+  }
+  StatusOr<std::string> rendered = EncodeDeepseekV32(request.messages, request.tools, o);
+  if (!rendered.ok()) return rendered.status().WithContext("the DeepSeek-V3.2 encoding");
+  if (request.continue_final_message) {
+    // As for a template: the conversation rendered whole, cut after the last assistant message's text.
+    const auto& msgs = request.messages;
+    if (!msgs.is_array() || msgs.empty() || !msgs.back().is_object() || msgs.back().value("role", "") != "assistant" ||
+        !msgs.back().contains("content") || !msgs.back()["content"].is_string() ||
+        msgs.back()["content"].get<std::string>().empty()) {
+      return InvalidArgumentError("prefix completion needs text in the last message, an assistant's, to continue");
+    }
+    const std::string text = msgs.back()["content"].get<std::string>();
+    const size_t at = rendered->rfind(text);
+    if (at == std::string::npos)
+      return InvalidArgumentError("prefix completion: the last message's text is not in the prompt");
+    rendered->resize(at + text.size());
   }
   return rendered;
 }

@@ -35,8 +35,16 @@ struct ChatRequest {
 class ChatTemplate {
  public:
   // Picks the template called `name`; with an empty name, "tool_use" when `for_tools` and it exists, else "default".
+  // The name "deepseek_v32" picks the built-in DeepSeek-V3.2 encoding (tokenizer/deepseek_v32_encoding.h), whose
+  // checkpoints ship no template: it reads `messages`, `tools` and the `thinking` (or `enable_thinking`) variable of
+  // `extra`, and always ends in the assistant's turn (add_generation_prompt is implied).
   static StatusOr<std::unique_ptr<ChatTemplate>> FromTokenizer(const Tokenizer& tokenizer, const std::string& name = "",
                                                                bool for_tools = false);
+  static constexpr const char* kDeepseekV32 = "deepseek_v32";
+  // The template a model of `model_type` uses: `name` or the tokenizer's own, else, for a DeepSeek-V3.2 checkpoint
+  // (model_type deepseek_v32) without one, the built-in encoding.
+  static StatusOr<std::unique_ptr<ChatTemplate>> ForModel(const Tokenizer& tokenizer, const std::string& model_type,
+                                                          const std::string& name = "");
 
   // A template error (including raise_exception) is an InvalidArgument status naming the template and the line.
   StatusOr<std::string> Render(const ChatRequest& request) const;
@@ -46,11 +54,15 @@ class ChatTemplate {
   std::vector<int32_t> EncodePrompt(const std::string& prompt) const;
 
   const std::string& name() const { return name_; }
-  // The template's Jinja text (the server reads from it whether the template takes `tools` and `tool_calls`).
+  // The template's Jinja text (the server reads from it whether the template takes `tools` and `tool_calls`). The
+  // built-in encoding's is a stand-in naming what it reads.
   const std::string& source() const { return source_; }
+  // The built-in DeepSeek-V3.2 encoding rather than a Jinja template.
+  bool builtin() const { return template_ == nullptr; }
 
  private:
   ChatTemplate() = default;
+  StatusOr<std::string> RenderBuiltin(const ChatRequest& request) const;
   const Tokenizer* tokenizer_ = nullptr;
   std::string name_;
   std::string source_;

@@ -408,6 +408,34 @@ test('FIM: a completion with a suffix is prompted as <｜fim▁begin｜>prompt<�
                        (e) => e.status === 400 && e.error.param === 'suffix' && /needs a text prompt/.test(e.message));
 });
 
+// DeepSeek-V3.2's built-in encoding (--chat-template deepseek_v32; picked by itself for a deepseek_v32 checkpoint
+// without a template): `thinking` opens <think> at the end of the prompt, and only then is the output reasoning first.
+// The script continues both "<think>" and "</think>" (their last token) with the same answer: reasoning_content when
+// thinking, content when not, from one server with the reasoning parser on auto.
+test('DeepSeek-V3.2 encoding: thinking decides, per request, whether the output is reasoning', async () => {
+  const m = buildScriptedModel(path.join(tmpDir('fathom-v32-'), 'model'), [
+    {trigger: '<｜Assistant｜></think>', text: 'The answer is 4.', end: 'eos'},
+  ]);
+  const local = await startServer(['--model', m.dir, '--served-model-name', 'm', '--chat-template', 'deepseek_v32',
+                                   '--access-log', 'off']);
+  try {
+    const c = new OpenAI({baseURL: local.url + '/v1', apiKey: 'x', maxRetries: 0});
+    const ask = (type) => c.chat.completions.create({model: 'm', messages: [{role: 'user', content: 'What is 2+2?'}],
+                                                     max_tokens: 12, thinking: {type}});
+    const off = (await ask('disabled')).choices[0].message;
+    assert.equal(off.content, 'The answer is 4.');
+    assert.equal(off.reasoning_content ?? null, null);
+    const on = (await ask('enabled')).choices[0].message;
+    assert.equal(on.reasoning_content, 'The answer is 4.');  // the block never closes: all of it is reasoning
+    assert.ok(!on.content, JSON.stringify(on));
+    await assert.rejects(c.chat.completions.create({model: 'm', messages: [{role: 'user', content: 'hi'}],
+                                                    tools: [{type: 'function', function: {name: 'f', parameters: {}}}]}),
+                         (e) => e.status === 400 && e.error.param === 'tools' && /DSML/.test(e.message));
+  } finally {
+    await local.stop();
+  }
+});
+
 test('FIM: a model whose tokenizer has no FIM tokens answers 400 naming suffix', async () => {
   const dir = tmpDir('fathom-nofim-');
   const src = path.join(dataDir, 'tokenizers/qwen3');

@@ -27,11 +27,11 @@ struct TemplateServer {
   std::unique_ptr<ChatTemplate> chat;
   std::unique_ptr<OpenAiServer> srv;
 
-  explicit TemplateServer(const std::string& dir) {
+  explicit TemplateServer(const std::string& dir, const std::string& template_name = "") {
     auto t = Tokenizer::FromDirectory(dir);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     tok = std::move(t).value();
-    auto c = ChatTemplate::FromTokenizer(*tok);
+    auto c = ChatTemplate::FromTokenizer(*tok, template_name);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     chat = std::move(c).value();
     ServerOptions o;
@@ -109,6 +109,24 @@ TEST(ThinkingTest, AModelThatAlwaysThinksRefusesDisabled) {
   auto [status, body] = s.Tokenize(R"(,"thinking":{"type":"disabled"})");
   EXPECT_EQ(status, 400);
   EXPECT_NE(body["error"]["message"].get<std::string>().find("always thinks"), std::string::npos) << body.dump();
+}
+
+// DeepSeek-V3.2's built-in encoding (its checkpoints ship no template) over DeepSeek-V3's tokenizer: `thinking`
+// drives its thinking mode (the prompt then opens <think>, and such a request's output is reasoning first: Reasons),
+// chat_template_kwargs.thinking does the same, and tools are refused by name until DSML calls are parsed.
+TEST(ThinkingTest, DeepseekV32EncodingFollowsThinking) {
+  TemplateServer s(kTokenizers + "deepseek-v3", ChatTemplate::kDeepseekV32);
+  const std::string on = s.Prompt(R"(,"thinking":{"type":"enabled"})");
+  const std::string off = s.Prompt(R"(,"thinking":{"type":"disabled"})");
+  EXPECT_EQ(on, "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>");
+  EXPECT_EQ(off, "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜></think>");
+  EXPECT_EQ(s.Prompt(""), off);  // chat mode unless asked
+  EXPECT_EQ(s.Prompt(R"(,"chat_template_kwargs":{"thinking":true})"), on);
+  auto [status, body] = s.Tokenize(
+      R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}])");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(body["error"]["param"], "tools") << body.dump();
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("DSML"), std::string::npos) << body.dump();
 }
 
 }  // namespace
