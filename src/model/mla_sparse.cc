@@ -75,11 +75,11 @@ SparseMlaAttention::Scratch SparseMlaAttention::Allocate(Backend& be, const Atte
   const bool sparse = Sparse(meta);
   Scratch s;
   s.mla = mla.Allocate(be, meta, first_layer, !sparse && mla.UpProjected(meta, options));
-  s.q = be.Alloc(act, {n, index_heads, index_head_dim});  // [n_tokens, index_heads, index_head_dim]
-  s.k = be.Alloc(act, {n, index_head_dim});               // [n_tokens, index_head_dim]
+  s.k = be.Alloc(act, {n, index_head_dim});  // [n_tokens, index_head_dim]: written on every step
   if (sparse) {
-    s.w = be.Alloc(act, {n, index_heads});          // [n_tokens, index_heads]
-    s.selected = be.Alloc(DType::kI32, {n, topk});  // [n_tokens, index_topk]
+    s.q = be.Alloc(act, {n, index_heads, index_head_dim});  // [n_tokens, index_heads, index_head_dim]
+    s.w = be.Alloc(act, {n, index_heads});                  // [n_tokens, index_heads]
+    s.selected = be.Alloc(DType::kI32, {n, topk});          // [n_tokens, index_topk]
     s.plan = AttentionOpsOf<MlaSparseOps>(be).Plan(
         meta, {.heads = mla.heads, .k_dim = mla.m.kv_lora_rank + mla.m.qk_rope_head_dim, .v_dim = mla.m.kv_lora_rank},
         first_layer);

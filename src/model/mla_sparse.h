@@ -81,10 +81,10 @@ struct SparseMlaAttention {
 
   struct Scratch {
     MlaAttention::Scratch mla;
-    Tensor q;         // [n, index_heads, index_head_dim]
     Tensor k;         // [n, index_head_dim]
+    Tensor q;         // [n, index_heads, index_head_dim]; empty on a dense step, as are w and selected
     Tensor w;         // [n, index_heads]
-    Tensor selected;  // i32 [n, index_topk]; empty on a dense step
+    Tensor selected;  // i32 [n, index_topk]
     AttentionPlan plan;
   };
   // Sparse when some sequence's context exceeds index_topk; otherwise dense MLA in the form MlaAttention picks.

@@ -122,10 +122,11 @@ StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* au
   return InvalidArgumentError(fmt::format("--reasoning-parser: '{}' is not one of auto, deepseek-r1, none", name));
 }
 
-bool TemplateOpensThink(const ChatTemplate& chat) {
+bool TemplateOpensThink(const ChatTemplate& chat, const nlohmann::ordered_json& extra) {
   ChatRequest probe;
   probe.messages.push_back({{"role", "user"}, {"content", "hi"}});
   probe.add_generation_prompt = true;
+  if (extra.is_object()) probe.extra = extra;
   auto rendered = chat.Render(probe);
   if (!rendered.ok()) return false;
   std::string_view text = *rendered;
@@ -800,16 +801,8 @@ void OpenAiServer::Attach(ServedModel model) {
   }
   thinking_switch_ = model_.chat != nullptr ? ThinkingSwitch(model_.chat->source()) : "";
   always_thinks_ = thinking_switch_.empty() && opens_think;
-  if (!thinking_switch_.empty() && !opens_think) {
-    ChatRequest probe;
-    probe.messages.push_back({{"role", "user"}, {"content", "hi"}});
-    probe.add_generation_prompt = true;
-    probe.extra[thinking_switch_] = true;
-    auto rendered = model_.chat->Render(probe);
-    std::string_view text = rendered.ok() ? std::string_view(*rendered) : std::string_view();
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
-    switch_opens_think_ = text.size() >= 7 && text.substr(text.size() - 7) == "<think>";
-  }
+  switch_opens_think_ = !thinking_switch_.empty() && !opens_think &&
+                        TemplateOpensThink(*model_.chat, nlohmann::ordered_json{{thinking_switch_, true}});
   if (options_.tool_format) {
     tool_format_ = *options_.tool_format;
   } else if (model_.chat != nullptr && model_.chat->builtin()) {

@@ -236,8 +236,10 @@ class OpenAiServer {
 
 // "deepseek-r1" / "none" / "auto".
 StatusOr<ReasoningParser> ParseReasoningParser(const std::string& name, bool* automatic);
-// Whether a chat template's generation prompt ends inside an opened <think> block (R1 distills).
-bool TemplateOpensThink(const ChatTemplate& chat);
+// Whether a chat template's generation prompt ends inside an opened <think> block (R1 distills; with `extra`, the
+// template variables set, e.g. {"thinking": true} for DeepSeek-V3.1's and V3.2's switch).
+bool TemplateOpensThink(const ChatTemplate& chat,
+                        const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 // The chat template's thinking switch: "thinking" (DeepSeek-V3.1) or "enable_thinking" (Qwen3) where one of them is
 // an identifier inside the template's {% %} or {{ }} tags; empty when neither is.
 std::string ThinkingSwitch(std::string_view template_source);

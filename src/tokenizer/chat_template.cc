@@ -53,7 +53,33 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::ForModel(const Tokenizer& 
 }
 
 StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request) const {
-  if (builtin()) return RenderBuiltin(request);
+  // Prefix completion: the conversation rendered whole without a generation prompt, cut after the last (assistant)
+  // message's text.
+  std::string final_text;
+  if (request.continue_final_message) {
+    const auto& msgs = request.messages;
+    if (!msgs.is_array() || msgs.empty() || !msgs.back().is_object() || msgs.back().value("role", "") != "assistant") {
+      return InvalidArgumentError("prefix completion continues the last message, which must be an assistant's");
+    }
+    const auto content = msgs.back().find("content");
+    if (content == msgs.back().end() || !content->is_string() || content->get<std::string>().empty()) {
+      return InvalidArgumentError("prefix completion needs text in the last (assistant) message to continue");
+    }
+    final_text = content->get<std::string>();
+  }
+  StatusOr<std::string> rendered = builtin() ? RenderBuiltin(request) : RenderJinja(request);
+  if (!rendered.ok() || !request.continue_final_message) return rendered;
+  const size_t at = rendered->rfind(final_text);
+  if (at == std::string::npos) {
+    return InvalidArgumentError(
+        "prefix completion: the chat template does not render the last message's text verbatim, so the prompt "
+        "cannot end inside it");
+  }
+  rendered->resize(at + final_text.size());
+  return rendered;
+}
+
+StatusOr<std::string> ChatTemplate::RenderJinja(const ChatRequest& request) const {
   jinja::Value context = jinja::Value::MakeObject();
   jinja::Object& ctx = context.as_object();
   const TokenizerConfig& config = tokenizer_->config();
@@ -71,30 +97,9 @@ StatusOr<std::string> ChatTemplate::Render(const ChatRequest& request) const {
       ctx.Set(it.key(), jinja::Value::FromJson(it.value()));
     }
   }
-  std::string final_text;
-  if (request.continue_final_message) {
-    const auto& msgs = request.messages;
-    if (!msgs.is_array() || msgs.empty() || !msgs.back().is_object() || msgs.back().value("role", "") != "assistant") {
-      return InvalidArgumentError("prefix completion continues the last message, which must be an assistant's");
-    }
-    const auto content = msgs.back().find("content");
-    if (content == msgs.back().end() || !content->is_string() || content->get<std::string>().empty()) {
-      return InvalidArgumentError("prefix completion needs text in the last (assistant) message to continue");
-    }
-    final_text = content->get<std::string>();
-    ctx.Set("add_generation_prompt", jinja::Value(false));
-  }
+  if (request.continue_final_message) ctx.Set("add_generation_prompt", jinja::Value(false));
   auto rendered = template_->Render(context);
   if (!rendered.ok()) return rendered.status().WithContext("chat template");
-  if (request.continue_final_message) {
-    const size_t at = rendered->rfind(final_text);
-    if (at == std::string::npos) {
-      return InvalidArgumentError(
-          "prefix completion: the chat template does not render the last message's text verbatim, so the prompt "
-          "cannot end inside it");
-    }
-    rendered->resize(at + final_text.size());
-  }
   return rendered;
 }
 
@@ -106,20 +111,6 @@ StatusOr<std::string> ChatTemplate::RenderBuiltin(const ChatRequest& request) co
   }
   StatusOr<std::string> rendered = EncodeDeepseekV32(request.messages, request.tools, o);
   if (!rendered.ok()) return rendered.status().WithContext("the DeepSeek-V3.2 encoding");
-  if (request.continue_final_message) {
-    // As for a template: the conversation rendered whole, cut after the last assistant message's text.
-    const auto& msgs = request.messages;
-    if (!msgs.is_array() || msgs.empty() || !msgs.back().is_object() || msgs.back().value("role", "") != "assistant" ||
-        !msgs.back().contains("content") || !msgs.back()["content"].is_string() ||
-        msgs.back()["content"].get<std::string>().empty()) {
-      return InvalidArgumentError("prefix completion needs text in the last message, an assistant's, to continue");
-    }
-    const std::string text = msgs.back()["content"].get<std::string>();
-    const size_t at = rendered->rfind(text);
-    if (at == std::string::npos)
-      return InvalidArgumentError("prefix completion: the last message's text is not in the prompt");
-    rendered->resize(at + text.size());
-  }
   return rendered;
 }
 

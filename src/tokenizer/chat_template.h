@@ -62,6 +62,8 @@ class ChatTemplate {
 
  private:
   ChatTemplate() = default;
+  // Render's two kinds, before a prefix completion's cut.
+  StatusOr<std::string> RenderJinja(const ChatRequest& request) const;
   StatusOr<std::string> RenderBuiltin(const ChatRequest& request) const;
   const Tokenizer* tokenizer_ = nullptr;
   std::string name_;
