@@ -403,7 +403,7 @@ void AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->group(api);
   cmd->add_option("--tool-call-parser", o->tool_call_parser,
-                  "auto | deepseek_v3 | deepseek_v31 | hermes | llama3_json | none: the format of tool calls in the "
+                  "auto | deepseek_v3 | deepseek_v31 | deepseek_v32 | hermes | llama3_json | none: the format of tool calls in the "
                   "model's output (auto: the one its chat template writes)")
       ->capture_default_str()
       ->group(api);

@@ -805,8 +805,6 @@ void OpenAiServer::Attach(ServedModel model) {
                         TemplateOpensThink(*model_.chat, nlohmann::ordered_json{{thinking_switch_, true}});
   if (options_.tool_format) {
     tool_format_ = *options_.tool_format;
-  } else if (model_.chat != nullptr && model_.chat->builtin()) {
-    tool_format_ = ToolFormat::kNone;  // DSML calls are not parsed yet: PrepareChat refuses tools
   } else if (model_.chat != nullptr) {
     tool_format_ = DetectToolFormat(model_.chat->source(), model_.tokenizer);
     if (tool_format_ != ToolFormat::kNone) {
@@ -849,13 +847,6 @@ Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std:
     }
   }
   *param = "tools";
-  if (model_.chat->builtin() && req.tools && req.tools->choice != ToolsSpec::Choice::kNone &&
-      !req.tools->tools.empty()) {
-    return InvalidArgumentError(
-        "tools: this model writes tool calls in DeepSeek-V3.2's DSML format, which fathom does not parse yet (the "
-        "calls "
-        "would come back as text); send the request without tools");
-  }
   cr->add_generation_prompt = req.add_generation_prompt;
   cr->continue_final_message = req.continue_final_message;
   ToolsSpec none;

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "grammar/json_schema.h"
 #include "server/json_limits.h"
+#include "tokenizer/deepseek_v32_encoding.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -21,6 +23,13 @@ constexpr std::string_view kSep = "<｜tool▁sep｜>";
 constexpr std::string_view kHermesBegin = "<tool_call>";
 constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke name=\"";
+constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
+constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter name=\"";
+constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
+constexpr std::string_view kDsmlToken = "｜DSML｜";
 
 bool Contains(std::string_view text, std::string_view what) {
   return text.find(what) != std::string_view::npos;
@@ -28,6 +37,14 @@ bool Contains(std::string_view text, std::string_view what) {
 
 bool DeepSeek(ToolFormat f) {
   return f == ToolFormat::kDeepSeekV3 || f == ToolFormat::kDeepSeekV31;
+}
+
+// The formats whose calls sit in one block after the content, opened by this marker.
+bool Blocked(ToolFormat f) {
+  return DeepSeek(f) || f == ToolFormat::kDeepSeekV32;
+}
+std::string_view BlockBegin(ToolFormat f) {
+  return f == ToolFormat::kDeepSeekV32 ? kDsmlCallsBegin : kCallsBegin;
 }
 
 // Length of the longest suffix of `text` that is a proper prefix of one of `markers`: text that may yet become one.
@@ -76,6 +93,8 @@ std::string_view ToolFormatName(ToolFormat format) {
       return "deepseek_v3";
     case ToolFormat::kDeepSeekV31:
       return "deepseek_v31";
+    case ToolFormat::kDeepSeekV32:
+      return "deepseek_v32";
     case ToolFormat::kHermes:
       return "hermes";
     case ToolFormat::kLlama3Json:
@@ -86,16 +105,18 @@ std::string_view ToolFormatName(ToolFormat format) {
 
 StatusOr<std::optional<ToolFormat>> ParseToolCallParser(std::string_view name) {
   if (name == "auto" || name.empty()) return std::optional<ToolFormat>();
-  for (ToolFormat f : {ToolFormat::kNone, ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kHermes,
-                       ToolFormat::kLlama3Json}) {
+  for (ToolFormat f : {ToolFormat::kNone, ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kDeepSeekV32,
+                       ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
     if (name == ToolFormatName(f)) return std::optional<ToolFormat>(f);
   }
   if (name == "qwen25" || name == "qwen") return std::optional<ToolFormat>(ToolFormat::kHermes);
   return InvalidArgumentError(fmt::format(
-      "--tool-call-parser: '{}' is not one of auto, none, deepseek_v3, deepseek_v31, hermes, llama3_json", name));
+      "--tool-call-parser: '{}' is not one of auto, none, deepseek_v3, deepseek_v31, deepseek_v32, hermes, llama3_json",
+      name));
 }
 
 ToolFormat DetectToolFormat(std::string_view source, const Tokenizer* tokenizer) {
+  if (Contains(source, kDsmlToken)) return ToolFormat::kDeepSeekV32;  // the built-in V3.2 encoding says so
   if (Contains(source, kCallsBegin) || Contains(source, kCallBegin)) {
     // V3's template writes type + <｜tool▁sep｜> + name and a ```json fence; V3.1's name + <｜tool▁sep｜> + arguments.
     return Contains(source, "```json") ? ToolFormat::kDeepSeekV3 : ToolFormat::kDeepSeekV31;
@@ -138,6 +159,8 @@ std::string ToolsSystemPrompt(ToolFormat format, const nlohmann::ordered_json& t
       out += format == ToolFormat::kDeepSeekV3 ? ", one per line\n" : " without separators or spaces\n";
       return out;
     }
+    case ToolFormat::kDeepSeekV32:
+      return DeepseekV32ToolsSection(tools);
     case ToolFormat::kHermes:
       // Qwen2.5's template text.
       out =
@@ -165,6 +188,11 @@ std::string ToolsSystemPrompt(ToolFormat format, const nlohmann::ordered_json& t
 
 std::string FormatToolCalls(ToolFormat format, const nlohmann::ordered_json& tool_calls) {
   std::string out;
+  if (format == ToolFormat::kDeepSeekV32) {
+    // Calls whose arguments are not an object cannot be written; PrepareToolPrompt refuses them first.
+    StatusOr<std::string> block = DeepseekV32ToolCalls(tool_calls);
+    return block.ok() && !tool_calls.empty() ? "\n\n" + *block : std::string();
+  }
   for (size_t i = 0; i < tool_calls.size(); ++i) {
     const Json& fn = tool_calls[i].at("function");
     const std::string name = fn.at("name").get<std::string>();
@@ -184,6 +212,7 @@ std::string FormatToolCalls(ToolFormat format, const nlohmann::ordered_json& too
       case ToolFormat::kLlama3Json:
         out += fmt::format("{}{{\"name\": {}, \"parameters\": {}}}", i == 0 ? "" : "; ", Json(name).dump(), args);
         break;
+      case ToolFormat::kDeepSeekV32:
       case ToolFormat::kNone:
         break;
     }
@@ -208,6 +237,9 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
               "the history holds tool calls, but this model has no tool-call format: pass --tool-call-parser");
         }
         const std::string text = content.is_string() ? content.get<std::string>() : std::string();
+        if (format == ToolFormat::kDeepSeekV32) {
+          if (Status s = DeepseekV32ToolCalls(m.at("tool_calls")).status(); !s.ok()) return s.WithContext("tool_calls");
+        }
         content = text + FormatToolCalls(format, m.at("tool_calls"));
         m.erase("tool_calls");
       } else if (DeepSeek(format) && content.is_string() && content.get<std::string>().empty()) {
@@ -227,7 +259,7 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
   if (format == ToolFormat::kNone) {
     return InvalidArgumentError(
         "this model has no known tool-call format (its chat template shows none): start the server with "
-        "--tool-call-parser deepseek_v3, deepseek_v31, hermes or llama3_json");
+        "--tool-call-parser deepseek_v3, deepseek_v31, deepseek_v32, hermes or llama3_json");
   }
   if (reads_tools) {
     request->tools = spec.tools;
@@ -242,6 +274,109 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
   return OkStatus();
 }
 
+namespace {
+
+// "/" and "~" escaped for a JSON pointer.
+std::string PointerToken(std::string_view key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// deepseek_v32: a string property that can be written raw (string="true"): an enum or const of strings, or a plain
+// string schema (type "string" with at most a length bound). The value, else nullptr.
+grammar::ExprPtr RawStringValue(const Json& p) {
+  if (!p.is_object()) return nullptr;
+  const auto type = p.find("type");
+  if (type != p.end() && *type != "string") return nullptr;
+  std::vector<Json> values;
+  if (const auto e = p.find("enum"); e != p.end() && e->is_array()) values.assign(e->begin(), e->end());
+  if (const auto c = p.find("const"); c != p.end()) values = {*c};
+  if (!values.empty()) {
+    std::vector<grammar::ExprPtr> alts;
+    for (const Json& v : values) {
+      if (!v.is_string()) return nullptr;
+      alts.push_back(grammar::Lit(v.get<std::string>()));
+    }
+    return grammar::Alt(std::move(alts));
+  }
+  if (type == p.end()) return nullptr;
+  static const std::set<std::string> kPlain = {"type",  "minLength", "maxLength", "description",
+                                               "title", "default",   "examples"};
+  for (auto it = p.begin(); it != p.end(); ++it) {
+    if (!kPlain.count(it.key())) return nullptr;
+  }
+  constexpr int64_t kCap = 256;  // as the JSON grammar caps its strings
+  const int64_t min =
+      p.contains("minLength") && p["minLength"].is_number_unsigned() ? p["minLength"].get<int64_t>() : 0;
+  int64_t max = p.contains("maxLength") && p["maxLength"].is_number_unsigned() ? p["maxLength"].get<int64_t>() : kCap;
+  max = std::min(max, std::max(min, kCap));
+  if (min > max || min > kCap) return nullptr;
+  // No '<' inside, so that the value cannot run into the closing tag.
+  return grammar::Repeat(grammar::CodePoints({{U'<', U'<'}}, /*negate=*/true), static_cast<int32_t>(min),
+                         static_cast<int32_t>(max));
+}
+
+// deepseek_v32: the parameter lines of a call following `schema` (its `parameters`): each property one line, in the
+// schema's order, the required ones always and the others optionally; a string property raw with string="true" (see
+// RawStringValue), any other as JSON by its own schema with string="false".
+StatusOr<grammar::ExprPtr> DsmlParameters(grammar::GrammarBuilder& b, const Json& schema,
+                                          const grammar::JsonSchemaOptions& options) {
+  using grammar::Lit;
+  const auto props = schema.is_object() ? schema.find("properties") : schema.end();
+  if (!schema.is_object() || props == schema.end() || !props->is_object() || props->empty()) return grammar::Empty();
+  std::set<std::string> required;
+  if (const auto r = schema.find("required"); r != schema.end() && r->is_array()) {
+    for (const Json& k : *r) {
+      if (k.is_string()) required.insert(k.get<std::string>());
+    }
+  }
+  std::vector<std::pair<grammar::ExprPtr, bool>> items;  // (the line, required)
+  for (auto it = props->begin(); it != props->end(); ++it) {
+    const std::string& key = it.key();
+    if (key.find('"') != std::string::npos || key.find('<') != std::string::npos) {
+      return InvalidArgumentError(fmt::format("property '{}' cannot be named in DSML (a '\"' or '<' in it)", key));
+    }
+    grammar::ExprPtr value = RawStringValue(it.value());
+    const bool raw = value != nullptr;
+    if (!raw) {
+      // The property's schema within the whole document, so that its $refs resolve: a root $ref to it.
+      Json doc = schema;
+      doc["$ref"] = "#/properties/" + PointerToken(key);
+      // The encoding writes JSON values as Python prints them (", ", ": "): a space is allowed where it puts one.
+      grammar::JsonSchemaOptions spaced = options;
+      spaced.max_whitespace = std::max(spaced.max_whitespace, 1);
+      FATHOM_ASSIGN_OR_RETURN(grammar::Grammar g, grammar::JsonSchemaToGrammar(doc, spaced));
+      value = grammar::Ref(b.Include(g));
+    }
+    items.emplace_back(
+        grammar::Seq({Lit(fmt::format("{}{}\" string=\"{}\">", kDsmlParameter, key, raw ? "true" : "false")), value,
+                      Lit(kDsmlParameterEnd)}),
+        required.count(key) > 0);
+  }
+  // first[i]: the lines from i on with none written before; rest[i]: with one written before (each after a "\n").
+  const size_t n = items.size();
+  std::vector<grammar::ExprPtr> first(n + 1, grammar::Empty()), rest(n + 1, grammar::Empty());
+  for (size_t i = n; i-- > 0;) {
+    const auto& [line, req] = items[i];
+    const grammar::ExprPtr after = grammar::Seq({Lit("\n"), line});
+    rest[i] = grammar::Seq({req ? after : grammar::Opt(after), rest[i + 1]});
+    const grammar::ExprPtr here = grammar::Seq({line, rest[i + 1]});
+    first[i] = req ? here : grammar::Alt({here, first[i + 1]});
+  }
+  return first[0];
+}
+
+}  // namespace
+
 StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& spec) {
   using grammar::Lit;
   grammar::GrammarBuilder b;
@@ -254,6 +389,15 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
     StatusOr<grammar::Grammar> args = grammar::JsonSchemaToGrammar(f.at("parameters"), options);
     if (!args.ok()) {
       return InvalidArgumentError(fmt::format("tool '{}': parameters: {}", name, args.status().message()));
+    }
+    if (format == ToolFormat::kDeepSeekV32) {
+      StatusOr<grammar::ExprPtr> params = DsmlParameters(b, f.at("parameters"), options);
+      if (!params.ok()) {
+        return InvalidArgumentError(fmt::format("tool '{}': parameters: {}", name, params.status().message()));
+      }
+      calls.push_back(grammar::Seq(
+          {Lit(fmt::format("{}{}\">\n", kDsmlInvoke, name)), *params, Lit(fmt::format("\n{}", kDsmlInvokeEnd))}));
+      continue;
     }
     const grammar::ExprPtr a = grammar::Ref(b.Include(*args));
     switch (format) {
@@ -273,6 +417,8 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
         calls.push_back(
             grammar::Seq({Lit(fmt::format("{{\"name\": {}, \"parameters\": ", Json(name).dump())), a, Lit("}")}));
         break;
+      case ToolFormat::kDeepSeekV32:
+        break;
       case ToolFormat::kNone:
         return InvalidArgumentError("this model has no tool-call format: pass --tool-call-parser");
     }
@@ -283,6 +429,7 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
   std::string sep;
   switch (format) {
     case ToolFormat::kDeepSeekV3:
+    case ToolFormat::kDeepSeekV32:
     case ToolFormat::kHermes:
       sep = "\n";
       break;
@@ -295,6 +442,10 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
   grammar::ExprPtr body = grammar::Ref(call);
   if (many) body = grammar::Seq({body, grammar::Star(grammar::Seq({Lit(sep), grammar::Ref(call)}))});
   if (DeepSeek(format)) body = grammar::Seq({Lit(kCallsBegin), body, Lit(kCallsEnd)});
+  if (format == ToolFormat::kDeepSeekV32) {
+    // After the blank line that the encoding puts between an answer and its calls (here the answer is empty).
+    body = grammar::Seq({Lit(fmt::format("\n\n{}\n", kDsmlCallsBegin)), body, Lit(fmt::format("\n{}", kDsmlCallsEnd))});
+  }
   const int32_t root = b.Add("tool_calls", body);
   return b.Finish(root);
 }
@@ -425,6 +576,63 @@ void ToolCallParser::TakePartialCall(std::string_view text, ToolDelta& out) {
   AddArguments(out, args);
 }
 
+bool ToolCallParser::RunDsmlParameters(ToolDelta& out, bool final) {
+  const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+  while (true) {
+    const size_t b = buf_.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) {
+      if (final) buf_.clear();  // cut short: the call keeps the parameters that were complete
+      return false;
+    }
+    buf_.erase(0, b);
+    if (buf_.compare(0, kDsmlInvokeEnd.size(), kDsmlInvokeEnd) == 0) {
+      AddArguments(out, parameters_ == 0 ? "{}" : "}");
+      buf_.erase(0, kDsmlInvokeEnd.size());
+      state_ = State::kCalls;
+      return true;
+    }
+    if (buf_.compare(0, kDsmlParameter.size(), kDsmlParameter) == 0) {
+      // name="K" string="true|false">VALUE</｜DSML｜parameter>, taken whole.
+      const size_t header_end = buf_.find("\">", kDsmlParameter.size());
+      const size_t end = header_end == std::string::npos ? header_end : buf_.find(kDsmlParameterEnd, header_end + 2);
+      if (end == std::string::npos) {
+        if (final) buf_.clear();
+        return false;
+      }
+      const std::string_view header =
+          std::string_view(buf_).substr(kDsmlParameter.size(), header_end - kDsmlParameter.size());
+      constexpr std::string_view kStringAttr = "\" string=\"";
+      const size_t attr = header.find(kStringAttr);
+      const std::string key(header.substr(0, attr));
+      // A missing attribute reads as a string, the common case.
+      const bool is_string = attr == std::string_view::npos || header.substr(attr + kStringAttr.size()) != "false";
+      const std::string_view raw = std::string_view(buf_).substr(header_end + 2, end - header_end - 2);
+      std::string value;
+      if (!is_string) {
+        // JSON as the model wrote it; text that is not JSON (bounded like a client's) stays a string, not lost.
+        const std::string trimmed = Trim(raw);
+        if (CheckJsonLimits(trimmed).ok() &&
+            !Json::parse(trimmed, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+          value = trimmed;
+        }
+      }
+      if (value.empty()) value = dump(Json(std::string(raw)));
+      AddArguments(out, fmt::format("{}{}: {}", parameters_ == 0 ? "{" : ", ", dump(Json(key)), value));
+      ++parameters_;
+      buf_.erase(0, end + kDsmlParameterEnd.size());
+      continue;
+    }
+    if (MarkerTail(buf_, {kDsmlInvokeEnd, kDsmlParameter}, /*final=*/false) == buf_.size()) {
+      if (final) buf_.clear();
+      return false;
+    }
+    // Anything else inside an invoke is not the format: the call ends here and the text is content again.
+    AddArguments(out, parameters_ == 0 ? "{}" : "}");
+    state_ = State::kDone;
+    return true;
+  }
+}
+
 void ToolCallParser::Run(ToolDelta& out, bool final) {
   while (true) {
     switch (state_) {
@@ -463,19 +671,26 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           after_call_ = false;
           continue;
         }
-        const std::string_view marker = DeepSeek(format_) ? kCallsBegin : kHermesBegin;
+        const std::string_view marker = Blocked(format_) ? BlockBegin(format_) : kHermesBegin;
+        const bool dsml = format_ == ToolFormat::kDeepSeekV32;
         const size_t at = buf_.find(marker);
         if (at == std::string::npos) {
           // At the end, the start of a marker that never finished (max_tokens) is dropped, not shown as content.
-          const size_t hold = MarkerTail(buf_, {marker}, final);
+          size_t hold = MarkerTail(buf_, {marker}, final);
+          if (dsml && (!final || hold > 0)) {
+            // DSML: the newlines before a block are its separator from the answer: held back with it.
+            while (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
+          }
           out.content += buf_.substr(0, buf_.size() - hold);
           buf_.erase(0, buf_.size() - hold);
           if (final) buf_.clear();
           return;
         }
-        out.content += buf_.substr(0, at);
+        size_t keep = at;
+        while (dsml && keep > 0 && buf_[keep - 1] == '\n') --keep;
+        out.content += buf_.substr(0, keep);
         buf_.erase(0, at + marker.size());
-        state_ = DeepSeek(format_) ? State::kCalls : State::kBuffered;
+        state_ = Blocked(format_) ? State::kCalls : State::kBuffered;
         continue;
       }
       case State::kCalls: {  // DeepSeek: between calls
@@ -485,17 +700,20 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           return;
         }
         buf_.erase(0, b);
-        if (buf_.compare(0, kCallBegin.size(), kCallBegin) == 0) {
-          buf_.erase(0, kCallBegin.size());
+        const bool dsml = format_ == ToolFormat::kDeepSeekV32;
+        const std::string_view call_begin = dsml ? kDsmlInvoke : kCallBegin;
+        const std::string_view calls_end = dsml ? kDsmlCallsEnd : kCallsEnd;
+        if (buf_.compare(0, call_begin.size(), call_begin) == 0) {
+          buf_.erase(0, call_begin.size());
           state_ = format_ == ToolFormat::kDeepSeekV3 ? State::kHeader : State::kName;
           continue;
         }
-        if (buf_.compare(0, kCallsEnd.size(), kCallsEnd) == 0) {
-          buf_.erase(0, kCallsEnd.size());
+        if (buf_.compare(0, calls_end.size(), calls_end) == 0) {
+          buf_.erase(0, calls_end.size());
           state_ = State::kDone;
           continue;
         }
-        if (MarkerTail(buf_, {kCallBegin, kCallsEnd}, /*final=*/false) == buf_.size()) {
+        if (MarkerTail(buf_, {call_begin, calls_end}, /*final=*/false) == buf_.size()) {
           if (final) buf_.clear();  // a marker cut short: no call, no content
           return;
         }
@@ -512,8 +730,10 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         state_ = State::kName;
         continue;
       }
-      case State::kName: {  // V3: name up to \n; V3.1: up to <｜tool▁sep｜>
-        const std::string_view end = format_ == ToolFormat::kDeepSeekV3 ? std::string_view("\n") : kSep;
+      case State::kName: {  // V3: name up to \n; V3.1: up to <｜tool▁sep｜>; DSML: up to ">
+        const std::string_view end = format_ == ToolFormat::kDeepSeekV3    ? std::string_view("\n")
+                                     : format_ == ToolFormat::kDeepSeekV32 ? std::string_view("\">")
+                                                                           : kSep;
         const size_t at = buf_.find(end);
         if (at == std::string::npos) {
           if (final) buf_.clear();  // a name cut short is no call
@@ -521,6 +741,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         }
         BeginCall(out, Trim(std::string_view(buf_).substr(0, at)));
         buf_.erase(0, at + end.size());
+        parameters_ = 0;
         state_ = format_ == ToolFormat::kDeepSeekV3 ? State::kFence : State::kArguments;
         continue;
       }
@@ -536,6 +757,10 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         continue;
       }
       case State::kArguments: {
+        if (format_ == ToolFormat::kDeepSeekV32) {
+          if (!RunDsmlParameters(out, final)) return;
+          continue;
+        }
         const size_t at = buf_.find(kCallEnd);
         if (at == std::string::npos) {
           // Hold back what may be the fence and the end marker; at the end (cut short by max_tokens), drop it.
@@ -600,12 +825,13 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
       }
       case State::kDone:
         // After the calls: text is content (DeepSeek models end here; anything more is kept, not lost).
-        if (DeepSeek(format_) && !final) {
-          const size_t hold = MarkerTail(buf_, {kCallsBegin}, false);
-          if (buf_.find(kCallsBegin) != std::string::npos) {
-            const size_t at = buf_.find(kCallsBegin);
+        if (Blocked(format_) && !final) {
+          const std::string_view begin = BlockBegin(format_);
+          const size_t hold = MarkerTail(buf_, {begin}, false);
+          if (buf_.find(begin) != std::string::npos) {
+            const size_t at = buf_.find(begin);
             out.content += buf_.substr(0, at);
-            buf_.erase(0, at + kCallsBegin.size());
+            buf_.erase(0, at + begin.size());
             state_ = State::kCalls;
             continue;
           }
@@ -613,7 +839,8 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           buf_.erase(0, buf_.size() - hold);
           return;
         }
-        out.content += buf_.substr(0, buf_.size() - (DeepSeek(format_) ? MarkerTail(buf_, {kCallsBegin}, true) : 0));
+        out.content +=
+            buf_.substr(0, buf_.size() - (Blocked(format_) ? MarkerTail(buf_, {BlockBegin(format_)}, true) : 0));
         buf_.clear();
         return;
     }

@@ -14,7 +14,8 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokeni
     chat->name_ = name;
     // What the encoding reads, for the server's detection (ThinkingSwitch, PrepareToolPrompt).
     chat->source_ =
-        "{#- built in: DeepSeek-V3.2's encode_messages; reads messages (roles 'tool', tool_calls) and tools -#}"
+        "{#- built in: DeepSeek-V3.2's encode_messages; reads messages (roles 'tool', tool_calls) and tools, and "
+        "writes calls in <｜DSML｜function_calls> blocks -#}"
         "{% if thinking %}<think>{% else %}</think>{% endif %}";
     return chat;
   }

@@ -25,7 +25,9 @@ std::string PyJson(const ojson& v) {
   return jinja::Value::FromJson(v).ToJson(-1);
 }
 
-std::string ToolsSection(const ojson& tools) {
+}  // namespace
+
+std::string DeepseekV32ToolsSection(const nlohmann::ordered_json& tools) {
   std::string schemas;
   for (const ojson& t : tools) {
     if (!schemas.empty()) schemas += '\n';
@@ -48,6 +50,8 @@ std::string ToolsSection(const ojson& tools) {
       "Here are the functions available in JSONSchema format:\n<functions>\n{3}\n</functions>\n",
       kDsml, kThinkStart, kThinkEnd, schemas);
 }
+
+namespace {
 
 std::string ResponseFormatSection(const ojson& format) {
   return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + PyJson(format);
@@ -87,30 +91,6 @@ int64_t LastUserIndex(const std::vector<ojson>& messages) {
   return -1;
 }
 
-// One tool call as a DSML invoke block: each argument a parameter line, strings as they are, anything else as JSON.
-StatusOr<std::string> Invoke(const ojson& call, size_t index) {
-  const ojson& fn = call.contains("function") ? call["function"] : call;
-  if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) {
-    return InvalidArgumentError(fmt::format("messages[{}].tool_calls: a call without a function name", index));
-  }
-  ojson args = Present(fn, "arguments") ? fn["arguments"] : ojson::object();
-  if (args.is_string()) {
-    args = ojson::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-  }
-  if (!args.is_object()) {
-    return InvalidArgumentError(fmt::format("messages[{}].tool_calls: the arguments of '{}' are not a JSON object",
-                                            index, fn["name"].get<std::string>()));
-  }
-  std::string params;
-  for (const auto& [key, value] : args.items()) {
-    if (!params.empty()) params += '\n';
-    params +=
-        fmt::format("<{0}parameter name=\"{1}\" string=\"{2}\">{3}</{0}parameter>", kDsml, key,
-                    value.is_string() ? "true" : "false", value.is_string() ? value.get<std::string>() : PyJson(value));
-  }
-  return fmt::format("<{0}invoke name=\"{1}\">\n{2}\n</{0}invoke>", kDsml, fn["name"].get<std::string>(), params);
-}
-
 StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& messages, bool thinking) {
   const ojson& msg = messages[index];
   const int64_t last_user = LastUserIndex(messages);
@@ -122,7 +102,7 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
   std::string out;
   if (role == "system") {
     out += content;
-    if (!tools.empty()) out += "\n\n" + ToolsSection(tools);
+    if (!tools.empty()) out += "\n\n" + DeepseekV32ToolsSection(tools);
     if (!response_format.is_null()) out += "\n\n" + ResponseFormatSection(response_format);
   } else if (role == "developer" || role == "user") {
     if (!Present(msg, "content") || (role == "developer" && content.empty())) {
@@ -131,7 +111,7 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
     std::string body = content;
     if (role == "developer") {
       body.clear();
-      if (!tools.empty()) body += "\n\n" + ToolsSection(tools);
+      if (!tools.empty()) body += "\n\n" + DeepseekV32ToolsSection(tools);
       if (!response_format.is_null()) body += "\n\n" + ResponseFormatSection(response_format);
       body += "\n\n# The user's message is: " + content;
     }
@@ -159,13 +139,9 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
     std::string calls;
     const bool has_calls = Present(msg, "tool_calls") && msg["tool_calls"].is_array() && !msg["tool_calls"].empty();
     if (has_calls) {
-      std::string blocks;
-      for (const ojson& call : msg["tool_calls"]) {
-        FATHOM_ASSIGN_OR_RETURN(std::string block, Invoke(call, index));
-        if (!blocks.empty()) blocks += '\n';
-        blocks += block;
-      }
-      calls = fmt::format("\n\n<{0}function_calls>\n{1}\n</{0}function_calls>", kDsml, blocks);
+      StatusOr<std::string> block = DeepseekV32ToolCalls(msg["tool_calls"]);
+      if (!block.ok()) return block.status().WithContext(fmt::format("messages[{}].tool_calls", index));
+      calls = "\n\n" + *block;
     }
     std::string reasoning_part;
     if (thinking && static_cast<int64_t>(index) > last_user) {
@@ -186,6 +162,36 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
 }
 
 }  // namespace
+
+std::string DeepseekV32Invoke(const std::string& name, const nlohmann::ordered_json& arguments) {
+  std::string params;
+  for (const auto& [key, value] : arguments.items()) {
+    if (!params.empty()) params += '\n';
+    params +=
+        fmt::format("<{0}parameter name=\"{1}\" string=\"{2}\">{3}</{0}parameter>", kDsml, key,
+                    value.is_string() ? "true" : "false", value.is_string() ? value.get<std::string>() : PyJson(value));
+  }
+  return fmt::format("<{0}invoke name=\"{1}\">\n{2}\n</{0}invoke>", kDsml, name, params);
+}
+
+StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_calls) {
+  std::string blocks;
+  for (const ojson& call : tool_calls) {
+    const ojson& fn = call.is_object() && call.contains("function") ? call["function"] : call;
+    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) {
+      return InvalidArgumentError("a call without a function name");
+    }
+    ojson args = Present(fn, "arguments") ? fn["arguments"] : ojson::object();
+    if (args.is_string()) args = ojson::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (!args.is_object()) {
+      return InvalidArgumentError(
+          fmt::format("the arguments of '{}' are not a JSON object", fn["name"].get<std::string>()));
+    }
+    if (!blocks.empty()) blocks += '\n';
+    blocks += DeepseekV32Invoke(fn["name"].get<std::string>(), args);
+  }
+  return fmt::format("<{0}function_calls>\n{1}\n</{0}function_calls>", kDsml, blocks);
+}
 
 StatusOr<std::string> EncodeDeepseekV32(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                         const DeepseekV32EncodeOptions& options) {

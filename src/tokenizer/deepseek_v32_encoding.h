@@ -39,4 +39,13 @@ struct DeepseekV32EncodeOptions {
 StatusOr<std::string> EncodeDeepseekV32(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                         const DeepseekV32EncodeOptions& options);
 
+// The parts of the format that the server's tool-call support (server/tools.h, format deepseek_v32) writes too:
+// the "## Tools" section listing `tools` (an OpenAI tools array) for a system prompt;
+std::string DeepseekV32ToolsSection(const nlohmann::ordered_json& tools);
+// one invoke block (`arguments` a JSON object: strings as they are with string="true", other values as JSON);
+std::string DeepseekV32Invoke(const std::string& name, const nlohmann::ordered_json& arguments);
+// and a <｜DSML｜function_calls> block of OpenAI `tool_calls` (arguments a JSON object or its text), without the
+// blank line that puts it after an answer. INVALID_ARGUMENT for a call without a name or arguments not an object.
+StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_calls);
+
 }  // namespace fathom

@@ -211,3 +211,68 @@ test('a call cut short by max_tokens inside its markup leaves none in content, n
   }
   assert.ok(withCall > 0, 'no cut happened inside the arguments');
 });
+
+// DeepSeek-V3.2's DSML, through the same client: the demo model with the built-in V3.2 encoding (what a deepseek_v32
+// checkpoint gets by itself). A forced call is a grammar of DSML parameter lines; a call the model writes (a regex
+// plays the model) is parsed, streamed and not; and the round trip: the call and its result go back in the history,
+// encoded as V3.2 encodes them, and the model answers.
+test('DeepSeek-V3.2 DSML: forced and written calls, streamed and not, and a round trip with the result', async () => {
+  const local = await startServer(['--chat-template', 'deepseek_v32', '--access-log', 'off']);
+  try {
+    const c = new OpenAI({baseURL: local.url + '/v1', apiKey: 'x', maxRetries: 0});
+    const forced = await c.chat.completions.create({model: 'deepseek-chat', messages, tools, tool_choice: 'required',
+                                                    parallel_tool_calls: false, max_tokens: 400, seed: 1});
+    const m = forced.choices[0].message;
+    assert.equal(forced.choices[0].finish_reason, 'tool_calls');
+    assert.equal(m.content, null);
+    assert.equal(m.tool_calls.length, 1);
+    checkCall(m.tool_calls[0]);
+    const named = await collect(await c.chat.completions.create({
+      model: 'deepseek-chat', messages, tools, tool_choice: {type: 'function', function: {name: 'get_time'}},
+      max_tokens: 400, seed: 4, stream: true}));
+    assert.equal(named.finish, 'tool_calls');
+    assert.equal(named.content, '');
+    assert.equal(named.calls.length, 1);
+    checkCall(named.calls[0]);
+
+    // max_tokens covers the texts byte by byte (the random model may spell them so), as above.
+    const dsmlCall = '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n' +
+                     '<｜DSML｜parameter name="city" string="true">(Paris|Rome)</｜DSML｜parameter>\n' +
+                     '<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n</｜DSML｜invoke>\n' +
+                     '</｜DSML｜function_calls>';
+    const written = await c.chat.completions.create({model: 'deepseek-chat', messages, tools, max_tokens: 512,
+                                                     guided_regex: 'Checking\\.' + dsmlCall});
+    assert.equal(written.choices[0].finish_reason, 'tool_calls');
+    assert.equal(written.choices[0].message.content, 'Checking.');
+    assert.equal(written.choices[0].message.tool_calls.length, 1);
+    assert.match(written.choices[0].message.tool_calls[0].function.arguments, /^\{"city": "(Paris|Rome)", "unit": "c"\}$/);
+    const streamed = await collect(await c.chat.completions.create({model: 'deepseek-chat', messages, tools,
+                                                                    max_tokens: 512, stream: true,
+                                                                    guided_regex: dsmlCall}));
+    assert.equal(streamed.finish, 'tool_calls');
+    assert.equal(streamed.content, '');
+    assert.equal(streamed.calls.length, 1);
+    assert.equal(streamed.calls[0].function.name, 'get_weather');
+    assert.match(streamed.calls[0].function.arguments, /^\{"city": "(Paris|Rome)", "unit": "c"\}$/);
+
+    const call = m.tool_calls[0];
+    const history = [...messages, m, {role: 'tool', tool_call_id: call.id, content: '21 degrees'}];
+    const answer = await c.chat.completions.create({model: 'deepseek-chat', messages: history, tools, max_tokens: 40,
+                                                    guided_regex: 'It is 21 degrees\\.'});
+    assert.equal(answer.choices[0].message.content, 'It is 21 degrees.');
+    assert.equal(answer.choices[0].finish_reason, 'stop');
+    // The prompt that answer came from: the call in DSML, its result, then the model's turn.
+    const tok = await (await fetch(local.url + '/tokenize', {method: 'POST',
+      body: JSON.stringify({model: 'deepseek-chat', messages: history, tools})})).json();
+    const text = (await (await fetch(local.url + '/detokenize', {method: 'POST',
+                                                                body: JSON.stringify({tokens: tok.tokens})})).json()).prompt;
+    const args = JSON.parse(call.function.arguments);
+    const params = Object.entries(args).map(([k, v]) =>
+      `<｜DSML｜parameter name="${k}" string="true">${v}</｜DSML｜parameter>`).join('\n');
+    assert.ok(text.includes(`<｜Assistant｜></think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="${call.function.name}">` +
+                            `\n${params}\n</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>`), text);
+    assert.ok(text.endsWith('\n\n<function_results>\n<result>21 degrees</result>\n</function_results>\n\n</think>'), text);
+  } finally {
+    await local.stop();
+  }
+});

@@ -113,7 +113,8 @@ TEST(ThinkingTest, AModelThatAlwaysThinksRefusesDisabled) {
 
 // DeepSeek-V3.2's built-in encoding (its checkpoints ship no template) over DeepSeek-V3's tokenizer: `thinking`
 // drives its thinking mode (the prompt then opens <think>, and such a request's output is reasoning first: Reasons),
-// chat_template_kwargs.thinking does the same, and tools are refused by name until DSML calls are parsed.
+// chat_template_kwargs.thinking does the same, and tools go into its system prompt as the encoding lists them, with
+// earlier calls and their results in DSML.
 TEST(ThinkingTest, DeepseekV32EncodingFollowsThinking) {
   TemplateServer s(kTokenizers + "deepseek-v3", ChatTemplate::kDeepseekV32);
   const std::string on = s.Prompt(R"(,"thinking":{"type":"enabled"})");
@@ -122,11 +123,13 @@ TEST(ThinkingTest, DeepseekV32EncodingFollowsThinking) {
   EXPECT_EQ(off, "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜></think>");
   EXPECT_EQ(s.Prompt(""), off);  // chat mode unless asked
   EXPECT_EQ(s.Prompt(R"(,"chat_template_kwargs":{"thinking":true})"), on);
-  auto [status, body] = s.Tokenize(
+  const std::string tools = s.Prompt(
       R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}])");
-  EXPECT_EQ(status, 400);
-  EXPECT_EQ(body["error"]["param"], "tools") << body.dump();
-  EXPECT_NE(body["error"]["message"].get<std::string>().find("DSML"), std::string::npos) << body.dump();
+  EXPECT_EQ(tools.rfind("<｜begin▁of▁sentence｜>\n\n## Tools\n\n", 0), 0u) << tools;
+  EXPECT_NE(tools.find("<functions>\n{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}\n"
+                       "</functions>\n<｜User｜>hi<｜Assistant｜></think>"),
+            std::string::npos)
+      << tools;
 }
 
 }  // namespace

@@ -246,14 +246,78 @@ TEST(ToolCallParserTest, Llama3Json) {
   EXPECT_TRUE(braces.calls.empty());
 }
 
+// DeepSeek-V3.2's DSML, as its encoding writes calls (tokenizer/deepseek_v32_encoding.h): parameters become a JSON
+// object, strings raw (string="true") and other values as the JSON the model wrote.
+const char* kDsmlTwo =
+    "Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">São \"Paulo\"\\n</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"opts\" string=\"false\">{\"a\": [1, true]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+    "<｜DSML｜invoke name=\"get_time\">\n\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+
+TEST(ToolCallParserTest, DeepSeekV32DsmlCalls) {
+  Parsed p = ParseBoth(ToolFormat::kDeepSeekV32, kDsmlTwo);
+  EXPECT_EQ(p.content, "Let me check.");  // the blank line before the block is the format's, not the answer's
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city": "São \"Paulo\"\\n", "days": 2, "opts": {"a": [1, true]}})");
+  EXPECT_EQ(Json::parse(p.calls[0].arguments)["city"], "São \"Paulo\"\\n");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  // Streamed a parameter at a time: the name first, then each complete parameter.
+  int n = 0;
+  ToolCallParser s(ToolFormat::kDeepSeekV32, [&n] { return "id" + std::to_string(n++); });
+  ToolDelta a =
+      s.Push("Hi\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"k\" str");
+  EXPECT_EQ(a.content, "Hi");
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0].name, "f");
+  EXPECT_EQ(a.calls[0].arguments, "");
+  ToolDelta b = s.Push("ing=\"false\">[1,2]</｜DSML｜parameter>\n<｜DSML｜para");
+  ASSERT_EQ(b.calls.size(), 1u);
+  EXPECT_EQ(b.calls[0].arguments, "{\"k\": [1,2]");
+  ToolDelta c = s.Push("meter name=\"x\" string=\"false\">not json</｜DSML｜parameter>\n</｜DSML｜invoke>");
+  ASSERT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.calls[0].arguments, ", \"x\": \"not json\"}");  // not JSON: kept as a string, not lost
+  EXPECT_TRUE(s.Push("\n</｜DSML｜function_calls>").content.empty());
+  EXPECT_TRUE(s.Finish().content.empty());
+  EXPECT_EQ(Json::parse(s.calls().at(0).arguments), Json::parse(R"({"k": [1, 2], "x": "not json"})"));
+  // Blank lines that no block follows are the answer's; text that only looks like DSML is content.
+  Parsed text = ParseBoth(ToolFormat::kDeepSeekV32, "a\n\nb <｜DSML｜ c\n\n");
+  EXPECT_EQ(text.content, "a\n\nb <｜DSML｜ c\n\n");
+  EXPECT_TRUE(text.calls.empty());
+}
+
+// Cut short by max_tokens, a DSML call keeps the parameters that were complete; a name or marker cut short leaves
+// nothing, not even the blank line before it.
+TEST(ToolCallParserTest, DeepSeekV32CutShortLeavesNoMarkup) {
+  const std::string head = "Ok\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n";
+  for (const std::string tail : {"", "<｜DSML｜param", "<｜DSML｜parameter name=\"b\" string=\"true\">par",
+                                 "<｜DSML｜parameter name=\"b\" string=\"true\">x</｜DSML｜param", "</｜DSML｜inv"}) {
+    Parsed p = ParseBoth(ToolFormat::kDeepSeekV32,
+                         head + "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n" + tail);
+    EXPECT_EQ(p.content, "Ok") << tail;
+    ASSERT_EQ(p.calls.size(), 1u) << tail;
+    EXPECT_EQ(p.calls[0].arguments, "{\"a\": 1") << tail;
+  }
+  for (const char* text :
+       {"Ok\n\n<｜DSML｜func", "Ok\n\n<｜DS", "Ok\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"ge"}) {
+    Parsed p = ParseBoth(ToolFormat::kDeepSeekV32, text);
+    EXPECT_EQ(p.content, "Ok") << text;
+    EXPECT_TRUE(p.calls.empty()) << text;
+  }
+}
+
 TEST(ToolFormatTest, DetectedFromTheTemplatesAndNamedByTheFlag) {
   EXPECT_EQ(DetectToolFormat(TemplateOf("deepseek-v3"), nullptr), ToolFormat::kDeepSeekV3);
   EXPECT_EQ(DetectToolFormat(TemplateOf("qwen3"), nullptr), ToolFormat::kHermes);
   EXPECT_EQ(DetectToolFormat("{{ '<｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>' }}", nullptr),
             ToolFormat::kDeepSeekV31);
   EXPECT_EQ(DetectToolFormat("{{ '<|python_tag|>' }}", nullptr), ToolFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolFormat("writes calls in <｜DSML｜function_calls> blocks", nullptr), ToolFormat::kDeepSeekV32);
   EXPECT_EQ(DetectToolFormat(TemplateOf("llama-3.1"), nullptr), ToolFormat::kNone);  // this one shows no tools
   EXPECT_EQ(ParseToolCallParser("deepseek_v3").value(), ToolFormat::kDeepSeekV3);
+  EXPECT_EQ(ParseToolCallParser("deepseek_v32").value(), ToolFormat::kDeepSeekV32);
   EXPECT_EQ(ParseToolCallParser("qwen25").value(), ToolFormat::kHermes);
   EXPECT_FALSE(ParseToolCallParser("auto").value().has_value());
   EXPECT_FALSE(ParseToolCallParser("mistral").ok());
@@ -350,8 +414,8 @@ std::shared_ptr<const grammar::CompiledGrammar> CompileTools(ToolFormat f, const
 }
 
 TEST(ToolGrammarTest, RequiredAndNamedCallsInEachFormat) {
-  for (ToolFormat f :
-       {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
+  for (ToolFormat f : {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kDeepSeekV32, ToolFormat::kHermes,
+                       ToolFormat::kLlama3Json}) {
     SCOPED_TRACE(std::string(ToolFormatName(f)));
     const Json weather = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])");
     const Json two = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
@@ -386,10 +450,46 @@ TEST(ToolGrammarTest, RequiredAndNamedCallsInEachFormat) {
   }
   ToolsSpec refused = WeatherTools(ToolsSpec::Choice::kRequired);
   refused.tools[1]["function"]["parameters"] = Json::parse(R"({"type": "object", "not": {}})");
-  auto g = ToolCallGrammar(ToolFormat::kDeepSeekV3, refused);
-  ASSERT_FALSE(g.ok());
-  EXPECT_NE(g.status().message().find("tool 'get_time'"), std::string::npos) << g.status().message();
-  EXPECT_NE(g.status().message().find("'not'"), std::string::npos) << g.status().message();
+  for (ToolFormat f : {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV32}) {
+    auto g = ToolCallGrammar(f, refused);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("tool 'get_time'"), std::string::npos) << g.status().message();
+    EXPECT_NE(g.status().message().find("'not'"), std::string::npos) << g.status().message();
+  }
+}
+
+// DSML parameters under a forced call: one line a property in the schema's order, required ones always; strings raw
+// (string="true", a length bound or an enum kept), other values JSON by their own schema, $refs into the document
+// resolved.
+TEST(ToolGrammarTest, DeepSeekV32ParametersFollowTheSchema) {
+  ToolsSpec spec;
+  spec.choice = ToolsSpec::Choice::kRequired;
+  spec.parallel = false;
+  spec.tools = Json::parse(R"([{"type": "function", "function": {"name": "plan", "parameters": {
+      "type": "object", "$defs": {"d": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]},
+                     "days": {"$ref": "#/$defs/d"}, "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["city"]}}}])");
+  auto g = CompileTools(ToolFormat::kDeepSeekV32, spec);
+  ASSERT_NE(g, nullptr);
+  const auto call = [](const std::string& args) {
+    return FormatToolCalls(ToolFormat::kDeepSeekV32,
+                           Json::array({Json{{"function", Json{{"name", "plan"}, {"arguments", args}}}}}));
+  };
+  EXPECT_TRUE(grammar::Matches(*g, call(R"({"city": "Lisboa"})")));
+  EXPECT_TRUE(grammar::Matches(*g, call(R"({"city": "Porto", "unit": "c", "days": 7, "tags": ["a", "b"]})")));
+  EXPECT_TRUE(grammar::Matches(*g, call(R"({"city": "", "tags": []})")));
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"city": "Coimbra"})")));             // 7 characters
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"city": "Porto", "days": 8})")));    // past the $ref's maximum
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"city": "Porto", "unit": "k"})")));  // not in the enum
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"days": 2, "city": "Porto"})")));    // out of the schema's order
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"unit": "c"})")));                   // city is required
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"city": "a<b"})")));                 // no '<' in a raw value
+  EXPECT_FALSE(grammar::Matches(*g, call(R"({"city": "Porto", "tags": "a"})")));  // not an array
+  // The text it allows parses back to the arguments.
+  Parsed back = ParseBoth(ToolFormat::kDeepSeekV32, call(R"({"city": "Porto", "days": 3, "tags": ["x"]})"));
+  ASSERT_EQ(back.calls.size(), 1u);
+  EXPECT_EQ(back.calls[0].arguments, R"({"city": "Porto", "days": 3, "tags": ["x"]})");
 }
 
 }  // namespace
