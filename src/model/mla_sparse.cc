@@ -25,8 +25,9 @@ void SparseMlaAttention::LayerSpecs(WeightSpecBuilder& b, int64_t i, const Model
 AttentionFootprint SparseMlaAttention::Footprint(const ModelConfig& c) {
   AttentionFootprint f = MlaAttention::Footprint(c);
   const MlaConfig& m = c.mla;
-  // The indexer's q, k and weights, and a token's selected positions (i32, counted as one value each).
-  f.values_per_token += m.index_n_heads * m.index_head_dim + m.index_head_dim + m.index_n_heads + m.index_topk;
+  // The indexer's q, k and weights, and a token's selected positions and the provider's lists of them (i32, counted
+  // as one value each).
+  f.values_per_token += m.index_n_heads * m.index_head_dim + m.index_head_dim + m.index_n_heads + 2 * m.index_topk + 4;
   f.widest_weight = std::max(f.widest_weight, m.index_n_heads * m.index_head_dim * m.q_lora_rank);
   return f;
 }
@@ -80,8 +81,12 @@ SparseMlaAttention::Scratch SparseMlaAttention::Allocate(Backend& be, const Atte
     s.q = be.Alloc(act, {n, index_heads, index_head_dim});  // [n_tokens, index_heads, index_head_dim]
     s.w = be.Alloc(act, {n, index_heads});                  // [n_tokens, index_heads]
     s.selected = be.Alloc(DType::kI32, {n, topk});          // [n_tokens, index_topk]
+    s.lists = be.Alloc(DType::kI32, {MlaSparseOps::ListInts(n, topk)});
+    AttentionMetadata lists_meta = meta;  // the plan is for the longest list of selected rows
+    lists_meta.max_seq_len = std::min(meta.max_seq_len, topk);
     s.plan = AttentionOpsOf<MlaSparseOps>(be).Plan(
-        meta, {.heads = mla.heads, .k_dim = mla.m.kv_lora_rank + mla.m.qk_rope_head_dim, .v_dim = mla.m.kv_lora_rank},
+        lists_meta,
+        {.heads = mla.heads, .k_dim = mla.m.kv_lora_rank + mla.m.qk_rope_head_dim, .v_dim = mla.m.kv_lora_rank},
         first_layer);
   }
   return s;
@@ -104,7 +109,7 @@ void SparseMlaAttention::Forward(Backend& be, const TensorView& x, const LayerSt
     be.Linear(x, weights_proj, s.w);
     ops.Select(s.plan, s.q, s.w, step.cache, step.meta, index_scale, s.selected);
     mla.AbsorbQuery(be, ms);
-    ops.SparseAbsorbed(s.plan, ms.q_abs, step.cache, step.meta, s.selected, mla.softmax_scale, ms.attn_lat);
+    ops.SparseAbsorbed(s.plan, ms.q_abs, step.cache, step.meta, s.selected, s.lists, mla.softmax_scale, ms.attn_lat);
     be.HeadLinear(ms.attn_lat, mla.w_uv, ms.attn);  // attn[:, h] = W_UV[h] attn_lat[:, h]
   }
   mla.Output(be, ms, out);

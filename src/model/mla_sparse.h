@@ -18,8 +18,8 @@
 //   a.Forward(be, x, step, s, out);
 //
 // The cache is its own attention layout, mla_sparse (MlaSparseOps below): MLA's latent rows plus the indexer's key
-// as the side row (KvCacheSpec::side_dim = index_head_dim). Its providers: backend/cpu/attention_mla_sparse.cc (no
-// GPU provider yet: the CUDA backend refuses the layout by name).
+// as the side row (KvCacheSpec::side_dim = index_head_dim). Its providers: backend/cpu/attention_mla_sparse.cc and
+// backend/cuda/attention_mla_sparse.cc.
 #pragma once
 
 #include <cstdint>
@@ -49,10 +49,13 @@ class MlaSparseOps : public AttentionOps {
                       const KvLayerView& cache, const AttentionMetadata& meta, float scale,
                       const TensorView& selected) = 0;
   // MlaLatentOps::Absorbed's attention over only each token's selected positions (selected as Select leaves it: -1
-  // ends a row's list). q [n, heads, kv_lora + rope]; out [n, heads, kv_lora].
+  // ends a row's list). q [n, heads, kv_lora + rope]; out [n, heads, kv_lora]. `lists` i32 [ListInts(n, k)] is
+  // scratch the provider may use (the GPU's: each token's selected rows as a sequence of its own). The plan is Plan's
+  // for a meta whose max_seq_len is the longest list, min(k, the step's longest context).
   virtual void SparseAbsorbed(const AttentionPlan& plan, const TensorView& q, const KvLayerView& cache,
-                              const AttentionMetadata& meta, const TensorView& selected, float scale,
-                              const TensorView& out) = 0;
+                              const AttentionMetadata& meta, const TensorView& selected, const TensorView& lists,
+                              float scale, const TensorView& out) = 0;
+  static int64_t ListInts(int64_t n, int64_t k) { return n * (k + 4) + 2; }
 };
 
 struct SparseMlaAttention {
@@ -85,6 +88,7 @@ struct SparseMlaAttention {
     Tensor q;         // [n, index_heads, index_head_dim]; empty on a dense step, as are w and selected
     Tensor w;         // [n, index_heads]
     Tensor selected;  // i32 [n, index_topk]
+    Tensor lists;     // i32 [MlaSparseOps::ListInts(n, index_topk)]: SparseAbsorbed's scratch
     AttentionPlan plan;
   };
   // Sparse when some sequence's context exceeds index_topk; otherwise dense MLA in the form MlaAttention picks.

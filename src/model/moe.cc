@@ -84,6 +84,14 @@ void SetSelectionMarginObserver(const SelectionMarginObserver* observer) {
   margin_observer = observer;
 }
 
+bool SelectionMarginObserved() {
+  return margin_observer != nullptr;
+}
+
+void ReportSelectionMargin(int64_t token, float margin) {
+  if (margin_observer != nullptr) (*margin_observer)(token, margin);
+}
+
 void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tokens, const float* bias, int32_t* ids,
                   float* weights) {
   std::vector<float> scores(static_cast<size_t>(p.n_experts)), choice(static_cast<size_t>(p.n_experts));

@@ -53,8 +53,13 @@ void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tok
 float SelectionMargin(const moe_route::Params& p, const float* logits, const float* bias);
 
 // Test hook (the bf16 golden tests): while set on the calling thread, RouteExperts reports every routed token's
-// SelectionMargin, in order (row t of each call as token t). Pass nullptr to clear.
+// SelectionMargin, in order (row t of each call as token t), and so does any other top-k choice of the CPU reference
+// (DeepSeek-V3.2's indexer: the gap between its last kept and best dropped score, relative to the size of the
+// terms summed into them). Pass nullptr to clear.
 using SelectionMarginObserver = std::function<void(int64_t token, float margin)>;
 void SetSelectionMarginObserver(const SelectionMarginObserver* observer);
+// Whether one is set on this thread, and the report to it (nothing when none is).
+bool SelectionMarginObserved();
+void ReportSelectionMargin(int64_t token, float margin);
 
 }  // namespace fathom

@@ -13,6 +13,7 @@
 #include "backend/cpu/kernels.h"
 #include "core/thread_pool.h"
 #include "model/mla_sparse.h"
+#include "model/moe.h"
 
 namespace fathom::cpu {
 
@@ -28,8 +29,8 @@ class CpuMlaSparse final : public MlaSparseOps {
   void Select(const AttentionPlan& plan, const TensorView& q, const TensorView& weights, const KvLayerView& cache,
               const AttentionMetadata& meta, float scale, const TensorView& selected) override;
   void SparseAbsorbed(const AttentionPlan& /*plan*/, const TensorView& q, const KvLayerView& cache,
-                      const AttentionMetadata& meta, const TensorView& selected, float scale,
-                      const TensorView& out) override {
+                      const AttentionMetadata& meta, const TensorView& selected, const TensorView& /*lists*/,
+                      float scale, const TensorView& out) override {
     PagedAttentionReference(be_, q, cache, meta, scale, out, selected);
   }
 
@@ -88,8 +89,12 @@ void CpuMlaSparse::Select(const AttentionPlan& /*plan*/, const TensorView& q, co
   const TensorView& side = cache.side;
   const bool fp8 = side.dtype() == DType::kF8E4M3;
   const int64_t group = GroupOf(side, cache.side_scale);
+  // The bf16 golden tests' hook (model/moe.h): each token's relative gap between its last kept score and the best
+  // dropped one, reported in token order after the parallel loop.
+  const bool observed = SelectionMarginObserved();
+  std::vector<float> margins(observed ? static_cast<size_t>(n) : 0, INFINITY);
   DefaultThreadPool().ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> score, row;
+    thread_local std::vector<float> score, row, magnitude;
     thread_local std::vector<int32_t> order;
     row.resize(static_cast<size_t>(d));
     for (int64_t t = lo; t < hi; ++t) {
@@ -97,16 +102,19 @@ void CpuMlaSparse::Select(const AttentionPlan& /*plan*/, const TensorView& q, co
       const int32_t* table = bt + bts[seq_of[static_cast<size_t>(t)]];
       const float* wt = weights.data<float>() + t * weights.stride(0);
       score.resize(static_cast<size_t>(ctx));
+      if (observed) magnitude.resize(static_cast<size_t>(ctx));
       for (int64_t j = 0; j < ctx; ++j) {
         const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
         LoadCacheRow(CacheRow(side, slot, bs, 0), side.dtype(), fp8 ? ScaleRow(cache.side_scale, slot, bs, 0) : nullptr,
                      group, d, row.data());
-        float sum = 0.0f;
+        float sum = 0.0f, size = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
           const float dot = DotF32(q.data<float>() + t * q.stride(0) + h * q.stride(1), row.data(), d);
           sum += wt[h] * std::max(dot, 0.0f);
+          if (observed) size += std::fabs(wt[h]) * std::max(dot, 0.0f);
         }
         score[static_cast<size_t>(j)] = std::isnan(sum) ? -INFINITY : sum * scale;  // a strict order for the sort
+        if (observed) magnitude[static_cast<size_t>(j)] = size * std::fabs(scale);
       }
       int32_t* out = selected.data<int32_t>() + t * topk;
       const int64_t keep = std::min(topk, ctx);
@@ -118,12 +126,26 @@ void CpuMlaSparse::Select(const AttentionPlan& /*plan*/, const TensorView& q, co
           const float sa = score[static_cast<size_t>(a)], sb = score[static_cast<size_t>(b)];
           return sa > sb || (sa == sb && a < b);
         });
+        if (observed) {
+          // The gap relative to the size of the terms summed (not of the sum, which cancels: weights of both signs),
+          // which is what rounding the inputs moves a score by.
+          const size_t last = static_cast<size_t>(order[static_cast<size_t>(keep - 1)]);
+          size_t best = last;
+          float dropped = -INFINITY;
+          for (int64_t i = keep; i < ctx; ++i) {
+            const size_t j = static_cast<size_t>(order[static_cast<size_t>(i)]);
+            if (score[j] > dropped) dropped = score[j], best = j;
+          }
+          const float size = std::max({magnitude[last], magnitude[best], 1e-30f});
+          margins[static_cast<size_t>(t)] = dropped == -INFINITY ? INFINITY : (score[last] - dropped) / size;
+        }
         std::sort(order.begin(), order.begin() + keep);
       }
       std::copy(order.begin(), order.begin() + keep, out);
       std::fill(out + keep, out + topk, -1);
     }
   });
+  for (size_t t = 0; t < margins.size(); ++t) ReportSelectionMargin(static_cast<int64_t>(t), margins[t]);
 }
 
 }  // namespace

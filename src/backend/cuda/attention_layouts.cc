@@ -5,11 +5,13 @@ namespace fathom::cuda {
 
 std::unique_ptr<AttentionLayoutKernels> MakeGqaPagedKernels(OpContext& ctx);   // attention_gqa.cc
 std::unique_ptr<AttentionLayoutKernels> MakeMlaLatentKernels(OpContext& ctx);  // attention_mla.cc
+std::unique_ptr<AttentionLayoutKernels> MakeMlaSparseKernels(OpContext& ctx);  // attention_mla_sparse.cc
 
 AttentionLayoutTable MakeAttentionLayouts(OpContext& ctx) {
   AttentionLayoutTable t;
   t[static_cast<size_t>(AttentionLayout::kGqaPaged)] = MakeGqaPagedKernels(ctx);
   t[static_cast<size_t>(AttentionLayout::kMlaLatent)] = MakeMlaLatentKernels(ctx);
+  t[static_cast<size_t>(AttentionLayout::kMlaSparse)] = MakeMlaSparseKernels(ctx);
   return t;
 }
 

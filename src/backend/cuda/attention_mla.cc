@@ -71,7 +71,11 @@ AttentionPlan MlaLatentKernels::Plan(const AttentionMetadata& meta, const Attent
 void MlaLatentKernels::Absorbed(const AttentionPlan& step_plan, const TensorView& q, const KvLayerView& cache,
                                 const AttentionMetadata& meta, float scale, const TensorView& out) {
   const AttentionShape shape{.heads = q.dim(1), .k_dim = q.dim(2), .v_dim = out.dim(2)};
-  const AttentionArgs a = PagedAttentionArgs(q, cache, meta, scale, out, shape);
+  AbsorbedOn(step_plan, PagedAttentionArgs(q, cache, meta, scale, out, shape));
+}
+
+void MlaLatentKernels::AbsorbedOn(const AttentionPlan& step_plan, const AttentionArgs& a) {
+  const AttentionShape shape{.heads = a.heads, .k_dim = a.k_dim, .v_dim = a.v_dim};
   AttentionPlan plan = step_plan;
   if (plan.kernel == kMlaDecode) {
     // The step's plan holds for this layer when its shape and views meet the kernel with the same workspace.

@@ -68,8 +68,12 @@ class MlaLatentKernels final : public MlaLatentOps, public AttentionLayoutKernel
   void ContextAttention(const TensorView& q, const TensorView& k_nope, const TensorView& k_rope, const TensorView& v,
                         const AttentionMetadata& meta, float scale, const TensorView& out) override;
 
- private:
+  // Plan and Absorbed on kernel arguments that another provider made (mla_sparse's: each token's selected rows as a
+  // sequence of its own, block_size 1): the plan's layout is the caller's.
   AttentionPlan PlanFor(const AttentionArgs& a, AttentionPlan plan) const;
+  void AbsorbedOn(const AttentionPlan& plan, const AttentionArgs& a);
+
+ private:
   OpContext& ctx_;
   MlaKernelOptions options_;
 };

@@ -73,7 +73,7 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, const cud
   be->formats_ = cuda::MakeLinearFormatKernels(*be);
   for (const auto& f : be->formats_) FATHOM_CHECK(f != nullptr, "a weight format without a CUDA provider");
   be->layouts_ = cuda::MakeAttentionLayouts(*be);
-  // A layout without a provider here (mla_sparse, until its kernels land) is null: attention_ops answers null, and
+  // A layout without a provider here is null: attention_ops answers null, and
   // KvCache::Allocate and the engine builder refuse a model that needs it, naming the layout.
   return be;
 }

@@ -76,6 +76,19 @@ __global__ void __launch_bounds__(512) RmsNormVecKernel(float* x, int64_t xs, co
   }
 }
 
+__global__ void LayerNormKernel(float* x, int64_t xs, const float* w, const float* b, float eps, int64_t cols) {
+  PdlPrologue();
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * xs;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) sum += xr[i];
+  const float mean = BlockSum(sum) / static_cast<float>(cols);
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) ss += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = rsqrtf(BlockSum(ss) / static_cast<float>(cols) + eps);
+  __syncthreads();  // every thread has read the row before any writes it
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) xr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+}
+
 }  // namespace
 
 int LaunchRmsNorm(float* x, int64_t xs, const float* add, int64_t as, const void* w, int wd, float eps, float* out,
@@ -103,6 +116,13 @@ int LaunchRmsNorm(float* x, int64_t xs, const float* add, int64_t as, const void
     LaunchKernel(RmsNormKernel<TW>, static_cast<unsigned>(rows), 256, 0, S(s), x, xs, add, as, wt, eps, out, os, cols);
     return Done();
   });
+}
+
+int LaunchLayerNorm(float* x, int64_t x_stride, const float* w, const float* b, float eps, int64_t rows, int64_t cols,
+                    Stream s) {
+  if (rows == 0 || cols == 0) return 0;
+  LaunchKernel(LayerNormKernel, static_cast<unsigned>(rows), 128, 0, S(s), x, x_stride, w, b, eps, cols);
+  return Done();
 }
 
 }  // namespace fathom::cuda

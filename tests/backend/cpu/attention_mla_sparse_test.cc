@@ -14,6 +14,7 @@
 #include "model/forward_batch.h"
 #include "model/mla_sparse.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "testing/attention.h"
 #include "testing/golden.h"
 #include "testing/random.h"
@@ -227,6 +228,20 @@ TEST(CpuMlaSparseTest, EqualScoresGoToTheLowerPosition) {
   EXPECT_EQ(std::vector<int32_t>(s, s + 3), (std::vector<int32_t>{0, 1, 2}));
   // Rows 1 and 4 (score 4), then the 0.25 rows 0, 3, 5, 6 (score 1): the lowest of them, 0.
   EXPECT_EQ(std::vector<int32_t>(s + 3, s + 6), (std::vector<int32_t>{0, 1, 4}));
+  // The bf16 golden tests' hook (model/moe.h): each token's margin, the gap at the top-k boundary relative to the
+  // terms' size. Keeping 2: the first sequence's ties give 0; the second keeps rows 1 and 4 (4) over 1: 3 / 4.
+  std::vector<float> margins;
+  const SelectionMarginObserver observer = [&](int64_t t, float m) {
+    EXPECT_EQ(t, static_cast<int64_t>(margins.size()));
+    margins.push_back(m);
+  };
+  Tensor two = be.Alloc(DType::kI32, {2, 2});
+  SetSelectionMarginObserver(&observer);
+  ops.Select(AttentionPlan{}, q, w, kv->layer(0), dev->meta(), 1.0f, two);
+  SetSelectionMarginObserver(nullptr);
+  EXPECT_EQ(margins, (std::vector<float>{0.0f, 0.75f}));
+  ops.Select(AttentionPlan{}, q, w, kv->layer(0), dev->meta(), 1.0f, two);  // unobserved: nothing more
+  EXPECT_EQ(margins.size(), 2u);
 }
 
 TEST(CpuMlaSparseTest, SparseAbsorbedAttendsToTheSelectedRowsOnly) {
@@ -246,7 +261,7 @@ TEST(CpuMlaSparseTest, SparseAbsorbedAttendsToTheSelectedRowsOnly) {
   }
   Tensor dense = be.Alloc(DType::kF32, {n, heads, kLora}), sparse = be.Alloc(DType::kF32, {n, heads, kLora});
   testing::MlaAbsorbed(be, q, kv->layer(0), dev->meta(), scale, dense);
-  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), all, scale, sparse);
+  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), all, TensorView(), scale, sparse);
   ASSERT_TRUE(be.Synchronize().ok());
   EXPECT_EQ(testing::MaxAbsDiff(dense.data<float>(), sparse.data<float>(), n * heads * kLora), 0.0f);
   // A chosen subset: the softmax over those rows alone.
@@ -256,7 +271,7 @@ TEST(CpuMlaSparseTest, SparseAbsorbedAttendsToTheSelectedRowsOnly) {
     const std::vector<int32_t> pick = p >= 4 ? std::vector<int32_t>{0, p / 2, p} : std::vector<int32_t>{p, -1, -1};
     std::copy(pick.begin(), pick.end(), some.data<int32_t>() + t * topk);
   }
-  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), some, scale, sparse);
+  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), some, TensorView(), scale, sparse);
   ASSERT_TRUE(be.Synchronize().ok());
   for (int64_t t = 0; t < n; ++t) {
     const std::vector<float>& rows = c.latent[b.seq[t]];
@@ -283,7 +298,7 @@ TEST(CpuMlaSparseTest, SparseAbsorbedAttendsToTheSelectedRowsOnly) {
   }
   // A selected position past the token's own is an error, not a read of another token's row.
   some.data<int32_t>()[0] = 5;  // token 0 is at position 0
-  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), some, scale, sparse);
+  Sparse(be).SparseAbsorbed(AttentionPlan{}, q, kv->layer(0), dev->meta(), some, TensorView(), scale, sparse);
   EXPECT_EQ(be.Synchronize().code(), StatusCode::kInvalidArgument);
 }
 

@@ -892,7 +892,11 @@ using testing::Margin;
 // and for equal greedy tokens up to the first low-margin step. A router has margins too (testing::kRouteNoise): in
 // bf16 a MoE fixture's positions whose expert choice is within bf16 noise in the float32 CPU reference (the prompt
 // followed by the oracle's greedy tokens) are left out of the logit checks, |dlogit| is bounded only before the
-// first such position, and greedy tokens are compared up to it.
+// first such position, and greedy tokens are compared up to it. DeepSeek-V3.2's indexer makes a top-k choice too, of
+// index_topk positions: its margin is the gap between the last kept score and the best dropped one, relative to the
+// size of the terms summed into them (weights of both signs cancel), under
+// the same bound (bf16 GEMMs move the scores by about 2^-8 of their size, and one position swapped moves that token's
+// attention by O(1)).
 using testing::kRouteNoise;
 // The same for W8A8 linears, whose FP8 activations put about 2.5% rms error on each linear's output (against bf16's
 // 0.3%): on the H200, deepseek-v3-fp8-tiny case3 swapped experts at positions 49 and 75, whose margins are above 2^-7,
@@ -933,7 +937,7 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     // MoE in bf16: positions whose expert choice is within bf16 noise (kRouteNoise) are left out.
     const size_t prompt_len = gc.input_ids.size();
     std::vector<bool> route_tie(prompt_len + gc.greedy.size(), false);
-    if (!p.f32_gemm && cfg->is_moe()) {
+    if (!p.f32_gemm && (cfg->is_moe() || cfg->mla.sparse())) {
       std::vector<int32_t> seq = gc.input_ids;
       seq.insert(seq.end(), gc.greedy.begin(), gc.greedy.end() - (gc.greedy.empty() ? 0 : 1));
       auto margins = RouteMargins(p.fixture, *cfg, seq);
@@ -943,8 +947,8 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
         route_tie[t] = (*margins)[t] < (p.w8a8 ? kRouteNoiseW8a8 : kRouteNoise);
         if (route_tie[t]) left_out += " " + std::to_string(t);
       }
-      std::cout << p.fixture << " case" << c << ": positions with a router margin below " << (p.w8a8 ? "2^-4" : "2^-7")
-                << ":" << left_out << "\n";
+      std::cout << p.fixture << " case" << c << ": positions with a router or indexer margin below "
+                << (p.w8a8 ? "2^-4" : "2^-7") << ":" << left_out << "\n";
     }
     // |dlogit| is bounded up to the first such position: a swapped expert moves that token's hidden state by O(1),
     // and later tokens read it through attention (the greedy rule's "up to the first low-margin step"). Top-1 is
@@ -958,7 +962,12 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     const float std_dev = static_cast<float>(std::sqrt(sq / static_cast<double>(gc.logits.size()) - mean * mean));
     // W8A8's stated bounds: five times bf16's (about 2.5% rms error per linear from the FP8 activations, against
     // bf16's 0.3%), for |dlogit| and for the top-1 margin that must hold (0.1 in bf16).
-    const float tol = p.f32_gemm ? 2e-3f : (p.w8a8 ? 0.25f : 0.05f) * std_dev;
+    // DeepSeek-V3.2's fixtures run MLA's absorbed kernel for every token of a sparse step, prefill included (Q and P
+    // rounded to bf16, as in every MLA decode step), where V3's prefill takes the up-projected form: on the H100,
+    // deepseek-v32-fp8-tiny reached 0.13 std (case3 position 13, 0.265 of 1.99) at positions whose selection is as
+    // the CPU's (in float32 GEMMs the same fixture is within 5.4e-5), so their bf16 bound is 0.15 std.
+    const float bf16_bound = cfg->mla.sparse() ? 0.15f : 0.05f;
+    const float tol = p.f32_gemm ? 2e-3f : (p.w8a8 ? 0.25f : bf16_bound) * std_dev;
     const float top1_margin = p.w8a8 ? tol : 0.1f;
     float worst = 0.0f, worst_after_tie = 0.0f;
     bool after_tie = false;
@@ -967,7 +976,12 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
       if (route_tie[t]) continue;
       const float* want = gc.row(static_cast<int64_t>(t));
       float& bound = after_tie ? worst_after_tie : worst;
-      bound = std::max(bound, testing::MaxAbsDiff(h.data() + t * vocab, want, vocab));
+      const float diff = testing::MaxAbsDiff(h.data() + t * vocab, want, vocab);
+      bound = std::max(bound, diff);
+      if (!after_tie && diff > tol) std::cout << "  position " << t << ": |dlogit| " << diff << " before any tie\n";
+      // A position the indexer chose differently from changes that token's attention by O(1), and every later token
+      // reads it: for DeepSeek-V3.2's fixtures top-1 too is checked only before the first selection tie.
+      if (after_tie && cfg->mla.sparse()) continue;
       int32_t want_top = 0, got_top = 0;
       if (Margin(want, vocab, &want_top) > top1_margin) {
         Margin(h.data() + t * vocab, vocab, &got_top);
@@ -976,7 +990,7 @@ TEST_P(CudaGoldenTest, WholePromptAndGreedyThroughTheCache) {
     }
     EXPECT_LE(worst, tol) << "case" << c << " (logit std " << std_dev << ")";
     std::cout << p.fixture << (p.w8a8 ? " W8A8" : "") << " case" << c << ": max |dlogit| " << worst << " (bound " << tol
-              << ")" << (after_tie ? fmt::format(", after the first router tie {}", worst_after_tie) : "") << "\n";
+              << ")" << (after_tie ? fmt::format(", after the first selection tie {}", worst_after_tie) : "") << "\n";
     RecordProperty("case" + std::to_string(c) + "_max_abs_diff", std::to_string(worst));
     // Greedy continuation, one token per step through the cache.
     int32_t next = 0;
@@ -1107,11 +1121,11 @@ TEST(CudaFp8KvErrorTest, AnFp8CacheWithoutScalesIsAnError) {
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
-// DeepSeek-V3.2's sparse MLA has no GPU provider yet: a cache of its layout is refused by name (the engine builder
-// refuses the model the same way), never run on a path that does not exist.
-TEST(CudaSparseMlaTest, CudaSparseMlaIsRefusedByName) {
+// DeepSeek-V3.2's sparse MLA has its GPU provider: a cache of its layout (latent rows and indexer-key side rows)
+// allocates, and an f8 one is served where MLA's is.
+TEST(CudaSparseMlaTest, TheLayoutHasItsProvider) {
   REQUIRE_GPU(gpu);
-  EXPECT_EQ(gpu->attention_ops(AttentionLayout::kMlaSparse), nullptr);
+  ASSERT_NE(gpu->attention_ops(AttentionLayout::kMlaSparse), nullptr);
   const KvCacheSpec spec{.num_layers = 1,
                          .num_kv_heads = 1,
                          .k_dim = 576,
@@ -1119,9 +1133,11 @@ TEST(CudaSparseMlaTest, CudaSparseMlaIsRefusedByName) {
                          .v_in_k = true,
                          .layout = AttentionLayout::kMlaSparse,
                          .side_dim = 128};
-  auto kv = KvCache::Allocate(*gpu, spec, DType::kBF16, 4, 64);
-  ASSERT_FALSE(kv.ok());
-  EXPECT_NE(kv.status().message().find("mla_sparse"), std::string::npos) << kv.status().ToString();
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    auto kv = KvCache::Allocate(*gpu, spec, dtype, 4, 64);
+    ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+    EXPECT_EQ(kv->layer(0).side.dim(3), 128);
+  }
 }
 
 // Prefix caching on the GPU: request A (case3's first 64 tokens + 3 more) is prefilled; request B (the same 64 + 5
@@ -1386,7 +1402,9 @@ void ExpectGraphStepsMatchEager(Model& model, CudaBackend& gpu, int32_t num_seqs
 TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
   REQUIRE_GPU(gpu);
   SetKernelOptions(*gpu, [](cuda::KernelOptions& o) { o.f32_gemm = false; });
-  for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny"}) {
+  // deepseek-v32-tiny's index_topk is 8: its 9-token prompts decode on the sparse path (indexer, top-k, lists).
+  for (const char* name : {"qwen2-distill-tiny", "llama3-distill-tiny", "deepseek-v2-lite-tiny", "deepseek-v3-tiny",
+                           "deepseek-v32-tiny"}) {
     auto fx = LoadFixture(name, *gpu);
     ASSERT_TRUE(fx.ok()) << fx.status().ToString();
     ExpectGraphStepsMatchEager(*fx->model, *gpu, /*num_seqs=*/3, /*prompt_len=*/9, /*steps=*/40, 1e-4f, name);
@@ -1420,10 +1438,10 @@ TEST(CudaDecodeGraphsTest, ReplayedStepsMatchEagerSteps) {
 // selection value), and bf16 rounding swaps such experts; the CPU reference does the same when its GEMM inputs are
 // rounded to bf16. MoE fixtures therefore take the router's low-margin rule (kRouteNoise, RouteMargins) in bf16.
 // Every fixture of tests/data/models/registry.json with float32 and with bf16 GEMMs; deepseek-v3-fp8-tiny also with
-// the W8A8 GEMM. DeepSeek-V3.2's sparse attention has no GPU provider yet (CudaSparseMlaIsRefusedByName below).
+// the W8A8 GEMM. DeepSeek-V3.2's fixtures run its sparse attention wherever a case is longer than index_topk (8).
 std::vector<GoldenParam> GoldenParams() {
   std::vector<GoldenParam> v;
-  for (const std::string& f : testing::FixtureNames({.without = {"sparse-attention"}})) {
+  for (const std::string& f : testing::FixtureNames({})) {
     v.push_back({f, true});
     v.push_back({f, false});
   }

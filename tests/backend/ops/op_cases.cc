@@ -15,6 +15,7 @@
 #include "format/fp8_block.h"
 #include "format/int4.h"
 #include "model/forward_batch.h"
+#include "model/mla_sparse.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "testing/attention.h"
@@ -850,6 +851,170 @@ struct GatherContextCase {
   }
 };
 
+// DeepSeek-V3.2's sparse attention (model/mla_sparse.h's MlaSparseOps) on one layer.
+MlaSparseOps& Sparse(Backend& be) {
+  return AttentionOpsOf<MlaSparseOps>(be);
+}
+
+// Small integers in [-2, 2] of `dtype` (f8: the codes of those values): products and sums of them are exact in
+// float32, so that the indexer's scores are the same on every backend and its choice (ties included, which integers
+// make many of) can be compared exactly.
+TensorView SmallInts(Setup& s, DType dtype, const std::vector<int64_t>& shape, uint32_t seed) {
+  Tensor t = Tensor::Empty(dtype, shape);
+  const uint64_t key = KeyOf(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int v = static_cast<int>(Uniform(key, i) * 5.0) - 2;
+    if (dtype == F8) {
+      constexpr std::array<uint8_t, 5> kCodes = {0xC0, 0xB8, 0x00, 0x38, 0x40};  // e4m3 -2, -1, 0, 1, 2
+      t.data<uint8_t>()[i] = kCodes[static_cast<size_t>(v + 2)];
+      continue;
+    }
+    const float f = static_cast<float>(v);
+    ConvertFromF32(&f, 1, dtype, t.view().raw(), i);
+  }
+  return s.Put(t);
+}
+
+// The side rows of a cache of `dtype` [blocks, bs, 1, d] (with power-of-two scales for f8), zeros or small integers.
+KvLayerView SideCache(Setup& s, const Batch& b, int64_t d, DType dtype, bool ints, uint32_t seed) {
+  KvLayerView c;
+  c.side = ints ? SmallInts(s, dtype, {b.Blocks(), b.block_size, 1, d}, seed)
+                : s.Zeros(dtype, {b.Blocks(), b.block_size, 1, d});
+  if (dtype == F8) {
+    const KvCacheSpec spec{.side_dim = d};
+    c.side_scale = s.Put(RandomScales({b.Blocks(), b.block_size, 1, d / spec.side_scale_group()}, seed + 100));
+  }
+  return c;
+}
+
+// MlaSparseOps::WriteIndexKeys: the indexer's key rows LayerNorm'd, roped by halves and written to the side rows.
+struct IndexKeysCase {
+  int64_t d, rope;
+  DType cache;
+  Batch batch;
+  std::string Op() const { return "WriteIndexKeys"; }
+  std::string Shape() const { return fmt::format("d={} rope={} batch={}", d, rope, batch.ToString()); }
+  std::string DTypes() const { return fmt::format("k=f32 cache={}", Name(cache)); }
+  double Bytes() const {
+    return static_cast<double>(batch.Tokens() * d) * (8.0 + static_cast<double>(DTypeSize(cache)));
+  }
+  double Flops() const { return static_cast<double>(batch.Tokens() * d) * 10.0; }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const ForwardBatch fb = batch.Step();
+    const AttentionMetadata& meta = s->Meta(fb);
+    const int64_t n = fb.num_tokens();
+    const Tensor k0 = RandomHost(F32, {n, d}, 1, 3.0f);
+    const TensorView k = s->Zeros(F32, {n, d});  // [n, d]: the projection, normalized in place at each run
+    const TensorView k_in = s->Put(k0);
+    const TensorView w = s->Random(F32, {d}, 2), bias = s->Random(F32, {d}, 3);
+    const auto [cos, sin] = RandomCosSin(*s, n, rope / 2, 4);
+    const KvLayerView kv = SideCache(*s, batch, d, cache, false, 5);
+    s->op = [&be, k, k_in, w, bias, cos, sin, meta, kv] {
+      be.Copy(k_in, k);
+      Sparse(be).WriteIndexKeys(k, w, bias, 1e-6f, cos, sin, meta, kv);
+      return OkStatus();
+    };
+    s->Output("side", kv.side);
+    if (cache == F8) s->Output("side_scale", kv.side_scale);
+    s->Output("k", k);
+    return s;
+  }
+};
+
+// MlaSparseOps::Select on small-integer inputs (exact scores): the positions must be the CPU's, ties included.
+struct IndexerSelectCase {
+  int64_t heads, d, topk;
+  DType cache;
+  Batch batch;
+  std::string Op() const { return "IndexerSelect"; }
+  std::string Shape() const { return fmt::format("heads={} d={} topk={} batch={}", heads, d, topk, batch.ToString()); }
+  std::string DTypes() const { return fmt::format("q=f32 cache={}", Name(cache)); }
+  double Bytes() const {
+    return static_cast<double>(batch.CausalPairs() * d) * static_cast<double>(DTypeSize(cache)) +
+           static_cast<double>(batch.Tokens() * topk) * 4.0;
+  }
+  double Flops() const { return 2.0 * static_cast<double>(batch.CausalPairs() * heads * d); }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const ForwardBatch fb = batch.Step();
+    const AttentionMetadata& meta = s->Meta(fb);
+    const int64_t n = fb.num_tokens();
+    const TensorView q = SmallInts(*s, F32, {n, heads, d}, 1);  // [n, heads, d]
+    const TensorView w = SmallInts(*s, F32, {n, heads}, 2);     // [n, heads]
+    const KvLayerView kv = SideCache(*s, batch, d, cache, true, 3);
+    const TensorView selected = s->Zeros(DType::kI32, {n, topk});  // [n, topk]
+    s->op = [&be, q, w, kv, meta, selected] {
+      Sparse(be).Select(AttentionPlan{}, q, w, kv, meta, 0.5f, selected);
+      return OkStatus();
+    };
+    s->Output("selected", selected);
+    return s;
+  }
+};
+
+// MlaSparseOps::SparseAbsorbed over random selections of each token's positions (min(topk, context) of them,
+// ascending, then -1s), on a random latent cache.
+struct SparseAbsorbedCase {
+  int64_t heads, k_dim, v_dim, topk;
+  DType cache;
+  Batch batch;
+  std::string Op() const { return "SparseAbsorbed"; }
+  std::string Shape() const {
+    return fmt::format("heads={} k={} v={} topk={} batch={}", heads, k_dim, v_dim, topk, batch.ToString());
+  }
+  std::string DTypes() const { return fmt::format("q=f32 cache={}", Name(cache)); }
+  int64_t Kept() const {
+    int64_t kept = 0;
+    for (size_t i = 0; i < batch.cached.size(); ++i) {
+      for (int32_t j = 0; j < batch.fresh[i]; ++j) kept += std::min<int64_t>(topk, batch.cached[i] + j + 1);
+    }
+    return kept;
+  }
+  double Bytes() const {
+    const KvCacheSpec spec{1, 1, k_dim, v_dim, true};
+    return static_cast<double>(Kept()) * CacheRowBytes(cache, k_dim, spec.k_scale_group()) +
+           4.0 * static_cast<double>(batch.Tokens() * heads * (k_dim + v_dim));
+  }
+  double Flops() const { return 2.0 * static_cast<double>(Kept() * heads * (k_dim + v_dim)); }
+  std::unique_ptr<OpRun> Prepare(Backend& be) const {
+    auto s = std::make_unique<Setup>(be);
+    const ForwardBatch fb = batch.Step();
+    const AttentionMetadata& meta = s->Meta(fb);
+    const int64_t n = fb.num_tokens();
+    const KvLayerView kv = RandomCache(*s, batch, 1, k_dim, v_dim, true, cache, 3);
+    const TensorView q = s->Random(F32, {n, heads, k_dim}, 1);  // [n, heads, k_dim]
+    const TensorView out = s->Zeros(F32, {n, heads, v_dim});    // [n, heads, v_dim]
+    Tensor sel = Tensor::Empty(DType::kI32, {n, topk});         // [n, topk]
+    std::mt19937 rng(11);
+    int64_t t = 0;
+    for (size_t i = 0; i < batch.cached.size(); ++i) {
+      for (int32_t j = 0; j < batch.fresh[i]; ++j, ++t) {
+        const int32_t ctx = batch.cached[i] + j + 1;
+        std::vector<int32_t> all(static_cast<size_t>(ctx));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        const int64_t keep = std::min<int64_t>(topk, ctx);
+        std::sort(all.begin(), all.begin() + keep);
+        for (int64_t r = 0; r < topk; ++r) sel.data<int32_t>()[t * topk + r] = r < keep ? all[r] : -1;
+      }
+    }
+    const TensorView selected = s->Put(sel);
+    const TensorView lists = s->Zeros(DType::kI32, {MlaSparseOps::ListInts(n, topk)});
+    AttentionMetadata lists_meta = meta;
+    lists_meta.max_seq_len = std::min<int64_t>(meta.max_seq_len, topk);
+    const float scale = 1.0f / std::sqrt(192.0f);
+    const AttentionShape shape{.heads = heads, .k_dim = k_dim, .v_dim = v_dim};
+    s->op = [&be, q, kv, meta, lists_meta, selected, lists, scale, out, shape] {
+      const AttentionPlan plan = Sparse(be).Plan(lists_meta, shape, kv);  // planned at each run, as the model does
+      Sparse(be).SparseAbsorbed(plan, q, kv, meta, selected, lists, scale, out);
+      return OkStatus();
+    };
+    s->Output("out", out);
+    return s;
+  }
+};
+
 // MlaContextAttention at DeepSeek's dims (nope 128, rope 64, v 128): k_nope and v as the halves of the up-projected
 // kv [ctx, heads, 256], k_rope the last 64 values of the latent rows [ctx, 576].
 struct MlaContextCase {
@@ -1601,6 +1766,35 @@ std::vector<OpCase> BuildCases() {
       {{28, 4, 128, 64, false, F8, kRealMixed}, "default", kF8Cache, kGpu},
   };
   Add(c, rope_write_kv_rows);
+  // DeepSeek-V3.2's sparse attention: the indexer's keys, its choice (exact: small-integer inputs), and MLA over the
+  // chosen rows (MLA's kernel where it fits, the paged kernels at the tiny fixtures' dims).
+  const Batch kSparseDecode{"decode", {37, 100, 20, 2}, {1, 1, 1, 1}};
+  const Batch kV32Decode = SameSeqs("decode", 32, 4095, 1);
+  const Row<IndexKeysCase> index_keys_rows[] = {
+      {{32, 8, F32, kMixed}, "default", kRope},
+      {{128, 64, BF16, kMixed}, "default", kBf16Cache},
+      {{128, 64, F8, kMixed}, "default", kF8Cache},
+  };
+  Add(c, index_keys_rows);
+  const Row<IndexerSelectCase> select_rows[] = {
+      {{16, 32, 8, F32, kMixed}, "default", kExact},  // the tiny fixtures' indexer
+      {{16, 32, 8, BF16, kSparseDecode}, "default", kExact},
+      {{64, 128, 16, BF16, kMixed}, "default", kExact},
+      {{64, 128, 16, F8, kMixed}, "default", kExact},
+      {{64, 128, 2048, BF16, kLongDecode}, "default", kExact, kGpu},  // V3.2's
+      {{64, 128, 2048, BF16, kV32Decode}, "default", kExact, kGpu},
+      {{64, 128, 2048, BF16, kRealPrefill}, "default", kExact, kGpu},
+  };
+  Add(c, select_rows);
+  const Row<SparseAbsorbedCase> sparse_rows[] = {
+      {{4, 40, 32, 8, F32, kMixed}, "default", kF32},  // the tiny fixtures' dims: the paged kernels
+      {{4, 40, 32, 8, BF16, kSparseDecode}, "default", kBf16Attention},
+      {{16, 576, 512, 16, BF16, kSmallMla}, "default", kBf16Attention},           // MLA's kernel over the lists
+      {{16, 576, 512, 16, BF16, kSmallMla}, "no_mla_attention", kBf16Attention},  // the paged kernels' bf16 P
+      {{16, 576, 512, 16, F8, kSmallMla}, "default", kBf16Attention},
+      {{128, 576, 512, 2048, BF16, kBatchLongDecode}, "default", kBf16Attention, kGpu},
+  };
+  Add(c, sparse_rows);
   const Row<AttentionCase> attention_rows[] = {
       // small: GQA 8/2 at head_dim 64, every kernel variant, f32 and bf16 caches, prefill and decode batches
       {{8, 2, 64, 64, false, F32, kMixed}, "default", kF32},
