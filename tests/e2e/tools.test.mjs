@@ -4,8 +4,10 @@
 // not, parallel_tool_calls, the history of calls rendered back, and the errors.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
 import OpenAI from 'openai';
-import {startServer} from './lib/fathom.mjs';
+import {dataDir, startServer, tmpDir, writeTokenizer} from './lib/fathom.mjs';
 
 let srv, client;
 before(async () => {
@@ -212,12 +214,37 @@ test('a call cut short by max_tokens inside its markup leaves none in content, n
   assert.ok(withCall > 0, 'no cut happened inside the arguments');
 });
 
-// DeepSeek-V3.2's DSML, through the same client: the demo model with the built-in V3.2 encoding (what a deepseek_v32
-// checkpoint gets by itself). A forced call is a grammar of DSML parameter lines; a call the model writes (a regex
-// plays the model) is parsed, streamed and not; and the round trip: the call and its result go back in the history,
-// encoded as V3.2 encodes them, and the model answers.
-test('DeepSeek-V3.2 DSML: forced and written calls, streamed and not, and a round trip with the result', async () => {
-  const local = await startServer(['--chat-template', 'deepseek_v32', '--access-log', 'off']);
+// A DeepSeek-V3.2 checkpoint as published: model_type deepseek_v32 and a tokenizer without a chat template, so the
+// server picks the built-in V3.2 encoding by itself. The real config cut to two small layers (index_topk 8, so that
+// prompts run the sparse attention) with dummy weights, and DeepSeek-V3's tokenizer (V3.2's vocabulary).
+function v32Folder() {
+  const dir = tmpDir('fathom-v32-serve-');
+  writeTokenizer(dir);
+  const tc = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'));
+  delete tc.chat_template;
+  fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
+  const cfg = JSON.parse(fs.readFileSync(path.join(dataDir, 'configs/deepseek-v3.2.json'), 'utf8'));
+  delete cfg.quantization_config;
+  delete cfg.rope_scaling;
+  Object.assign(cfg, {hidden_size: 64, intermediate_size: 128, moe_intermediate_size: 32, n_routed_experts: 4,
+                      n_shared_experts: 1, num_experts_per_tok: 2, n_group: 1, topk_group: 1, num_hidden_layers: 2,
+                      first_k_dense_replace: 1, num_attention_heads: 4, num_key_value_heads: 4, q_lora_rank: 32,
+                      kv_lora_rank: 32, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16,
+                      index_n_heads: 4, index_head_dim: 32, index_topk: 8, max_position_embeddings: 4096,
+                      num_nextn_predict_layers: 0});
+  fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(cfg));
+  return dir;
+}
+
+// DeepSeek-V3.2's DSML, through the same client, on that checkpoint. A forced call is a grammar of DSML parameter
+// lines; a call the model writes (a regex plays the model) is parsed, streamed and not; the round trip: the call and
+// its result go back in the history, encoded as V3.2 encodes them, and the model answers. `thinking` decides per
+// request whether the answer is reasoning.
+test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, streamed and not, a round trip, and thinking',
+     async () => {
+  const dir = v32Folder();
+  const local = await startServer(['--model', path.join(dir, 'config.json'), '--load-format', 'dummy', '--tokenizer',
+                                   dir, '--served-model-name', 'deepseek-chat', '--access-log', 'off']);
   try {
     const c = new OpenAI({baseURL: local.url + '/v1', apiKey: 'x', maxRetries: 0});
     const forced = await c.chat.completions.create({model: 'deepseek-chat', messages, tools, tool_choice: 'required',
@@ -272,6 +299,12 @@ test('DeepSeek-V3.2 DSML: forced and written calls, streamed and not, and a roun
     assert.ok(text.includes(`<｜Assistant｜></think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="${call.function.name}">` +
                             `\n${params}\n</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>`), text);
     assert.ok(text.endsWith('\n\n<function_results>\n<result>21 degrees</result>\n</function_results>\n\n</think>'), text);
+    // thinking: the prompt ends in <think> and the output is reasoning; without it, content.
+    const ask = (type) => c.chat.completions.create({model: 'deepseek-chat', messages, max_tokens: 6, seed: 3,
+                                                     thinking: {type}});
+    const on = (await ask('enabled')).choices[0].message, off = (await ask('disabled')).choices[0].message;
+    assert.ok(on.reasoning_content && !on.content, JSON.stringify(on));
+    assert.ok(off.content && off.reasoning_content == null, JSON.stringify(off));
   } finally {
     await local.stop();
   }
