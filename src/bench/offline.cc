@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <random>
@@ -166,6 +167,7 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
   for (double s : pass.decode_steps_s) r.decode_s += s;
   r.decode_step_s = Summarize(pass.decode_steps_s);
   r.decode_tokens_per_s = r.decode_s > 0 ? pass.decode_tokens / r.decode_s : 0;
+  r.decode_batch_mean = steps > 0 ? pass.decode_tokens / static_cast<double>(steps) : 0;
   r.total_s = pass.total_s;
   if (steps > 0) {
     r.forward_s_per_step =
@@ -179,7 +181,9 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
     r.prefill_mfu = costs.PrefillFlops(batch_size, o.input_len) / pass.prefill_s / peaks.flops;
   }
   const double context = steps > 0 ? pass.context_sum / static_cast<double>(steps) : o.input_len;
-  r.roofline = DecodeRoofline(costs, peaks, batch_size, context, r.decode_step_s.mean);
+  // The roofline of the batch the decode steps held (a step reads the weights once for however many sequences).
+  const int64_t held = steps > 0 ? std::max<int64_t>(1, std::llround(r.decode_batch_mean)) : batch_size;
+  r.roofline = DecodeRoofline(costs, peaks, held, context, r.decode_step_s.mean);
   return r;
 }
 

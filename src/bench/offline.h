@@ -58,9 +58,13 @@ struct OfflineLevel {
   int64_t prefill_steps = 0;
   double prefill_tokens_per_s = 0;
   Summary ttft_s;         // per request
-  Summary decode_step_s;  // per decode step (every sequence gains a token)
+  Summary decode_step_s;  // per decode step: every step after the last sequence's first token
   double decode_s = 0;
   double decode_tokens_per_s = 0;
+  // Sequences a decode step held on average: batch_size, unless the prefills ended at different steps (chunked by
+  // the token budget: long prompts at large batches), so that the first sequences decoded beside later prefills and
+  // some finished before the last one's first token. The decode figures and the roofline are then of this batch.
+  double decode_batch_mean = 0;
   double total_s = 0;
   double forward_s_per_step = 0;     // model execution share of a decode step
   double cpu_s_per_step = 0;         // scheduling, batch building, sampling

@@ -388,6 +388,13 @@ std::string FormatOfflineTable(const OfflineRunInfo& info, const std::vector<Off
         l.collective_s_per_step > 0 ? fmt::format(" (collectives {:.2f} ms)", l.collective_s_per_step * 1e3)
                                     : std::string(),
         l.cpu_s_per_step * 1e3, l.preemptions ? fmt::format("; {} preemptions", l.preemptions) : std::string());
+    if (l.decode_batch_mean > 0 && l.decode_batch_mean < l.batch_size - 0.5) {
+      out += fmt::format(
+          "  note: the decode steps held {:.1f} of the {} sequences on average: their prefills ended at different "
+          "steps (the token budget chunks them), so the decode figures are of that smaller batch; raise "
+          "--output-len or --max-num-batched-tokens for a whole one\n",
+          l.decode_batch_mean, l.batch_size);
+    }
   }
   out += std::string(width, '=') + "\n";
   return out;
@@ -426,6 +433,7 @@ json OfflineJson(const OfflineRunInfo& info, const std::vector<OfflineLevel>& le
                    {"ttft_ms", SummaryJson(l.ttft_s, 1e3)},
                    {"decode_step_ms", SummaryJson(l.decode_step_s, 1e3)},
                    {"decode_tokens_per_s", l.decode_tokens_per_s},
+                   {"decode_batch_mean", l.decode_batch_mean},
                    {"decode_forward_ms_per_step", l.forward_s_per_step * 1e3},
                    {"decode_engine_cpu_ms_per_step", l.cpu_s_per_step * 1e3},
                    {"decode_collective_ms_per_step", l.collective_s_per_step * 1e3},

@@ -116,6 +116,24 @@ TEST(BenchCliTest, SweepAgainstAFakeServer) {
   fs::remove(svg);
 }
 
+// A token budget of one prompt a step staggers four prefills: the first sequences decode beside the later prefills
+// and finish early, so the decode steps hold fewer than four. The bench says so, and its roofline is of that batch.
+TEST(BenchCliTest, OfflineStaggeredPrefillsAreReported) {
+  const fs::path out = TempPath("offline_staggered.json");
+  const std::string model = std::string(FATHOM_TEST_DATA_DIR) + "/models/qwen2-distill-tiny";
+  RunResult r = RunFathom(
+      fmt::format("bench --offline --model {} --batch-size 4 --input-len 8 --output-len 6 --max-num-batched-tokens 8 "
+                  "--threads 2 --output {}",
+                  model, out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json j = ReadJson(out);
+  ASSERT_EQ(j["levels"].size(), 1u);
+  const double held = j["levels"][0]["decode_batch_mean"].get<double>();
+  EXPECT_GT(held, 0.0);
+  EXPECT_LT(held, 3.5);
+  EXPECT_NE(r.out.find("note: the decode steps held"), std::string::npos) << r.out;
+}
+
 TEST(BenchCliTest, OfflineTinyModel) {
   const fs::path out = TempPath("offline.json");
   const std::string model = std::string(FATHOM_TEST_DATA_DIR) + "/models/qwen2-distill-tiny";
@@ -148,6 +166,7 @@ TEST(BenchCliTest, OfflineTinyModel) {
       EXPECT_GT(l["roofline"][key].get<double>(), 0) << key;
     }
     EXPECT_DOUBLE_EQ(l["roofline"]["mean_context"].get<double>(), 8 + 4 / 2.0);
+    EXPECT_DOUBLE_EQ(l["decode_batch_mean"].get<double>(), static_cast<double>(i + 1));  // the whole batch
   }
   fs::remove(out);
 }
