@@ -40,15 +40,23 @@ int FuzzGrammar(const uint8_t* data, size_t size);
 // read) and by a strict RFC 9112 parser standing for a proxy in front: a request both accept must be framed alike
 // (method, target, body, end), or a request could be smuggled past the proxy.
 int FuzzHttpFraming(const uint8_t* data, size_t size);
+// A model's output (after a byte that picks the tool-call format and one that picks the piece size) through the
+// streaming tool-call parser, whole and in pieces: the deltas must add up to the calls it reports.
+int FuzzToolCalls(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // also the corpus folder: tests/data/fuzz/<name>/
   int (*fn)(const uint8_t*, size_t);
 };
 inline constexpr Target kTargets[] = {
-    {"http", FuzzHttp},           {"json_routes", FuzzJsonRoutes},     {"model_files", FuzzModelFiles},
-    {"tokenizer", FuzzTokenizer}, {"chat_template", FuzzChatTemplate}, {"grammar", FuzzGrammar},
+    {"http", FuzzHttp},
+    {"json_routes", FuzzJsonRoutes},
+    {"model_files", FuzzModelFiles},
+    {"tokenizer", FuzzTokenizer},
+    {"chat_template", FuzzChatTemplate},
+    {"grammar", FuzzGrammar},
     {"http_framing", FuzzHttpFraming},
+    {"tool_calls", FuzzToolCalls},
 };
 
 // `input` split at the first line equal to `marker` (the marker line and its newline removed); `second` is empty

@@ -409,10 +409,34 @@ def http_framing():
         write("http_framing", name, data.encode("latin-1"))
 
 
+# --- tool_calls: a format byte (0 none, 1 deepseek_v3, 2 deepseek_v31, 3 deepseek_v32, 4 hermes, 5 llama3_json), a
+# piece-size byte, then a model's output ----------------------------------------------------------------------------
+def tool_calls():
+    v3 = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+          '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n'
+          "```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    v31 = ('Ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{"q":"x"}<｜tool▁call▁end｜>'
+           "<｜tool▁call▁begin｜>open<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜> after")
+    dsml = ('Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+            '<｜DSML｜parameter name="city" string="true">São "Paulo"</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="days" string="false">[1, {"a": 2}]</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+            '<｜DSML｜invoke name="t">\n\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+    hermes = ('I will look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+    llama = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}'
+    seeds = {"none_text": (0, 1, "plain text <｜tool▁calls▁begin｜> stays"), "v3_two": (1, 3, v3),
+             "v3_cut": (1, 1, v3[:70]), "v31_two": (2, 5, v31), "dsml_two": (3, 2, dsml), "dsml_cut": (3, 7, dsml[:150]),
+             "dsml_bad_param": (3, 4, '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter '
+                                      'name="k" string="false">not json</｜DSML｜parameter>\nstray</｜DSML｜invoke>'),
+             "hermes_two": (4, 6, hermes), "llama3": (5, 9, llama)}
+    for name, (fmt, piece, text) in seeds.items():
+        write("tool_calls", name, bytes([fmt, piece]) + text.encode())
+
+
 if __name__ == "__main__":
     generators = {"model_files": [model_files], "tokenizer": [tokenizers], "chat_template": [chat_templates],
                   "http": [http_tokenizer, http_requests], "json_routes": [json_routes], "grammar": [grammar],
-                  "http_framing": [http_framing]}
+                  "http_framing": [http_framing], "tool_calls": [tool_calls]}
     for target in sys.argv[1:] or generators:
         for generate in generators[target]:
             generate()

@@ -133,7 +133,7 @@ TEST_P(FuzzReplayTest, CorpusAndMutations) {
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzReplayTest,
                          ::testing::Values(Case{kTargets[0], 1500}, Case{kTargets[1], 20000}, Case{kTargets[2], 3000},
                                            Case{kTargets[3], 1500}, Case{kTargets[4], 8000}, Case{kTargets[5], 3000},
-                                           Case{kTargets[6], 20000}),
+                                           Case{kTargets[6], 20000}, Case{kTargets[7], 100000}),
                          [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.target.name); });
 
 }  // namespace
