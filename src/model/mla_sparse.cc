@@ -53,6 +53,9 @@ StatusOr<SparseMlaAttention> SparseMlaAttention::Bind(const WeightStore& w, Back
   if (m.q_lora_rank <= 0) {
     return InvalidArgumentError("config.json: DeepSeek sparse attention needs q_lora_rank (the indexer's queries)");
   }
+  if (const auto* ops = dynamic_cast<const MlaSparseOps*>(be.attention_ops(AttentionLayout::kMlaSparse))) {
+    FATHOM_RETURN_IF_ERROR(ops->ServesIndexer(m.index_n_heads, m.index_head_dim));
+  }
   SparseMlaAttention a;
   FATHOM_ASSIGN_OR_RETURN(a.mla, MlaAttention::Bind(w, be, p, c, par, constants));
   const std::string ix = p + "indexer.";

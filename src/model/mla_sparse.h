@@ -35,6 +35,10 @@ class MlaSparseOps : public AttentionOps {
   static constexpr AttentionLayout kLayout = AttentionLayout::kMlaSparse;
   AttentionLayout layout() const override { return kLayout; }
 
+  // OK where this provider's kernels take an indexer of `heads` heads of `dim` values; otherwise INVALID_ARGUMENT
+  // saying what they take, so that such a model is refused at load rather than failing at its first sparse step.
+  virtual Status ServesIndexer(int64_t /*heads*/, int64_t /*dim*/) const { return OkStatus(); }
+
   // The indexer's key rows, in place: k [n, d] becomes LayerNorm(k) * norm_weight + norm_bias (eps; weight and bias
   // f32 [d]), its first 2 * cos.dim(1) values rotated by halves (Backend::ApplyRope, interleaved=false); then each
   // row is written to its token's slot of cache.side (d = the side row's width).

@@ -28,6 +28,13 @@ class CudaMlaSparse final : public MlaSparseOps, public AttentionLayoutKernels {
   AttentionOps& ops() override { return *this; }
   Status ReadEnvironment() override { return mla_.ReadEnvironment(); }
   Status ServesCacheDtype(DType dtype) const override { return mla_.ServesCacheDtype(dtype); }
+  Status ServesIndexer(int64_t heads, int64_t dim) const override {
+    if (IndexerShapeFits(heads, dim)) return OkStatus();
+    return InvalidArgumentError(fmt::format(
+        "the cuda backend's indexer kernel takes 1 to {} heads of a multiple of 32 values (at most 12,288 values a "
+        "token); this model's indexer has {} heads of {} (index_n_heads, index_head_dim): run it with --device cpu",
+        kMaxIndexerHeads, heads, dim));
+  }
 
   AttentionPlan Plan(const AttentionMetadata& meta, const AttentionShape& shape,
                      const KvLayerView& first_layer) override {

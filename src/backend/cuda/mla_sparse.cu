@@ -238,9 +238,13 @@ int64_t ScoreGroup(const IndexerArgs& a) {
 
 }  // namespace
 
+bool IndexerShapeFits(int64_t heads, int64_t d) {
+  return heads >= 1 && heads <= kMaxIndexerHeads && d >= kDChunk && d % kDChunk == 0 &&
+         (heads * d + heads) * 4 <= 48 * 1024;
+}
+
 bool IndexerFits(const IndexerArgs& a) {
-  return a.heads >= 1 && a.heads <= kMaxIndexerHeads && a.d >= kDChunk && a.d % kDChunk == 0 && a.q_s1 % 4 == 0 &&
-         a.q_s0 % 4 == 0 && (a.heads * a.d + a.heads) * 4 <= 48 * 1024 && CacheScalesFit(a.side, a.d);
+  return IndexerShapeFits(a.heads, a.d) && a.q_s1 % 4 == 0 && a.q_s0 % 4 == 0 && CacheScalesFit(a.side, a.d);
 }
 
 int64_t IndexerWorkspaceBytes(const IndexerArgs& a) {

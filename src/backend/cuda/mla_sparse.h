@@ -33,6 +33,9 @@ struct IndexerArgs {
 
 // At most this many indexer heads (V3.2 has 64).
 inline constexpr int64_t kMaxIndexerHeads = 64;
+// The indexer shapes the kernel takes: 1 to kMaxIndexerHeads heads of a multiple of 32 values, q and the weights of a
+// token within 48 KiB of shared memory. IndexerFits adds the views' conditions.
+bool IndexerShapeFits(int64_t heads, int64_t d);
 bool IndexerFits(const IndexerArgs& a);
 // The scores' scratch: a row of max_seq_len float32 for as many tokens at once as fit 256 MiB (at least one).
 int64_t IndexerWorkspaceBytes(const IndexerArgs& a);

@@ -1140,6 +1140,25 @@ TEST(CudaSparseMlaTest, TheLayoutHasItsProvider) {
   }
 }
 
+// An indexer the GPU kernel does not take (more than 64 heads, or a head size not a multiple of 32) is refused when
+// the model loads, naming the fields, rather than failing at the first sparse step.
+TEST(CudaSparseMlaTest, AnIndexerTheKernelDoesNotTakeIsRefusedAtLoad) {
+  REQUIRE_GPU(gpu);
+  auto cfg = LoadModelConfig(testing::ModelDir("deepseek-v32-tiny"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ModelConfig wide = *cfg;
+  wide.mla.index_n_heads = 128;
+  auto m = LoadModel("", wide, DummyWeights(7), *gpu);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("index_n_heads"), std::string::npos) << m.status().ToString();
+  ModelConfig odd = *cfg;
+  odd.mla.index_head_dim = 40;
+  m = LoadModel("", odd, DummyWeights(7), *gpu);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("index_head_dim"), std::string::npos) << m.status().ToString();
+  ASSERT_TRUE(LoadModel("", *cfg, DummyWeights(7), *gpu).ok());
+}
+
 // Prefix caching on the GPU: request A (case3's first 64 tokens + 3 more) is prefilled; request B (the same 64 + 5
 // others) then reuses A's four full blocks of 16 and prefills only its 5 new tokens from position 64. B's logits must
 // be those of B prefilled from scratch in other blocks: with float32 inputs everywhere (f32_gemm, a
