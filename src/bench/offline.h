@@ -31,6 +31,12 @@ struct OfflineOptions {
   // whole batch) and the KV blocks unless the user set them.
   bool fit_token_budget = true;
   bool fit_kv_blocks = true;
+  // Prefill every prompt first (a pass of one token each, which leaves the prompts in the prefix cache), then measure
+  // on the same prompts: they hit the cache, so the measured pass prefills only each prompt's last partial block, in
+  // one step, and every sequence decodes from the first decode step on, where a token budget that chunks the
+  // prefills would leave the decode steps with fewer (long contexts at large batches). The level's prefill figures
+  // are the first pass's. Needs prefix caching.
+  bool prefill_first = false;
 };
 
 // The token budget of an offline run that fits each level's prefill into one step: the largest batch's prompts, or

@@ -64,6 +64,7 @@ struct BenchOptions {
   std::string slo;
   // Offline.
   std::string batch_size = "1";
+  bool prefill_first = false;
   double peak_bandwidth = 0;
   double peak_flops = 0;
   // Output.
@@ -413,6 +414,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   oo.temperature = static_cast<float>(o.temperature);
   oo.fit_token_budget = fit_token_budget && !chunked;
   oo.fit_kv_blocks = fit_kv_blocks;
+  oo.prefill_first = o.prefill_first;
   std::vector<bench::OfflineLevel> levels;
   for (int32_t b : batches) {
     FATHOM_LOG_INFO("batch {}: prefill {} x {} tokens, then {} decode steps", b, b, o.input_len, o.output_len - 1);
@@ -506,6 +508,11 @@ void AddBenchCommand(CLI::App& app) {
   const std::string off = "Offline";
   cmd->add_option("--batch-size", o->batch_size, "Sequences decoded together; a list (1,8,32) sweeps")
       ->capture_default_str()
+      ->group(off);
+  cmd->add_flag(
+         "--prefill-first", o->prefill_first,
+         "Prefill every prompt in a pass of its own (kept in the prefix cache), then measure decode on them: the "
+         "whole batch decodes together where the token budget chunks the prefills (long contexts)")
       ->group(off);
   cmd->add_option("--peak-bandwidth", o->peak_bandwidth,
                   "Peak memory bandwidth, bytes/s, for MBU (default: 4.5e12 on CUDA, measured on the CPU)")

@@ -116,13 +116,14 @@ TEST(BenchCliTest, SweepAgainstAFakeServer) {
   fs::remove(svg);
 }
 
-// A token budget of one prompt a step staggers four prefills: the first sequences decode beside the later prefills
-// and finish early, so the decode steps hold fewer than four. The bench says so, and its roofline is of that batch.
+// A token budget of one prompt (40 tokens) a step staggers four prefills: the first sequences decode beside the later
+// prefills and finish early, so the decode steps hold fewer than four. The bench says so, and its roofline is of that
+// batch.
 TEST(BenchCliTest, OfflineStaggeredPrefillsAreReported) {
   const fs::path out = TempPath("offline_staggered.json");
   const std::string model = std::string(FATHOM_TEST_DATA_DIR) + "/models/qwen2-distill-tiny";
   RunResult r = RunFathom(
-      fmt::format("bench --offline --model {} --batch-size 4 --input-len 8 --output-len 6 --max-num-batched-tokens 8 "
+      fmt::format("bench --offline --model {} --batch-size 4 --input-len 40 --output-len 6 --max-num-batched-tokens 40 "
                   "--threads 2 --output {}",
                   model, out.string()));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -132,6 +133,24 @@ TEST(BenchCliTest, OfflineStaggeredPrefillsAreReported) {
   EXPECT_GT(held, 0.0);
   EXPECT_LT(held, 3.5);
   EXPECT_NE(r.out.find("note: the decode steps held"), std::string::npos) << r.out;
+  // --prefill-first: the prompts are prefilled in a pass of their own and their two full blocks of 16 found in the
+  // prefix cache by the measured one, whose 4 x 8 tail tokens take one step: every decode step holds the whole batch.
+  r = RunFathom(
+      fmt::format("bench --offline --model {} --batch-size 4 --input-len 40 --output-len 6 --max-num-batched-tokens 40 "
+                  "--prefill-first --threads 2 --output {}",
+                  model, out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json whole = ReadJson(out);
+  EXPECT_DOUBLE_EQ(whole["levels"][0]["decode_batch_mean"].get<double>(), 4.0);
+  EXPECT_EQ(whole["levels"][0]["decode_step_ms"]["count"], 5);
+  EXPECT_GE(whole["levels"][0]["prefill_steps"].get<int>(), 4);  // the first pass's: one prompt a step
+  EXPECT_EQ(r.out.find("note: the decode steps held"), std::string::npos) << r.out;
+  r =
+      RunFathom(fmt::format("bench --offline --model {} --batch-size 2 --input-len 8 --output-len 4 --prefill-first "
+                            "--no-enable-prefix-caching --threads 2",
+                            model));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--prefill-first needs prefix caching"), std::string::npos) << r.err;
 }
 
 TEST(BenchCliTest, OfflineTinyModel) {
