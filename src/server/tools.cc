@@ -189,7 +189,7 @@ std::string ToolsSystemPrompt(ToolFormat format, const nlohmann::ordered_json& t
 std::string FormatToolCalls(ToolFormat format, const nlohmann::ordered_json& tool_calls) {
   std::string out;
   if (format == ToolFormat::kDeepSeekV32) {
-    // Calls whose arguments are not an object cannot be written; PrepareToolPrompt refuses them first.
+    // Calls whose arguments are not an object cannot be written (PrepareToolPrompt refuses them).
     StatusOr<std::string> block = DeepseekV32ToolCalls(tool_calls);
     return block.ok() && !tool_calls.empty() ? "\n\n" + *block : std::string();
   }
@@ -237,10 +237,13 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
               "the history holds tool calls, but this model has no tool-call format: pass --tool-call-parser");
         }
         const std::string text = content.is_string() ? content.get<std::string>() : std::string();
-        if (format == ToolFormat::kDeepSeekV32) {
-          if (Status s = DeepseekV32ToolCalls(m.at("tool_calls")).status(); !s.ok()) return s.WithContext("tool_calls");
+        if (format == ToolFormat::kDeepSeekV32) {  // DSML writes the arguments' values: they must be an object
+          StatusOr<std::string> block = DeepseekV32ToolCalls(m.at("tool_calls"));
+          if (!block.ok()) return block.status().WithContext("tool_calls");
+          content = text + "\n\n" + *block;
+        } else {
+          content = text + FormatToolCalls(format, m.at("tool_calls"));
         }
-        content = text + FormatToolCalls(format, m.at("tool_calls"));
         m.erase("tool_calls");
       } else if (DeepSeek(format) && content.is_string() && content.get<std::string>().empty()) {
         content = nullptr;  // DeepSeek's templates write the calls of a message whose content is none

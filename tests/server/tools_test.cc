@@ -402,6 +402,27 @@ TEST(ToolPromptTest, TemplatesThatReadToolsGetThemAndOthersGetTextAndRoles) {
   Status s = PrepareToolPrompt(ToolFormat::kNone, TemplateOf("llama-3.1"), WeatherTools(), &unknown);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("--tool-call-parser"), std::string::npos);
+  // DSML (--tool-call-parser deepseek_v32) under a template without tool_calls: the calls as V3.2's encoding writes
+  // them after the content, and arguments that are not an object (DSML writes their values) refused by name.
+  ChatRequest dsml;
+  dsml.messages = Json::parse(R"([
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "Sure.", "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]}])");
+  Json bad = dsml.messages;
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kDeepSeekV32, TemplateOf("llama-3.1"), WeatherTools(), &dsml).ok());
+  EXPECT_EQ(
+      dsml.messages[2].at("content"),
+      "Sure.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+      "string=\"true\">Oslo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>");
+  EXPECT_FALSE(dsml.messages[2].contains("tool_calls"));
+  bad[1]["tool_calls"][0]["function"]["arguments"] = "[1]";
+  ChatRequest refused;
+  refused.messages = bad;
+  s = PrepareToolPrompt(ToolFormat::kDeepSeekV32, TemplateOf("llama-3.1"), WeatherTools(), &refused);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tool_calls"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("not a JSON object"), std::string::npos) << s.message();
 }
 
 std::shared_ptr<const grammar::CompiledGrammar> CompileTools(ToolFormat f, const ToolsSpec& spec) {
