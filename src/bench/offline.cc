@@ -135,6 +135,8 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
     config.scheduler.max_num_batched_tokens =
         std::max<int32_t>(config.scheduler.max_num_batched_tokens, batch_size * o.input_len);
   }
+  config.synthetic_prefill = o.synthetic_prefill;
+  const bool prefill_first = o.prefill_first || o.synthetic_prefill;
   if (o.fit_kv_blocks) config.num_blocks = OfflineKvBlocks(batch_size, o.input_len, o.output_len, config.block_size);
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<EngineCore> core, EngineCore::Create(model, backend, config));
 
@@ -155,14 +157,15 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
   }
   const std::vector<std::vector<int32_t>> prompts = make_prompts();
   Pass first;
-  if (o.prefill_first) {
+  if (prefill_first) {
     if (!config.enable_prefix_caching) {
-      return InvalidArgumentError("--prefill-first needs prefix caching (drop --no-enable-prefix-caching)");
+      return InvalidArgumentError(fmt::format("{} needs prefix caching (drop --no-enable-prefix-caching)",
+                                              o.prefill_first ? "--prefill-first" : "--synthetic-prefill"));
     }
     FATHOM_ASSIGN_OR_RETURN(first, RunPass(*core, prompts, 1, o.temperature, "prefill"));
   }
   FATHOM_ASSIGN_OR_RETURN(Pass pass, RunPass(*core, prompts, o.output_len, o.temperature, "bench"));
-  if (o.prefill_first) {  // the prefill figures are the first pass's: the measured one found the prompts cached
+  if (prefill_first) {  // the prefill figures are the first pass's: the measured one found the prompts cached
     pass.prefill_s = first.prefill_s;
     pass.prefill_steps = first.prefill_steps;
     pass.ttft_s = first.ttft_s;
@@ -172,10 +175,13 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
   r.batch_size = batch_size;
   r.input_len = o.input_len;
   r.output_len = o.output_len;
-  r.prefill_s = pass.prefill_s;
-  r.prefill_steps = pass.prefill_steps;
-  r.prefill_tokens_per_s = pass.prefill_s > 0 ? static_cast<double>(batch_size) * o.input_len / pass.prefill_s : 0;
-  r.ttft_s = Summarize(pass.ttft_s);
+  r.synthetic_prefill = o.synthetic_prefill;
+  if (!o.synthetic_prefill) {
+    r.prefill_s = pass.prefill_s;
+    r.prefill_steps = pass.prefill_steps;
+    r.prefill_tokens_per_s = pass.prefill_s > 0 ? static_cast<double>(batch_size) * o.input_len / pass.prefill_s : 0;
+    r.ttft_s = Summarize(pass.ttft_s);
+  }
   const int64_t steps = static_cast<int64_t>(pass.decode_steps_s.size());
   for (double s : pass.decode_steps_s) r.decode_s += s;
   r.decode_step_s = Summarize(pass.decode_steps_s);
@@ -190,7 +196,7 @@ StatusOr<OfflineLevel> RunOfflineLevel(Model& model, Backend& backend, const Eng
         (pass.after.total_collective_s - pass.before_decode.total_collective_s) / static_cast<double>(steps);
   }
   r.preemptions = pass.after.num_preemptions - pass.start.num_preemptions;
-  if (pass.prefill_s > 0 && peaks.flops > 0) {
+  if (r.prefill_s > 0 && peaks.flops > 0) {
     r.prefill_mfu = costs.PrefillFlops(batch_size, o.input_len) / pass.prefill_s / peaks.flops;
   }
   const double context = steps > 0 ? pass.context_sum / static_cast<double>(steps) : o.input_len;

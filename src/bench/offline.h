@@ -37,6 +37,11 @@ struct OfflineOptions {
   // prefills would leave the decode steps with fewer (long contexts at large batches). The level's prefill figures
   // are the first pass's. Needs prefix caching.
   bool prefill_first = false;
+  // --synthetic-prefill (implies prefill_first): the prompts are never computed (EngineConfig::synthetic_prefill: the
+  // cache holds random rows, prompt-only steps run no forward pass), so that decode can be measured at contexts and
+  // batches whose prefill would take far longer (V3.2 at 128k x 32). Decode runs the real kernels over as many rows;
+  // the level has no prefill figures and its tokens are garbage.
+  bool synthetic_prefill = false;
 };
 
 // The token budget of an offline run that fits each level's prefill into one step: the largest batch's prompts, or
@@ -71,6 +76,7 @@ struct OfflineLevel {
   // the token budget: long prompts at large batches), so that the first sequences decoded beside later prefills and
   // some finished before the last one's first token. The decode figures and the roofline are then of this batch.
   double decode_batch_mean = 0;
+  bool synthetic_prefill = false;  // OfflineOptions::synthetic_prefill: no prefill figures
   double total_s = 0;
   double forward_s_per_step = 0;     // model execution share of a decode step
   double cpu_s_per_step = 0;         // scheduling, batch building, sampling

@@ -388,6 +388,11 @@ std::string FormatOfflineTable(const OfflineRunInfo& info, const std::vector<Off
         l.collective_s_per_step > 0 ? fmt::format(" (collectives {:.2f} ms)", l.collective_s_per_step * 1e3)
                                     : std::string(),
         l.cpu_s_per_step * 1e3, l.preemptions ? fmt::format("; {} preemptions", l.preemptions) : std::string());
+    if (l.synthetic_prefill) {
+      out +=
+          "  note: synthetic prefill: the prompts were never computed (the cache held random rows), so there are no "
+          "prefill figures and the decode figures are of the kernels alone\n";
+    }
     if (l.decode_batch_mean > 0 && l.decode_batch_mean < l.batch_size - 0.5) {
       out += fmt::format(
           "  note: the decode steps held {:.1f} of the {} sequences on average: their prefills ended at different "
@@ -434,6 +439,7 @@ json OfflineJson(const OfflineRunInfo& info, const std::vector<OfflineLevel>& le
                    {"decode_step_ms", SummaryJson(l.decode_step_s, 1e3)},
                    {"decode_tokens_per_s", l.decode_tokens_per_s},
                    {"decode_batch_mean", l.decode_batch_mean},
+                   {"synthetic_prefill", l.synthetic_prefill},
                    {"decode_forward_ms_per_step", l.forward_s_per_step * 1e3},
                    {"decode_engine_cpu_ms_per_step", l.cpu_s_per_step * 1e3},
                    {"decode_collective_ms_per_step", l.collective_s_per_step * 1e3},

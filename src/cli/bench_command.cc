@@ -65,6 +65,7 @@ struct BenchOptions {
   // Offline.
   std::string batch_size = "1";
   bool prefill_first = false;
+  bool synthetic_prefill = false;
   double peak_bandwidth = 0;
   double peak_flops = 0;
   // Output.
@@ -415,6 +416,7 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   oo.fit_token_budget = fit_token_budget && !chunked;
   oo.fit_kv_blocks = fit_kv_blocks;
   oo.prefill_first = o.prefill_first;
+  oo.synthetic_prefill = o.synthetic_prefill;
   std::vector<bench::OfflineLevel> levels;
   for (int32_t b : batches) {
     FATHOM_LOG_INFO("batch {}: prefill {} x {} tokens, then {} decode steps", b, b, o.input_len, o.output_len - 1);
@@ -513,6 +515,12 @@ void AddBenchCommand(CLI::App& app) {
          "--prefill-first", o->prefill_first,
          "Prefill every prompt in a pass of its own (kept in the prefix cache), then measure decode on them: the "
          "whole batch decodes together where the token budget chunks the prefills (long contexts)")
+      ->group(off);
+  cmd->add_flag(
+         "--synthetic-prefill", o->synthetic_prefill,
+         "Measure decode without computing the prompts (implies --prefill-first): the KV cache starts with random "
+         "rows and prompt-only steps run no forward pass, so that long contexts at large batches take seconds; "
+         "no prefill figures, and the tokens are garbage")
       ->group(off);
   cmd->add_option("--peak-bandwidth", o->peak_bandwidth,
                   "Peak memory bandwidth, bytes/s, for MBU (default: 4.5e12 on CUDA, measured on the CPU)")

@@ -168,6 +168,7 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
   if (config.eos_token_ids.empty()) config.eos_token_ids = model.config().eos_token_ids;
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<sched::SchedulingPolicy> policy, sched::MakePolicy(config.policy));
   FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, spec, kv_dtype, config.num_blocks, config.block_size));
+  if (config.synthetic_prefill) FATHOM_RETURN_IF_ERROR(FillKvCacheRandom(backend, kv, config.seed.value_or(0)));
   (void)policy;  // validated here; the core builds its own
   if (backend.device() != Device::kCpu) FATHOM_RETURN_IF_ERROR(WarmUp(model, backend, kv, config));
   std::unique_ptr<EngineCore> core(
@@ -677,6 +678,7 @@ Status EngineCore::Step() {
   }
   if (plan.empty()) return OkStatus();
   ++stats_.num_steps;
+  bool skip_forward = false;  // a synthetic prefill's step (EngineConfig::synthetic_prefill)
   {
     bool any_prefill = false, any_decode = false;
     int32_t tokens = 0;
@@ -686,6 +688,7 @@ Status EngineCore::Step() {
       (decode ? any_decode : any_prefill) = true;
     }
     stats_.last_step_kind = any_prefill && any_decode ? "mixed" : (any_prefill ? "prefill" : "decode");
+    skip_forward = config_.synthetic_prefill && !any_decode;
     stats_.last_step_tokens = tokens;
     stats_.last_step_seqs = static_cast<int32_t>(plan.seqs.size());
   }
@@ -703,7 +706,7 @@ Status EngineCore::Step() {
   Tensor eager_logits;
   TensorView logits;  // [n_logits, vocab]
   bool replayed = false;
-  if (status.ok() && graphs_ != nullptr && graphs_->Accepts(batch)) {
+  if (status.ok() && !skip_forward && graphs_ != nullptr && graphs_->Accepts(batch)) {
     status = graphs_->Run(batch, &logits);
     replayed = status.ok();
     if (!status.ok() && !graphs_->Accepts(batch)) {
@@ -712,7 +715,16 @@ Status EngineCore::Step() {
       status = OkStatus();
     }
   }
-  if (status.ok() && !replayed) {
+  if (status.ok() && !replayed && skip_forward) {
+    eager_logits = backend_.Alloc(DType::kF32, {batch.num_logits(), model_.config().vocab_size});
+    status = backend_.FillDummy(eager_logits, 0, 0.0f, 0.0f);
+    if (status.code() == StatusCode::kUnimplemented) {
+      const std::vector<float> zeros(static_cast<size_t>(eager_logits.numel()), 0.0f);
+      status = backend_.CopyFromHost(zeros.data(), eager_logits);
+      if (status.ok()) status = backend_.Synchronize();
+    }
+    logits = eager_logits.view();
+  } else if (status.ok() && !replayed) {
     status = model_.Forward(batch, kv_, &eager_logits);
     logits = eager_logits.view();
   }

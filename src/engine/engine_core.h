@@ -43,6 +43,10 @@ struct EngineConfig {
   // Structured output's masks computed by a worker while the forward pass runs (EngineCore::StartMasks); unset: on a
   // device backend only (a CPU forward pass takes every core). Tests turn it on for the CPU backend.
   std::optional<bool> overlap_grammar_masks;
+  // fathom bench --synthetic-prefill: the cache starts filled with random rows (FillKvCacheRandom) and a step of
+  // prompt tokens only runs no forward pass (its sampled tokens come from zero logits: token 0 when greedy), so that
+  // decode can be measured at contexts whose prefill would take far longer. Never for serving: outputs are garbage.
+  bool synthetic_prefill = false;
 };
 
 struct EngineRequest {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+#include <random>
 
 namespace fathom {
 
@@ -223,6 +225,47 @@ StatusOr<BatchOnDevice> BatchOnDevice::Upload(const ForwardBatch& b, Backend& ba
   out.packed_ = std::move(packed);
   out.host_ = std::move(host);  // moving a vector keeps its buffer: the CPU backend's views stay valid
   return out;
+}
+
+Status FillKvCacheRandom(Backend& backend, KvCache& kv, uint64_t seed) {
+  uint64_t key = seed * 0x9E3779B97F4A7C15ull;
+  for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
+    const KvLayerView layer = kv.layer(l);
+    const TensorView values[] = {layer.k, kv.spec().v_in_k ? TensorView() : layer.v, layer.side};
+    const TensorView scales[] = {layer.k_scale, kv.spec().v_in_k ? TensorView() : layer.v_scale, layer.side_scale};
+    for (const TensorView& t : values) {
+      if (t.empty()) continue;
+      FATHOM_CHECK(t.is_contiguous());
+      key += 0x632BE59BD9B4E019ull;
+      const Status made = backend.FillDummy(t, key, 1.0f, std::nullopt);
+      if (made.ok()) continue;
+      if (made.code() != StatusCode::kUnimplemented) return made;
+      Tensor host = Tensor::Empty(t.dtype(), t.shape());
+      std::mt19937_64 rng(key);
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      for (int64_t i = 0; i < host.numel(); ++i) {
+        const float v = uniform(rng);
+        if (t.dtype() == DType::kF8E4M3) {
+          host.data<uint8_t>()[i] = F32ToF8E4M3(v);
+        } else {
+          ConvertFromF32(&v, 1, t.dtype(), host.view().raw(), i);
+        }
+      }
+      FATHOM_RETURN_IF_ERROR(backend.CopyFromHost(host.view().raw(), t));
+      FATHOM_RETURN_IF_ERROR(backend.Synchronize());
+    }
+    for (const TensorView& t : scales) {
+      if (t.empty()) continue;
+      const Status made = backend.FillDummy(t, 0, 0.0f, 1.0f);
+      if (made.ok()) continue;
+      if (made.code() != StatusCode::kUnimplemented) return made;
+      Tensor host = Tensor::Empty(DType::kF32, t.shape());
+      std::fill_n(host.data<float>(), host.numel(), 1.0f);
+      FATHOM_RETURN_IF_ERROR(backend.CopyFromHost(host.view().raw(), t));
+      FATHOM_RETURN_IF_ERROR(backend.Synchronize());
+    }
+  }
+  return OkStatus();
 }
 
 Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies) {

@@ -91,6 +91,10 @@ struct KvBlockCopy {
 };
 // Makes `copies` in every layer of `kv`, on `backend`'s device, in stream order.
 Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies);
+// Fills every layer's cache rows with random values uniform in [-1, 1] (an f8 cache: such codes and scales of 1): the
+// bench's synthetic prefill (EngineConfig::synthetic_prefill), whose prompts' rows are never computed but must read
+// like a context (no NaN from uninitialized memory, scores spread as real ones are for the indexer's top-k).
+Status FillKvCacheRandom(Backend& backend, KvCache& kv, uint64_t seed);
 
 class Model {
  public:

@@ -151,6 +151,23 @@ TEST(BenchCliTest, OfflineStaggeredPrefillsAreReported) {
                             model));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--prefill-first needs prefix caching"), std::string::npos) << r.err;
+  // --synthetic-prefill: no prompt is computed (the prefill steps run no forward pass), yet the measured pass decodes
+  // the whole batch over the same rows, and the level says it has no prefill figures.
+  r = RunFathom(
+      fmt::format("bench --offline --model {} --batch-size 4 --input-len 40 --output-len 6 --max-num-batched-tokens 40 "
+                  "--synthetic-prefill --threads 2 --output {}",
+                  model, out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json synthetic = ReadJson(out);
+  const json& level = synthetic["levels"][0];
+  EXPECT_DOUBLE_EQ(level["decode_batch_mean"].get<double>(), 4.0);
+  EXPECT_EQ(level["decode_step_ms"]["count"], 5);
+  EXPECT_EQ(level["synthetic_prefill"], true);
+  EXPECT_EQ(level["prefill_steps"], 0);
+  EXPECT_EQ(level["prefill_s"], 0.0);
+  EXPECT_GT(level["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("note: synthetic prefill"), std::string::npos) << r.out;
+  EXPECT_EQ(whole["levels"][0]["synthetic_prefill"], false);
 }
 
 TEST(BenchCliTest, OfflineTinyModel) {

@@ -223,6 +223,23 @@ TEST_P(EngineTest, GreedyAloneMatchesTheOracle) {
   }
 }
 
+// EngineConfig::synthetic_prefill (fathom bench --synthetic-prefill): a prompt-only step runs no forward pass, so the
+// prompt's token comes from zero logits (greedy: id 0) where the model's own is another, and the decode steps still
+// run (over the cache's random rows, not the prompt's).
+TEST_P(EngineTest, SyntheticPrefillRunsNoForwardPassForThePrompt) {
+  const auto& gc = golden_.cases[0];
+  ASSERT_GE(gc.greedy.size(), 4u);
+  ASSERT_NE(gc.greedy[0], 0);
+  EngineConfig cfg = BigConfig(true);
+  cfg.synthetic_prefill = true;
+  Result r = RunAlone(gc.input_ids, Greedy(4), cfg);
+  ASSERT_EQ(r.tokens.size(), 4u);
+  EXPECT_EQ(r.tokens[0], 0);
+  EXPECT_EQ(r.last.finish_reason, FinishReason::kLength);
+  const std::vector<int32_t> real(gc.greedy.begin(), gc.greedy.begin() + 4);
+  EXPECT_NE(r.tokens, real);
+}
+
 struct BatchSetup {
   const char* name;
   bool caching;
