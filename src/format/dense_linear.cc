@@ -82,4 +82,9 @@ const LinearMethod& DenseMethodInstance() {
   return m;
 }
 
+const FormatFamily& DenseFormatFamily() {
+  static const FormatFamily f{};  // never picked by a configuration: LinearMethodFor's default
+  return f;
+}
+
 }  // namespace fathom

@@ -23,12 +23,6 @@ struct Fp8BlockPayload final : FormatPayload {
       const std::function<StatusOr<TensorView>(const TensorView&)>& f) const override;
 };
 
-// The method (fp8_block_linear.cc), for linear_method.cc's registry: the configuration's refusals, one for a
-// checkpoint's block sizes, and the instance whose run-time parts read them from the weight.
-Status CheckFp8Config(const QuantConfig& q);
-std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q);
-const LinearMethod& Fp8BlockMethodInstance();
-
 // A kFp8Block weight of `codes` (f8 e4m3 [out, in]) and its scales.
 LinearWeight Fp8BlockWeight(const TensorView& codes, const TensorView& scale_inv, int64_t block_n = 128,
                             int64_t block_k = 128);

@@ -101,6 +101,8 @@ LinearWeight Fp8BlockWeight(const TensorView& codes, const TensorView& scale_inv
   return w;
 }
 
+namespace {
+
 Status CheckFp8Config(const QuantConfig& q) {
   if (!q.fmt.empty() && q.fmt != "e4m3") {
     return UnimplementedError(fmt::format("{}: fp8 format '{}' is not supported (supported: e4m3)", q.source, q.fmt));
@@ -118,6 +120,16 @@ Status CheckFp8Config(const QuantConfig& q) {
 
 std::shared_ptr<const LinearMethod> MakeFp8BlockMethod(const QuantConfig& q) {
   return std::make_shared<Fp8BlockMethod>(q.block_n, q.block_k);
+}
+
+}  // namespace
+
+const FormatFamily& Fp8BlockFormatFamily() {
+  static const FormatFamily f{.supported = "fp8 with block-scaled e4m3 weights, as DeepSeek-V3 ships",
+                              .takes = [](const QuantConfig& q) { return q.method == "fp8"; },
+                              .check = CheckFp8Config,
+                              .make = MakeFp8BlockMethod};
+  return f;
 }
 
 const LinearMethod& Fp8BlockMethodInstance() {

@@ -26,12 +26,6 @@ struct Int4Payload final : FormatPayload {
       const std::function<StatusOr<TensorView>(const TensorView&)>& f) const override;
 };
 
-// The methods (int4_linear.cc), for linear_method.cc's registry.
-Status CheckInt4Config(const QuantConfig& q);
-std::shared_ptr<const LinearMethod> MakeInt4Method(const QuantConfig& q);
-const LinearMethod& AwqMethodInstance();
-const LinearMethod& GptqMethodInstance();
-
 // A kAwq or kGptq weight of logical shape [out, in].
 LinearWeight Int4Weight(LinearFormat format, const TensorView& qweight, int64_t out, int64_t in, Int4Payload payload);
 

@@ -246,6 +246,8 @@ LinearWeight Int4Weight(LinearFormat format, const TensorView& qweight, int64_t 
   return w;
 }
 
+namespace {
+
 Status CheckInt4Config(const QuantConfig& q) {
   if (q.bits != 4) {
     return UnimplementedError(fmt::format("{}: {}-bit {} weights are not supported (supported: 4-bit AWQ and GPTQ)",
@@ -280,6 +282,16 @@ std::shared_ptr<const LinearMethod> MakeInt4Method(const QuantConfig& q) {
   const bool awq = q.method == "awq";
   return std::make_shared<Int4Method>(awq ? LinearFormat::kAwq : LinearFormat::kGptq, q.group_size,
                                       !awq && q.checkpoint_format != "gptq_v2" ? 1 : 0);
+}
+
+}  // namespace
+
+const FormatFamily& Int4FormatFamily() {
+  static const FormatFamily f{.supported = "4-bit awq and gptq",
+                              .takes = [](const QuantConfig& q) { return q.method == "awq" || q.method == "gptq"; },
+                              .check = CheckInt4Config,
+                              .make = MakeInt4Method};
+  return f;
 }
 
 const LinearMethod& AwqMethodInstance() {

@@ -1,10 +1,9 @@
 #include "format/linear_method.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include "format/fp8_block.h"
-#include "format/int4.h"
-#include "format/methods.h"
+#include <array>
 
 namespace fathom {
 
@@ -39,14 +38,38 @@ Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l
   return OkStatus();
 }
 
+namespace {
+
+// The families in the table's order (a family of several formats more than once).
+#define FATHOM_LINEAR_FORMAT_FAMILY(value, method, family) &family##FormatFamily(),
+const std::array<const FormatFamily*, kNumLinearFormats>& Families() {
+  static const std::array<const FormatFamily*, kNumLinearFormats> families = {
+      FATHOM_LINEAR_FORMATS(FATHOM_LINEAR_FORMAT_FAMILY)};
+  return families;
+}
+#undef FATHOM_LINEAR_FORMAT_FAMILY
+
+// The family a quantized configuration names; null for none.
+const FormatFamily* FamilyFor(const QuantConfig& q) {
+  for (const FormatFamily* f : Families()) {
+    if (f->takes != nullptr && f->takes(q)) return f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 Status CheckQuantConfig(const QuantConfig& q) {
   if (!q.quantized()) return OkStatus();
-  if (q.method == "fp8") return CheckFp8Config(q);
-  if (q.method == "awq" || q.method == "gptq") return CheckInt4Config(q);
-  return UnimplementedError(
-      fmt::format("{}: quantization method '{}' is not supported yet (supported: fp8 with "
-                  "block-scaled e4m3 weights, as DeepSeek-V3 ships; 4-bit awq and gptq)",
-                  q.source, q.Describe()));
+  if (const FormatFamily* f = FamilyFor(q)) return f->check(q);
+  std::vector<std::string_view> supported;
+  for (const FormatFamily* f : Families()) {
+    if (!f->supported.empty() && std::find(supported.begin(), supported.end(), f->supported) == supported.end()) {
+      supported.push_back(f->supported);
+    }
+  }
+  return UnimplementedError(fmt::format("{}: quantization method '{}' is not supported yet (supported: {})", q.source,
+                                        q.Describe(), fmt::join(supported, "; ")));
 }
 
 StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
@@ -57,8 +80,7 @@ StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig&
     if (!part.empty() && prefix.find(part) != std::string_view::npos) dense = true;
   }
   if (dense) return std::shared_ptr<const LinearMethod>(std::shared_ptr<void>(), &MethodOf(LinearFormat::kDense));
-  if (q.method == "awq" || q.method == "gptq") return MakeInt4Method(q);
-  return MakeFp8BlockMethod(q);
+  return FamilyFor(q)->make(q);  // CheckQuantConfig found it
 }
 
 StatusOr<LinearWeight> MapTensors(const LinearWeight& w,
@@ -78,14 +100,11 @@ StatusOr<LinearWeight> MapTensors(const LinearWeight& w,
 
 const LinearMethod& MethodOf(LinearFormat format) {
   switch (format) {
-    case LinearFormat::kDense:
-      return DenseMethodInstance();
-    case LinearFormat::kFp8Block:
-      return Fp8BlockMethodInstance();
-    case LinearFormat::kAwq:
-      return AwqMethodInstance();
-    case LinearFormat::kGptq:
-      return GptqMethodInstance();
+#define FATHOM_LINEAR_FORMAT_CASE(value, method, family) \
+  case LinearFormat::value:                              \
+    return method##MethodInstance();
+    FATHOM_LINEAR_FORMATS(FATHOM_LINEAR_FORMAT_CASE)
+#undef FATHOM_LINEAR_FORMAT_CASE
   }
   return DenseMethodInstance();
 }

@@ -107,6 +107,24 @@ Status CheckQuantConfig(const QuantConfig& q);
 // The stateless instance of each format, for its run-time parts (DequantizeRow, ExactFloatDType).
 const LinearMethod& MethodOf(LinearFormat format);
 
+// What the registry (linear_method.cc) knows of a family of formats (FATHOM_LINEAR_FORMATS' third column): each
+// family's <name>_linear.cc defines `<family>FormatFamily()`.
+struct FormatFamily {
+  // Its formats as the refusal of an unknown method lists them ("4-bit awq and gptq"); empty: never picked by a
+  // configuration (dense).
+  std::string_view supported;
+  bool (*takes)(const QuantConfig& q) = nullptr;  // whether quantization_config names it (q.quantized())
+  Status (*check)(const QuantConfig& q) = nullptr;
+  std::shared_ptr<const LinearMethod> (*make)(const QuantConfig& q) = nullptr;
+};
+
+// Each format's instance and each family, declared from the table (linear_weight.h).
+#define FATHOM_DECLARE_LINEAR_FORMAT(value, method, family) \
+  const LinearMethod& method##MethodInstance();             \
+  const FormatFamily& family##FormatFamily();
+FATHOM_LINEAR_FORMATS(FATHOM_DECLARE_LINEAR_FORMAT)
+#undef FATHOM_DECLARE_LINEAR_FORMAT
+
 // Row `row` of w in float32 by its format's reference rule (host memory).   dst [w.in_features()]
 inline void DequantizeRow(const LinearWeight& w, int64_t row, float* dst) {
   MethodOf(w.format).DequantizeRow(w, row, dst);

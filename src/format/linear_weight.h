@@ -23,13 +23,29 @@
 
 namespace fathom {
 
-enum class LinearFormat : uint8_t {
-  kDense,     // weight [out, in] f32, f16 or bf16; no payload
-  kFp8Block,  // weight [out, in] f8 e4m3; Fp8BlockPayload: scale_inv per block (DeepSeek-V3; format/fp8_block.h)
-  kAwq,       // weight = qweight i32 [in, out / 8] in AWQ's nibble order; Int4Payload (format/int4.h)
-  kGptq,      // weight = qweight i32 [in / 8, out]; Int4Payload with g_idx (format/int4.h)
-};
-inline constexpr int kNumLinearFormats = 4;
+// Every weight format, a row each: X(value, method, family), the one place that lists them (an X-macro: the
+// registries expand it, so that a new format is a row here and files of its own, docs/ARCHITECTURE.md's dry run).
+// - value: its LinearFormat enumerator;
+// - method: its stateless method, `const LinearMethod& <method>MethodInstance()` (format/<name>_linear.cc);
+// - family: the code that serves it, by name: `const FormatFamily& <family>FormatFamily()` beside the method (which
+//   quantization_config picks it, its refusals, its factory: linear_method.h) and the CUDA provider
+//   `cuda::Make<family>Kernels` (backend/cuda/linear_<name>.cc); formats of one family share both.
+//   kDense      weight [out, in] f32, f16 or bf16; no payload
+//   kFp8Block   weight [out, in] f8 e4m3; Fp8BlockPayload: scale_inv per block (DeepSeek-V3; format/fp8_block.h)
+//   kAwq        weight = qweight i32 [in, out / 8] in AWQ's nibble order; Int4Payload (format/int4.h)
+//   kGptq       weight = qweight i32 [in / 8, out]; Int4Payload with g_idx (format/int4.h)
+#define FATHOM_LINEAR_FORMATS(X)   \
+  X(kDense, Dense, Dense)          \
+  X(kFp8Block, Fp8Block, Fp8Block) \
+  X(kAwq, Awq, Int4)               \
+  X(kGptq, Gptq, Int4)
+
+#define FATHOM_LINEAR_FORMAT_VALUE(value, method, family) value,
+enum class LinearFormat : uint8_t { FATHOM_LINEAR_FORMATS(FATHOM_LINEAR_FORMAT_VALUE) };
+#undef FATHOM_LINEAR_FORMAT_VALUE
+#define FATHOM_LINEAR_FORMAT_ONE(value, method, family) +1
+inline constexpr int kNumLinearFormats = 0 FATHOM_LINEAR_FORMATS(FATHOM_LINEAR_FORMAT_ONE);
+#undef FATHOM_LINEAR_FORMAT_ONE
 
 // The tensors and settings a format keeps beside `weight`. Each format derives its own (with a static
 // `Holds(LinearFormat)` that says which formats carry it) and owns every read of it.

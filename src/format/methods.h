@@ -1,8 +1,7 @@
-// What the weight formats' methods share, for the format layer's own files: a layer's tensor specs, its bias, and the
-// dense method. Each quantized format declares its method's factory in its own header (fp8_block.h, int4.h), which
-// linear_method.cc's registry includes.
+// What the weight formats' methods share, for the format layer's own files: a layer's tensor specs and its bias. The
+// formats' methods and families are declared from the table (linear_weight.h's FATHOM_LINEAR_FORMATS, in
+// linear_method.h), which linear_method.cc's registry expands.
 //
-//   const LinearMethod& dense = DenseMethodInstance();
 //   specs->push_back(LayerTensorSpec(l, ".weight", {l.local_out(), l.local_in()}, DType::kF8E4M3, l.ShardFor(0, 1)));
 #pragma once
 
@@ -21,8 +20,5 @@ void AddBiasSpec(const LinearSpec& l, std::vector<WeightSpec>* specs);
 // A layer's bias as every format stores it (f32, f16 or bf16 [local out]); empty without one, and on ranks other than
 // 0 of a row-parallel layer.
 StatusOr<TensorView> BindBias(const LinearSpec& l, const TensorLookup& find);
-
-// kDense: f32, f16 or bf16 weights as they are in the checkpoint (dense_linear.cc).
-const LinearMethod& DenseMethodInstance();
 
 }  // namespace fathom

@@ -90,7 +90,8 @@ class LinearFormatKernels {
   virtual bool SetExpertArgs(const ExpertSet& /*experts*/, MoeExpertsArgs* /*a*/) const { return true; }
 };
 
-// Every format's provider, by LinearFormat (linear_formats.cc, the registry; kAwq and kGptq share the 4-bit one):
+// Every format's provider, by LinearFormat (linear_formats.cc, the registry, from format/linear_weight.h's table: a
+// family's provider is Make<family>Kernels; kAwq and kGptq share the 4-bit one):
 // made by CudaBackend::Create and owned by it. A format without one is a programmer error there.
 using LinearFormatTable = std::array<std::shared_ptr<LinearFormatKernels>, kNumLinearFormats>;
 LinearFormatTable MakeLinearFormatKernels(OpContext& ctx);
