@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "io/model_config.h"
 #include "model/registry.h"
+#include "model/v4_hybrid.h"
 
 namespace fathom {
 
@@ -127,6 +129,38 @@ std::string HumanBytes(double v) {
   return fmt::format("{:.0f} B", v);
 }
 
+// DeepSeek-V4: its layer kinds, the cache row each takes in fathom's layout (model/v4_hybrid.h), and one sequence's
+// cache at 8k, 128k and 1M tokens, beside what the compressed form (a window ring and the entries alone) would hold.
+void PrintV4Attention(const ModelConfig& cfg, const KvCacheSpec& kv, DType kv_dtype) {
+  const V4Config& v = cfg.v4;
+  int64_t count[3] = {0, 0, 0};
+  for (V4Attention k : v.attention) ++count[static_cast<int>(k)];
+  std::cout << fmt::format(
+      "v4 attention:      {} sliding, {} compressed sparse (an entry per {} tokens, the indexer's top {} of {} heads x "
+      "{}), {} heavily compressed (an entry per {} tokens); window {}; mHC {} streams\n",
+      count[0], count[1], v.csa_rate, v.index_topk, v.index_n_heads, v.index_head_dim, count[2], v.hca_rate,
+      v.sliding_window, v.hc_mult);
+  const int64_t hd = cfg.head_dim, ihd = v.index_head_dim, es = static_cast<int64_t>(DTypeSize(kv_dtype));
+  std::cout << fmt::format(
+      "kv cache rows:     {} values a token in a sliding layer, {} in a compressed sparse one, {} in a heavily "
+      "compressed one; the v4_hybrid cache gives every layer the widest ({})\n",
+      V4RowLayout::For(V4Attention::kSliding, hd, ihd).width, V4RowLayout::For(V4Attention::kCsa, hd, ihd).width,
+      V4RowLayout::For(V4Attention::kHca, hd, ihd).width, kv.k_dim);
+  for (const int64_t len : {int64_t{8192}, int64_t{131072}, int64_t{1} << 20}) {
+    // The compressed form: the window's keys, plus each layer's entries (CSA: the indexer's keys too).
+    int64_t compact = 0;
+    for (V4Attention k : v.attention) {
+      compact += std::min(len, v.sliding_window) * hd;
+      if (k == V4Attention::kCsa) compact += len / v.csa_rate * (hd + ihd);
+      if (k == V4Attention::kHca) compact += len / v.hca_rate * hd;
+    }
+    std::cout << fmt::format(
+        "kv at {:>7} tokens: {} a sequence in this layout; {} compressed (window and entries only)\n", len,
+        HumanBytes(static_cast<double>(kv.bytes_per_token(kv_dtype) * len)),
+        HumanBytes(static_cast<double>(compact * es)));
+  }
+}
+
 Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
   FATHOM_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(o.model));
   FATHOM_ASSIGN_OR_RETURN(const Architecture* arch, FindArchitecture(cfg.architecture));
@@ -164,6 +198,7 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
         "values a token and layer in the kv cache)\n",
         cfg.mla.index_n_heads, cfg.mla.index_head_dim, cfg.mla.index_topk, kv.side_dim);
   }
+  if (cfg.is_v4) PrintV4Attention(cfg, kv, kv_dtype);
   if (cfg.quant.quantized()) {
     std::cout << fmt::format("quantization:      {} ({}){}\n", cfg.quant.Describe(), cfg.quant.source,
                              cfg.quant.method == "awq" || cfg.quant.method == "gptq"
@@ -174,6 +209,13 @@ Status RunInspect(const ModelOptions& o, const std::string& kv_dtype_name) {
                            st.total_params);
   std::cout << fmt::format("active parameters: {} per token ({:.0f})\n", HumanCount(st.active_params),
                            st.active_params);
+  if (st.draft_params > 0) {
+    std::cout << fmt::format(
+        "mtp layers:        {} more parameters ({}), {} of weights: {} multi-token-prediction layer(s), loaded for "
+        "speculative decoding, not counted above\n",
+        HumanCount(static_cast<double>(st.draft_params)), st.draft_params,
+        HumanBytes(static_cast<double>(st.draft_bytes)), cfg.num_nextn_predict_layers);
+  }
   for (const auto& [dt, bytes] : st.bytes_by_dtype) {
     std::cout << fmt::format("bytes {:<12} {} ({})\n", std::string(DTypeName(dt)) + ":",
                              HumanBytes(static_cast<double>(bytes)), bytes);

@@ -403,16 +403,16 @@ void AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->group(api);
   cmd->add_option("--tool-call-parser", o->tool_call_parser,
-                  "auto | deepseek_v3 | deepseek_v31 | deepseek_v32 | hermes | llama3_json | none: the format of tool calls in the "
-                  "model's output (auto: the one its chat template writes)")
+                  "auto | deepseek_v3 | deepseek_v31 | deepseek_v32 | deepseek_v4 | hermes | llama3_json | none: the "
+                  "format of tool calls in the model's output (auto: the one its chat template writes)")
       ->capture_default_str()
       ->group(api);
   cmd->add_flag("--enable-auto-tool-choice", o->enable_auto_tool_choice,
                 "Accepted for vLLM's command lines: tool_choice auto is on whenever the tool-call format is known")
       ->group(api);
   cmd->add_option("--chat-template", o->chat_template,
-                  "A named chat template of tokenizer_config.json, or deepseek_v32 (the built-in DeepSeek-V3.2 "
-                  "encoding, picked by itself for a deepseek_v32 checkpoint without a template)")
+                  "A named chat template of tokenizer_config.json, or deepseek_v32 / deepseek_v4 (the built-in "
+                  "DeepSeek-V3.2 / V4 encodings, picked by themselves for such a checkpoint without a template)")
       ->group(api);
   cmd->add_option("--stream-retention-s", o->stream_retention_s,
                   "How long the events of a finished stream stay resumable (GET /v1/streams/{id})")

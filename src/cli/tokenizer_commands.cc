@@ -189,8 +189,8 @@ void AddTokenizerCommands(CLI::App& app, std::ostream& out) {
                     "\"tools\": [...]}")
         ->required();
     cmd->add_option("--template", o->template_name,
-                    "Name of the chat template (when the config has several), or deepseek_v32 (the built-in "
-                    "DeepSeek-V3.2 encoding)");
+                    "Name of the chat template (when the config has several), or deepseek_v32 / deepseek_v4 (the "
+                    "built-in DeepSeek-V3.2 / V4 encodings)");
     cmd->callback([o, sink] { ExitOnError(RunRenderChat(*o, *sink)); });
   }
 }

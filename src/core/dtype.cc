@@ -25,6 +25,8 @@ std::string_view DTypeName(DType t) {
       return "i8";
     case DType::kU8:
       return "u8";
+    case DType::kF8E8M0:
+      return "f8_e8m0";
   }
   return "?";
 }
@@ -47,6 +49,8 @@ std::string_view DTypeSafetensorsName(DType t) {
       return "I8";
     case DType::kU8:
       return "U8";
+    case DType::kF8E8M0:
+      return "F8_E8M0";
   }
   return "?";
 }
@@ -56,7 +60,7 @@ StatusOr<DType> DTypeFromSafetensors(std::string_view name) {
     if (DTypeSafetensorsName(t) == name) return t;
   }
   return InvalidArgumentError("unsupported safetensors dtype '" + std::string(name) +
-                              "' (supported: F32, F16, BF16, F8_E4M3, I64, I32, I8, U8)");
+                              "' (supported: F32, F16, BF16, F8_E4M3, I64, I32, I8, U8, F8_E8M0)");
 }
 
 StatusOr<DType> DTypeFromString(std::string_view name) {
@@ -127,6 +131,11 @@ void ConvertToF32(const void* src, DType dtype, int64_t offset, int64_t count, f
     case DType::kF8E4M3: {
       const uint8_t* s = static_cast<const uint8_t*>(src) + offset;
       for (int64_t i = 0; i < count; ++i) dst[i] = F8E4M3ToF32(s[i]);
+      return;
+    }
+    case DType::kF8E8M0: {
+      const uint8_t* s = static_cast<const uint8_t*>(src) + offset;
+      for (int64_t i = 0; i < count; ++i) dst[i] = F8E8M0ToF32(s[i]);
       return;
     }
     default:

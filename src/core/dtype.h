@@ -17,10 +17,12 @@
 
 namespace fathom {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI64, kI32, kI8, kU8 };
+// kF8E8M0: an 8-bit power of two, 2^(code - 127) (code 255: NaN), the OCP microscaling formats' shared scale
+// (DeepSeek-V4's FP8 block scales and MXFP4 expert scales). Not a floating type for IsFloating: only scales take it.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI64, kI32, kI8, kU8, kF8E8M0 };
 
-inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
-                                       DType::kI64, DType::kI32, DType::kI8,   DType::kU8};
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI64,
+                                       DType::kI32, DType::kI8,  DType::kU8,   DType::kF8E8M0};
 
 constexpr size_t DTypeSize(DType t) {
   switch (t) {
@@ -39,6 +41,8 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kI8:
       return 1;
     case DType::kU8:
+      return 1;
+    case DType::kF8E8M0:
       return 1;
   }
   return 0;
@@ -99,7 +103,15 @@ inline float F8E4M3ToF32(uint8_t b) {
   return neg ? -v : v;
 }
 
-// Converts `count` elements of `src` (of `dtype`, any float dtype) starting at element `offset` into float32.
+// float8_e8m0fnu: 2^(code - 127); 0xff is NaN.
+inline float F8E8M0ToF32(uint8_t b) {
+  if (b == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  // code 0 is 2^-127, a float32 subnormal.
+  return b == 0 ? std::ldexp(1.0f, -127) : std::bit_cast<float>(static_cast<uint32_t>(b) << 23);
+}
+
+// Converts `count` elements of `src` (of `dtype`, any float dtype or kF8E8M0) starting at element `offset` into
+// float32.
 void ConvertToF32(const void* src, DType dtype, int64_t offset, int64_t count, float* dst);
 // Converts float32 into `dtype` (f32, f16 or bf16) at element `offset` of `dst`.
 void ConvertFromF32(const float* src, int64_t count, DType dtype, void* dst, int64_t offset);

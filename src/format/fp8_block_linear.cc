@@ -33,6 +33,8 @@ class Fp8BlockMethod final : public LinearMethod {
                         DType::kF32, l.ShardFor(0, 1));
     s.init = WeightInit::kConstant;
     s.init_value = 0.02f;
+    // DeepSeek-V4 names it `<layer>.scale` and stores powers of two as F8_E8M0; the loader decodes them to F32.
+    s.fallback = l.prefix + ".scale";
     specs->push_back(std::move(s));
     AddBiasSpec(l, specs);
     return OkStatus();

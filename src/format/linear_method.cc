@@ -73,8 +73,11 @@ Status CheckQuantConfig(const QuantConfig& q) {
 }
 
 StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
-                                                              bool quantizable) {
+                                                              bool quantizable, bool routed_expert) {
   FATHOM_RETURN_IF_ERROR(CheckQuantConfig(q));
+  if (routed_expert && q.expert_dtype == "fp4") {
+    return std::shared_ptr<const LinearMethod>(std::shared_ptr<void>(), &MethodOf(LinearFormat::kMxfp4));
+  }
   bool dense = !q.quantized() || !quantizable;
   for (const std::string& part : q.modules_to_not_convert) {
     if (!part.empty() && prefix.find(part) != std::string_view::npos) dense = true;

@@ -98,10 +98,11 @@ struct LinearBinding {
 Status AddLinearSpecs(std::shared_ptr<const LinearMethod> m, const LinearSpec& l, std::vector<WeightSpec>* specs);
 
 // The method for the linear `prefix` of a checkpoint quantized as `q`. Layers that are never quantized (`quantizable`
-// false: DeepSeek's router, lm_head) and names in modules_to_not_convert get the dense one. A method or setting fathom
+// false: DeepSeek's router, lm_head) and names in modules_to_not_convert get the dense one. A routed expert's layer
+// (`routed_expert`) under `expert_dtype: fp4` (DeepSeek-V4) gets MXFP4 whatever the method. A method or setting fathom
 // cannot run is an Unimplemented error that names it.
 StatusOr<std::shared_ptr<const LinearMethod>> LinearMethodFor(const QuantConfig& q, std::string_view prefix,
-                                                              bool quantizable = true);
+                                                              bool quantizable = true, bool routed_expert = false);
 // Checks the whole configuration once (the same refusal, without a layer name).
 Status CheckQuantConfig(const QuantConfig& q);
 // The stateless instance of each format, for its run-time parts (DequantizeRow, ExactFloatDType).

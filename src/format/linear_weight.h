@@ -34,11 +34,14 @@ namespace fathom {
 //   kFp8Block   weight [out, in] f8 e4m3; Fp8BlockPayload: scale_inv per block (DeepSeek-V3; format/fp8_block.h)
 //   kAwq        weight = qweight i32 [in, out / 8] in AWQ's nibble order; Int4Payload (format/int4.h)
 //   kGptq       weight = qweight i32 [in / 8, out]; Int4Payload with g_idx (format/int4.h)
+//   kMxfp4      weight = i8 [out, in / 2] packed e2m1; Mxfp4Payload: an e8m0 scale per 32 inputs (DeepSeek-V4's
+//               routed experts; format/mxfp4.h)
 #define FATHOM_LINEAR_FORMATS(X)   \
   X(kDense, Dense, Dense)          \
   X(kFp8Block, Fp8Block, Fp8Block) \
   X(kAwq, Awq, Int4)               \
-  X(kGptq, Gptq, Int4)
+  X(kGptq, Gptq, Int4)             \
+  X(kMxfp4, Mxfp4, Mxfp4)
 
 #define FATHOM_LINEAR_FORMAT_VALUE(value, method, family) value,
 enum class LinearFormat : uint8_t { FATHOM_LINEAR_FORMATS(FATHOM_LINEAR_FORMAT_VALUE) };

@@ -17,7 +17,8 @@
 namespace fathom {
 
 // kGroupIndex: element i is i / init_value (i32; GPTQ's g_idx without act-order: each input's group).
-enum class WeightInit { kRandom, kOnes, kZeros, kConstant, kGroupIndex };
+// kRandomIndex: uniform integers in [0, init_value) (i64; DeepSeek-V4's token-to-expert table).
+enum class WeightInit { kRandom, kOnes, kZeros, kConstant, kGroupIndex, kRandomIndex };
 
 // The part of a tensor one rank holds: dimension `dim` cut into `parts` equal pieces, piece `index`. dim -1: whole.
 struct WeightShard {
@@ -48,6 +49,9 @@ struct WeightSpec {
   // Model parameters per stored element: 8 for a packed 4-bit qweight (eight weights to an int32), 0 for
   // quantization metadata (scales, zeros, group indices), 1 otherwise. The bytes count as stored either way.
   int64_t params_per_element = 1;
+  // A multi-token-prediction layer's (DeepSeek-V4's mtp.*): loaded and kept for speculative decoding, not run by plain
+  // decoding; fathom inspect counts its parameters apart from the model's.
+  bool draft = false;
   WeightShard shard;
   // Set on the main tensor of a linear layer: its weight format's method and layout, which bind the layer's tensors
   // into a LinearWeight after loading (WeightStore::Linear).

@@ -29,6 +29,7 @@ constexpr ArchInfo kArchs[] = {
     {"deepseek_v2", "DeepseekV2ForCausalLM"},
     {"deepseek_v3", "DeepseekV3ForCausalLM"},
     {"deepseek_v32", "DeepseekV32ForCausalLM"},
+    {"deepseek_v4", "DeepseekV4ForCausalLM"},
 };
 
 std::string SupportedList() {
@@ -50,6 +51,8 @@ StatusOr<RopeType> ParseRopeType(const std::string& s) {
       fmt::format("config.json: unsupported rope scaling type '{}' (supported: default, linear, llama3, yarn)", s));
 }
 
+Status ParseRopeParams(const json& params, const std::string& where, RopeConfig* out);
+
 Status ParseRope(const json& j, ModelConfig* c) {
   Reader top(j);
   FATHOM_RETURN_IF_ERROR(top.Double("rope_theta", &c->rope.theta));
@@ -66,13 +69,17 @@ Status ParseRope(const json& j, ModelConfig* c) {
     }
   }
   if (params == nullptr) return OkStatus();
-  Reader r(*params, where);
-  FATHOM_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope.theta));
+  return ParseRopeParams(*params, where, &c->rope);
+}
+
+Status ParseRopeParams(const json& params, const std::string& where, RopeConfig* out) {
+  Reader r(params, where);
+  FATHOM_RETURN_IF_ERROR(r.Double("rope_theta", &out->theta));
   std::string type;
   FATHOM_RETURN_IF_ERROR(r.String("rope_type", &type));
   if (type.empty()) FATHOM_RETURN_IF_ERROR(r.String("type", &type));
-  FATHOM_ASSIGN_OR_RETURN(c->rope.type, ParseRopeType(type));
-  RopeConfig& rope = c->rope;
+  FATHOM_ASSIGN_OR_RETURN(out->type, ParseRopeType(type));
+  RopeConfig& rope = *out;
   if (rope.type == RopeType::kDefault) return OkStatus();
   FATHOM_RETURN_IF_ERROR(r.Double("factor", &rope.factor, /*required=*/true));
   if (!(rope.factor >= 1.0) && rope.type != RopeType::kLinear) {
@@ -224,6 +231,210 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
   return OkStatus();
 }
 
+// DeepSeek-V4 as transformers' DeepseekV4Config reads it (its __post_init__ folds the legacy keys the hub config
+// ships: compress_ratios, compress_rate_csa / _hca, num_hash_layers, qk_rope_head_dim). Its MoE is every layer's.
+Status ParseDeepseekV4(const json& j, ModelConfig* c) {
+  Reader r(j);
+  V4Config& v = c->v4;
+  c->is_v4 = true;
+  c->rope.interleaved = true;
+  // The attention kinds: layer_types > compress_ratios (one entry a layer, then one an MTP layer) > transformers'
+  // default (two HCA layers, then CSA and HCA in turn).
+  if (auto it = j.find("compress_rates"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return InvalidArgumentError("config.json: 'compress_rates' must be an object");
+    Reader rates(*it, "config.json 'compress_rates'");
+    FATHOM_RETURN_IF_ERROR(rates.Int("compressed_sparse_attention", &v.csa_rate));
+    FATHOM_RETURN_IF_ERROR(rates.Int("heavily_compressed_attention", &v.hca_rate));
+  }
+  FATHOM_RETURN_IF_ERROR(r.Int("compress_rate_csa", &v.csa_rate));
+  FATHOM_RETURN_IF_ERROR(r.Int("compress_rate_hca", &v.hca_rate));
+  if (v.csa_rate < 1 || v.csa_rate > 1024 || v.hca_rate < 1 || v.hca_rate > 4096) {
+    return InvalidArgumentError(
+        fmt::format("config.json: compress rates must be in [1, 1024] (compressed_sparse_attention, {}) and [1, 4096] "
+                    "(heavily_compressed_attention, {})",
+                    v.csa_rate, v.hca_rate));
+  }
+  const int64_t n = c->num_layers;
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != n) {
+      return InvalidArgumentError(
+          fmt::format("config.json: 'layer_types' must list one attention kind for each of the {} layers", n));
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& e = (*it)[i];
+      const std::string name = e.is_string() ? e.get<std::string>() : e.dump();
+      bool found = false;
+      for (V4Attention k : {V4Attention::kSliding, V4Attention::kCsa, V4Attention::kHca}) {
+        if (name == V4AttentionName(k)) {
+          v.attention.push_back(k);
+          found = true;
+        }
+      }
+      if (!found) {
+        return InvalidArgumentError(
+            fmt::format("config.json: layer_types[{}] is {}: DeepSeek-V4's kinds are sliding_attention, "
+                        "compressed_sparse_attention and heavily_compressed_attention",
+                        i, name));
+      }
+    }
+  } else if (auto ratios = j.find("compress_ratios"); ratios != j.end() && !ratios->is_null()) {
+    if (!ratios->is_array() || static_cast<int64_t>(ratios->size()) < n) {
+      return InvalidArgumentError(
+          fmt::format("config.json: 'compress_ratios' must list a ratio for each of the {} layers", n));
+    }
+    for (size_t i = 0; i < ratios->size(); ++i) {
+      const json& e = (*ratios)[i];
+      const int64_t ratio = e.is_number_integer() ? e.get<int64_t>() : -1;
+      // transformers maps these three values to the kinds, whatever compress_rates says.
+      if (ratio != 0 && ratio != 4 && ratio != 128) {
+        return InvalidArgumentError(fmt::format(
+            "config.json: compress_ratios[{}] is {}: DeepSeek-V4 layers compress by 0 (sliding window only), 4 "
+            "(compressed sparse attention) or 128 (heavily compressed attention)",
+            i, e.dump()));
+      }
+      const V4Attention kind = ratio == 0 ? V4Attention::kSliding : ratio == 4 ? V4Attention::kCsa : V4Attention::kHca;
+      (static_cast<int64_t>(i) < n ? v.attention : v.mtp_attention).push_back(kind);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      v.attention.push_back(i < 2 ? V4Attention::kHca : (i - 2) % 2 ? V4Attention::kCsa : V4Attention::kHca);
+    }
+  }
+  // The MoE routing: mlp_layer_types > num_hash_layers > 3 hash-routed layers.
+  if (auto it = j.find("mlp_layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != n) {
+      return InvalidArgumentError(
+          fmt::format("config.json: 'mlp_layer_types' must list hash_moe or moe for each of the {} layers", n));
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& e = (*it)[i];
+      if (!e.is_string() || (e.get<std::string>() != "hash_moe" && e.get<std::string>() != "moe")) {
+        return InvalidArgumentError(
+            fmt::format("config.json: mlp_layer_types[{}] is {}: DeepSeek-V4's are hash_moe and moe", i, e.dump()));
+      }
+      v.hash_moe.push_back(e.get<std::string>() == "hash_moe");
+    }
+  } else {
+    int64_t hash_layers = 3;
+    FATHOM_RETURN_IF_ERROR(r.Int("num_hash_layers", &hash_layers));
+    if (hash_layers < 0) return InvalidArgumentError("config.json: 'num_hash_layers' must not be negative");
+    for (int64_t i = 0; i < n; ++i) v.hash_moe.push_back(i < hash_layers);
+  }
+
+  c->head_dim = 512;
+  FATHOM_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim));
+  FATHOM_RETURN_IF_ERROR(r.Int("sliding_window", &v.sliding_window));
+  FATHOM_RETURN_IF_ERROR(r.Int("q_lora_rank", &v.q_lora_rank));
+  FATHOM_RETURN_IF_ERROR(r.Int("o_groups", &v.o_groups));
+  FATHOM_RETURN_IF_ERROR(r.Int("o_lora_rank", &v.o_lora_rank));
+  FATHOM_RETURN_IF_ERROR(r.Int("index_n_heads", &v.index_n_heads));
+  FATHOM_RETURN_IF_ERROR(r.Int("index_head_dim", &v.index_head_dim));
+  FATHOM_RETURN_IF_ERROR(r.Int("index_topk", &v.index_topk));
+  FATHOM_RETURN_IF_ERROR(r.Int("hc_mult", &v.hc_mult));
+  FATHOM_RETURN_IF_ERROR(r.Int("hc_sinkhorn_iters", &v.hc_sinkhorn_iters));
+  FATHOM_RETURN_IF_ERROR(r.Double("hc_eps", &v.hc_eps));
+  FATHOM_RETURN_IF_ERROR(r.Double("swiglu_limit", &v.swiglu_limit));
+  // The rotated values a head: partial_rotary_factor > qk_rope_head_dim > 64 of 512.
+  double partial = 0.0;
+  FATHOM_RETURN_IF_ERROR(r.Double("partial_rotary_factor", &partial));
+  if (partial > 0.0) {
+    v.rope_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
+  } else {
+    v.rope_dim = c->head_dim / 8;
+    FATHOM_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &v.rope_dim));
+  }
+  if (c->head_dim < 2 || v.rope_dim < 2 || v.rope_dim % 2 != 0 || v.rope_dim > c->head_dim ||
+      v.rope_dim > v.index_head_dim) {
+    return InvalidArgumentError(
+        fmt::format("config.json: qk_rope_head_dim ({}) must be even and at most head_dim ({}) and index_head_dim ({})",
+                    v.rope_dim, c->head_dim, v.index_head_dim));
+  }
+  if (c->num_kv_heads != 1) {
+    return InvalidArgumentError(fmt::format(
+        "config.json: num_key_value_heads is {}: DeepSeek-V4's attention shares one key-value head", c->num_kv_heads));
+  }
+  if (v.o_groups < 1 || c->num_heads % v.o_groups != 0) {
+    return InvalidArgumentError(fmt::format("config.json: num_attention_heads ({}) must be a multiple of o_groups ({})",
+                                            c->num_heads, v.o_groups));
+  }
+  // Ropes: sliding layers rope_theta unscaled; compressed layers compress_rope_theta with the YaRN of rope_scaling
+  // (attention factor 1: transformers sets it, as DeepSeek's code never scales cos and sin). A nested
+  // rope_parameters {main, compress} (transformers' own save) is read as it stands.
+  RopeConfig yarn = c->rope;
+  const double main_theta = c->rope.theta;
+  c->rope = RopeConfig();
+  c->rope.theta = main_theta;
+  c->rope.interleaved = true;
+  double compress_theta = 160000.0;
+  FATHOM_RETURN_IF_ERROR(r.Double("compress_rope_theta", &compress_theta));
+  yarn.theta = compress_theta;
+  yarn.interleaved = true;
+  if (yarn.type == RopeType::kYarn && !yarn.attention_factor) yarn.attention_factor = 1.0;
+  v.compress_rope = yarn;
+  if (auto rp = j.find("rope_parameters");
+      rp != j.end() && rp->is_object() && rp->contains("main") && rp->contains("compress")) {
+    for (const char* key : {"main", "compress"}) {
+      const json& sub = (*rp)[key];
+      if (!sub.is_object())
+        return InvalidArgumentError(fmt::format("config.json: rope_parameters.{} must be an object", key));
+      RopeConfig* out = std::string_view(key) == "main" ? &c->rope : &v.compress_rope;
+      *out = RopeConfig();
+      out->interleaved = true;
+      FATHOM_RETURN_IF_ERROR(ParseRopeParams(sub, fmt::format("config.json 'rope_parameters.{}'", key), out));
+      if (out->type == RopeType::kYarn && !out->attention_factor && out == &v.compress_rope)
+        out->attention_factor = 1.0;
+    }
+  }
+  if (c->rope.type == RopeType::kDynamic || v.compress_rope.type == RopeType::kDynamic) {
+    return UnimplementedError("config.json: rope scaling type 'dynamic' is not supported");
+  }
+
+  MoeConfig& e = c->moe;
+  e.moe_intermediate_size = c->intermediate_size;
+  e.n_routed_experts = 256;
+  e.n_shared_experts = 1;
+  e.num_experts_per_tok = 6;
+  e.topk_method = "noaux_tc";
+  e.scoring_func = "sqrtsoftplus";
+  e.norm_topk_prob = true;
+  e.routed_scaling_factor = 1.5;
+  FATHOM_RETURN_IF_ERROR(r.Int("n_routed_experts", &e.n_routed_experts));
+  FATHOM_RETURN_IF_ERROR(r.Int("n_shared_experts", &e.n_shared_experts));
+  FATHOM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &e.num_experts_per_tok));
+  FATHOM_RETURN_IF_ERROR(r.String("scoring_func", &e.scoring_func));
+  FATHOM_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &e.norm_topk_prob));
+  FATHOM_RETURN_IF_ERROR(r.Double("routed_scaling_factor", &e.routed_scaling_factor));
+  FATHOM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
+  // transformers' router normalizes the chosen weights whatever norm_topk_prob says.
+  e.norm_topk_prob = true;
+  if (e.scoring_func != "sqrtsoftplus" && e.scoring_func != "sigmoid" && e.scoring_func != "softmax") {
+    return InvalidArgumentError(fmt::format(
+        "config.json: unsupported scoring_func '{}' (DeepSeek-V4: sqrtsoftplus, sigmoid, softmax)", e.scoring_func));
+  }
+  if (e.n_routed_experts < 1 || e.n_routed_experts > 512 || e.num_experts_per_tok < 1 ||
+      e.num_experts_per_tok > std::min<int64_t>(32, e.n_routed_experts)) {
+    return InvalidArgumentError(fmt::format(
+        "config.json: n_routed_experts ({}) must be in [1, 512] and num_experts_per_tok ({}) in [1, min(32, it)]",
+        e.n_routed_experts, e.num_experts_per_tok));
+  }
+  if (e.n_shared_experts != 1) {
+    return InvalidArgumentError(
+        fmt::format("config.json: n_shared_experts is {}: DeepSeek-V4 has one shared expert of moe_intermediate_size",
+                    e.n_shared_experts));
+  }
+  // An MTP layer compress_ratios leaves out slides only, as transformers' (unused) entry for it would.
+  v.mtp_attention.resize(static_cast<size_t>(std::clamp<int64_t>(c->num_nextn_predict_layers, 0, 64)),
+                         V4Attention::kSliding);
+  std::string expert_dtype;
+  FATHOM_RETURN_IF_ERROR(r.String("expert_dtype", &expert_dtype));
+  if (!expert_dtype.empty() && expert_dtype != "fp4" && expert_dtype != "fp8" && expert_dtype != "bf16") {
+    return InvalidArgumentError(
+        fmt::format("config.json: expert_dtype '{}' is not one of DeepSeek-V4's (fp4, fp8, bf16)", expert_dtype));
+  }
+  v.expert_dtype = expert_dtype;
+  return OkStatus();
+}
+
 Status ParseTokenIds(const json& j, ModelConfig* c) {
   auto b = j.find("bos_token_id");
   if (b != j.end() && b->is_number_integer()) c->bos_token_id = b->get<int64_t>();
@@ -285,6 +496,18 @@ Status ValidateRanges(const ModelConfig& c) {
                                {"index_topk", m.index_topk, 1, 1 << 16}});
     }
   }
+  if (c.is_v4) {
+    const V4Config& v = c.v4;
+    ints.insert(ints.end(), {{"sliding_window", v.sliding_window, 1, 1 << 20},
+                             {"q_lora_rank", v.q_lora_rank, 1, 1 << 17},
+                             {"o_groups", v.o_groups, 1, 1024},
+                             {"o_lora_rank", v.o_lora_rank, 1, 1 << 17},
+                             {"index_n_heads", v.index_n_heads, 1, 1024},
+                             {"index_head_dim", v.index_head_dim, 2, 1024},
+                             {"index_topk", v.index_topk, 1, 1 << 16},
+                             {"hc_mult", v.hc_mult, 1, 16},
+                             {"hc_sinkhorn_iters", v.hc_sinkhorn_iters, 1, 1000}});
+  }
   if (c.is_moe()) {
     ints.insert(ints.end(), {{"moe_intermediate_size", e.moe_intermediate_size, 1, 1 << 20},
                              {"n_shared_experts", e.n_shared_experts, 0, 64},
@@ -318,6 +541,17 @@ Status ValidateRanges(const ModelConfig& c) {
     return InvalidArgumentError(fmt::format("config.json: 'original_max_position_embeddings' is {}, outside [0, {}]",
                                             c.rope.original_max_position_embeddings, int64_t{1} << 24));
   }
+  if (c.is_v4) {
+    FATHOM_RETURN_IF_ERROR(CheckRange("hc_eps", c.v4.hc_eps, 0, 1));
+    FATHOM_RETURN_IF_ERROR(CheckRange("swiglu_limit", c.v4.swiglu_limit, 0, 1e6));
+    FATHOM_RETURN_IF_ERROR(CheckRange("compress_rope_theta", c.v4.compress_rope.theta, 1, 1e15));
+    const RopeConfig& cr = c.v4.compress_rope;
+    FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.factor", cr.factor, 0, 1e6, /*lo_open=*/true));
+    if (cr.type == RopeType::kYarn) {
+      FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.beta_fast", cr.beta_fast, 0, 1e6, true));
+      FATHOM_RETURN_IF_ERROR(CheckRange("rope_scaling.beta_slow", cr.beta_slow, 0, 1e6, true));
+    }
+  }
   if (c.is_moe()) {
     FATHOM_RETURN_IF_ERROR(CheckRange("routed_scaling_factor", e.routed_scaling_factor, 0, 1e6, /*lo_open=*/true));
   }
@@ -325,6 +559,18 @@ Status ValidateRanges(const ModelConfig& c) {
 }
 
 }  // namespace
+
+std::string_view V4AttentionName(V4Attention kind) {
+  switch (kind) {
+    case V4Attention::kSliding:
+      return "sliding_attention";
+    case V4Attention::kCsa:
+      return "compressed_sparse_attention";
+    case V4Attention::kHca:
+      return "heavily_compressed_attention";
+  }
+  return "?";
+}
 
 std::string_view RopeTypeName(RopeType t) {
   switch (t) {
@@ -392,10 +638,14 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
 
   FATHOM_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, true));
   FATHOM_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
-  FATHOM_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size, true));
+  const bool v4 = c.model_type == "deepseek_v4";
+  // DeepSeek-V4 has no dense MLP: its shared expert's width, moe_intermediate_size, stands in (transformers'
+  // attribute_map).
+  FATHOM_RETURN_IF_ERROR(r.Int(v4 ? "moe_intermediate_size" : "intermediate_size", &c.intermediate_size, !v4));
+  if (v4 && c.intermediate_size == 0) c.intermediate_size = 2048;
   FATHOM_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers, true));
   FATHOM_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads, true));
-  c.num_kv_heads = c.num_heads;
+  c.num_kv_heads = v4 ? 1 : c.num_heads;
   FATHOM_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads));
   FATHOM_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings));
   FATHOM_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps));
@@ -457,12 +707,16 @@ StatusOr<ModelConfig> ParseModelConfig(const json& j) {
       int64_t tp = 1;
       FATHOM_RETURN_IF_ERROR(r.Int("pretraining_tp", &tp));
     }
+  } else if (v4) {
+    if (c.num_layers > 1024) return InvalidArgumentError("config.json: 'num_hidden_layers' is above 1024");
+    FATHOM_RETURN_IF_ERROR(ParseDeepseekV4(j, &c));
   } else {
     FATHOM_RETURN_IF_ERROR(ParseDeepseek(j, &c));
   }
   if (auto q = j.find("quantization_config"); q != j.end()) {
     FATHOM_ASSIGN_OR_RETURN(c.quant, ParseQuantizationConfig(*q, "config.json"));
   }
+  if (v4) c.quant.expert_dtype = c.v4.expert_dtype;
   if (c.max_position_embeddings <= 0) c.max_position_embeddings = 4096;
   FATHOM_RETURN_IF_ERROR(ValidateRanges(c));
   return c;

@@ -67,14 +67,50 @@ struct MoeConfig {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   std::string topk_method = "greedy";    // greedy | group_limited_greedy | noaux_tc
-  std::string scoring_func = "softmax";  // softmax | sigmoid
+  std::string scoring_func = "softmax";  // softmax | sigmoid | sqrtsoftplus (V4)
   bool norm_topk_prob = false;
   double routed_scaling_factor = 1.0;
 };
 
+// DeepSeek-V4's attention kinds, one a layer: a sliding window alone, or beside compressed entries, either picked by
+// a lightning indexer (compressed sparse attention, CSA) or all read (heavily compressed attention, HCA).
+enum class V4Attention : uint8_t { kSliding, kCsa, kHca };
+// transformers' layer_types names: "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention".
+std::string_view V4AttentionName(V4Attention kind);
+
+// DeepSeek-V4 (model_type deepseek_v4), as transformers' DeepseekV4Config reads config.json, the legacy spellings
+// folded in (compress_ratios, compress_rate_csa / _hca, num_hash_layers, qk_rope_head_dim).
+struct V4Config {
+  std::vector<V4Attention> attention;      // [num_hidden_layers]: layer_types, or compress_ratios 0 / 4 / 128
+  std::vector<V4Attention> mtp_attention;  // [num_nextn_predict_layers]: compress_ratios past the layers (sliding)
+  std::vector<bool> hash_moe;              // [num_hidden_layers]: mlp_layer_types "hash_moe" (num_hash_layers)
+  int64_t csa_rate = 4;                    // compress_rates: tokens a CSA entry compresses
+  int64_t hca_rate = 128;                  // and an HCA entry
+  int64_t sliding_window = 128;            // the newest tokens every layer attends to, itself included
+  int64_t q_lora_rank = 1024;
+  int64_t o_groups = 8;        // the grouped output projection: heads in o_groups groups,
+  int64_t o_lora_rank = 1024;  // each projected to o_lora_rank values
+  int64_t rope_dim = 64;       // qk_rope_head_dim (head_dim * partial_rotary_factor): a head's last values rotate
+  int64_t index_n_heads = 64;
+  int64_t index_head_dim = 128;
+  int64_t index_topk = 512;  // CSA entries a query reads
+  int64_t hc_mult = 4;       // mHC's residual streams
+  int64_t hc_sinkhorn_iters = 20;
+  double hc_eps = 1e-6;
+  double swiglu_limit = 10.0;  // experts' gate clamped above and up both ways by it (0: no clamp)
+  // Rope of CSA and HCA layers, their compressors and indexers (compress_rope_theta with rope_scaling's YaRN, its
+  // attention factor 1); sliding layers use ModelConfig::rope (rope_theta, unscaled). Both rotate pairs.
+  RopeConfig compress_rope;
+  std::string expert_dtype;  // config.json's expert_dtype: "fp4" (MXFP4 routed experts), "fp8", "bf16" or ""
+
+  int64_t Rate(V4Attention kind) const {
+    return kind == V4Attention::kCsa ? csa_rate : kind == V4Attention::kHca ? hca_rate : 0;
+  }
+};
+
 struct ModelConfig {
   std::string architecture;    // HF `architectures[0]`, e.g. "Qwen2ForCausalLM"
-  std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3", "deepseek_v32"
+  std::string model_type;      // "llama", "qwen2", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4"
   DType dtype = DType::kBF16;  // torch_dtype / dtype
 
   int64_t vocab_size = 0;
@@ -98,6 +134,8 @@ struct ModelConfig {
 
   bool is_mla = false;
   MlaConfig mla;
+  bool is_v4 = false;
+  V4Config v4;
   MoeConfig moe;
   int64_t num_nextn_predict_layers = 0;
   QuantConfig quant;

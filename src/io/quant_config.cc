@@ -35,6 +35,8 @@ Status ReadFp8(const json& q, JsonReader& r, const std::string& where, QuantConf
   c->bits = 8;
   FATHOM_RETURN_IF_ERROR(r.String("fmt", &c->fmt));
   FATHOM_RETURN_IF_ERROR(r.String("activation_scheme", &c->activation_scheme));
+  FATHOM_RETURN_IF_ERROR(r.String("scale_fmt", &c->scale_fmt));
+  c->scale_fmt = Lower(c->scale_fmt);
   auto bs = q.find("weight_block_size");
   if (bs == q.end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
       !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0) {
@@ -92,7 +94,9 @@ std::string QuantConfig::Describe() const {
   if (method == "fp8") {
     if (!fmt.empty()) parts.push_back(fmt);
     parts.push_back(fmt::format("{}x{} blocks", block_n, block_k));
+    if (!scale_fmt.empty()) parts.push_back(scale_fmt + " scales");
   }
+  if (expert_dtype == "fp4") parts.push_back("routed experts in mxfp4");
   if (group_size != 0) parts.push_back(group_size < 0 ? "one group per column" : fmt::format("group {}", group_size));
   if (!parts.empty()) d += " (" + fmt::format("{}", fmt::join(parts, ", ")) + ")";
   return d;

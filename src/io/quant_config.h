@@ -26,6 +26,10 @@ struct QuantConfig {
   std::string activation_scheme;  // "dynamic"
   int64_t block_n = 128;          // weight_block_size[0]: output rows per scale
   int64_t block_k = 128;          // weight_block_size[1]: input columns per scale
+  std::string scale_fmt;          // "ue8m0": power-of-two scales (V3.2, V4; V4 stores them as F8_E8M0)
+  // config.json's top-level `expert_dtype` (DeepSeek-V4): "fp4" stores the routed experts in MXFP4 whatever the
+  // method says of the other layers; "" as the method says.
+  std::string expert_dtype;
   // AWQ / GPTQ
   int64_t group_size = 0;                           // input rows per scale group; -1: one group over all of K (GPTQ)
   bool zero_point = true;                           // AWQ

@@ -65,8 +65,10 @@ enum class AttentionLayout : uint8_t {
   kMlaLatent,  // one latent row a token, V inside K (DeepSeek-V2/V3): MlaLatentOps (model/mla.h)
   kMlaSparse,  // the latent rows plus an indexer-key side row; top-k sparse MLA (DeepSeek-V3.2): MlaSparseOps
                // (model/mla_sparse.h)
+  kV4Hybrid,   // a row a token of its key (= value), compressor inputs and window-end entries; sliding, compressed
+               // sparse and heavily compressed attention with sinks (DeepSeek-V4): V4HybridOps (model/v4_hybrid.h)
 };
-inline constexpr int kNumAttentionLayouts = 3;
+inline constexpr int kNumAttentionLayouts = 4;
 // The layout's name in messages and the op table.
 constexpr std::string_view AttentionLayoutName(AttentionLayout layout) {
   switch (layout) {
@@ -76,6 +78,8 @@ constexpr std::string_view AttentionLayoutName(AttentionLayout layout) {
       return "mla_latent";
     case AttentionLayout::kMlaSparse:
       return "mla_sparse";
+    case AttentionLayout::kV4Hybrid:
+      return "v4_hybrid";
   }
   return "unknown";
 }

@@ -63,7 +63,7 @@ Status Backend::MoeExperts(const TensorView& x, const ExpertSet& experts, const 
     const TensorView rows = gathered.view().Slice(0, b, end);
     Linear(rows, experts.gate[i], g);
     Linear(rows, experts.up[i], u);
-    SiluMul(g, u, g);
+    ClampedSiluMul(g, u, experts.swiglu_limit, g);
     Linear(g, experts.down[i], expert_out.view().Slice(0, b, end));
   }
   ScatterAddRows(expert_out, tokens_dev, weights_dev, out);

@@ -37,8 +37,9 @@ namespace fathom {
 struct ExpertSet {
   std::vector<LinearWeight> gate, up, down;  // [local experts] each
   std::shared_ptr<void> device_state;
-  int64_t first = 0;  // the expert id of gate[0]
-  int64_t total = 0;  // the layer's routed experts; 0: gate.size() (every expert is here)
+  float swiglu_limit = 0.0f;  // > 0: each expert's SwiGLU is clamped by it (Backend::ClampedSiluMul; DeepSeek-V4)
+  int64_t first = 0;          // the expert id of gate[0]
+  int64_t total = 0;          // the layer's routed experts; 0: gate.size() (every expert is here)
 
   int64_t num_local() const { return static_cast<int64_t>(gate.size()); }
   int64_t num_total() const { return total > 0 ? total : num_local(); }
@@ -132,6 +133,14 @@ class Backend {
 
   // out = silu(gate) * up.   gate, up, out [n, d]
   virtual void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
+
+  // out = silu(min(gate, limit)) * clamp(up, -limit, limit): DeepSeek-V4's clamped SwiGLU; limit 0 is SiluMul.
+  // gate, up, out [n, d]. The default serves limit 0 only: a backend without the op is never given a model that needs
+  // it (DeepSeek-V4 needs the v4_hybrid attention layout's provider, which such a backend lacks).
+  virtual void ClampedSiluMul(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
+    FATHOM_CHECK(limit <= 0.0f, "{} has no clamped SwiGLU", name());
+    SiluMul(gate, up, out);
+  }
 
   // out = silu(gate) * up, then out W^T + b: a gated MLP's down projection with its input. `gate` may be overwritten
   // (the default computes the product into it). The GPU can round the product to bf16 straight into its GEMM's input

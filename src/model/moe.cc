@@ -15,7 +15,9 @@ RouterConfig RouterConfigFrom(const MoeConfig& moe) {
   rc.top_k = moe.num_experts_per_tok;
   rc.n_group = moe.n_group;
   rc.topk_group = moe.topk_group;
-  rc.scoring = moe.scoring_func == "sigmoid" ? RouterConfig::Scoring::kSigmoid : RouterConfig::Scoring::kSoftmax;
+  rc.scoring = moe.scoring_func == "sigmoid"        ? RouterConfig::Scoring::kSigmoid
+               : moe.scoring_func == "sqrtsoftplus" ? RouterConfig::Scoring::kSqrtSoftplus
+                                                    : RouterConfig::Scoring::kSoftmax;
   rc.method = moe.topk_method == "noaux_tc"               ? RouterConfig::Method::kNoauxTc
               : moe.topk_method == "group_limited_greedy" ? RouterConfig::Method::kGroupLimitedGreedy
                                                           : RouterConfig::Method::kGreedy;
@@ -36,6 +38,7 @@ moe_route::Params RouteParams(const RouterConfig& rc) {
   p.n_group = static_cast<int32_t>(rc.n_group);
   p.topk_group = static_cast<int32_t>(rc.topk_group);
   p.sigmoid = rc.scoring == RouterConfig::Scoring::kSigmoid;
+  p.sqrt_softplus = rc.scoring == RouterConfig::Scoring::kSqrtSoftplus;
   p.method = rc.method == RouterConfig::Method::kNoauxTc              ? moe_route::kNoauxTc
              : rc.method == RouterConfig::Method::kGroupLimitedGreedy ? moe_route::kGroupLimitedGreedy
                                                                       : moe_route::kGreedy;
@@ -98,7 +101,9 @@ void RouteExperts(const moe_route::Params& p, const float* logits, int64_t n_tok
   for (int64_t t = 0; t < n_tokens; ++t) {
     moe_route::RouteToken(p, logits + t * p.n_experts, bias, scores.data(), choice.data(), ids + t * p.top_k,
                           weights + t * p.top_k);
-    if (margin_observer != nullptr) (*margin_observer)(t, SelectionMargin(p, logits + t * p.n_experts, bias));
+    if (margin_observer != nullptr && !p.fixed_ids) {
+      (*margin_observer)(t, SelectionMargin(p, logits + t * p.n_experts, bias));
+    }
   }
 }
 

@@ -20,7 +20,7 @@
 namespace fathom {
 
 struct RouterConfig {
-  enum class Scoring { kSoftmax, kSigmoid };
+  enum class Scoring { kSoftmax, kSigmoid, kSqrtSoftplus };
   enum class Method { kGreedy, kGroupLimitedGreedy, kNoauxTc };
   int64_t n_experts = 0;
   int64_t top_k = 0;

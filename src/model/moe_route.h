@@ -34,6 +34,10 @@ struct Params {
   int32_t method = kGreedy;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
+  bool sqrt_softplus = false;  // V4 scoring, sqrt(softplus(logit)); overrides sigmoid and softmax
+  // The experts are given (DeepSeek-V4's hash-routed layers: its token's row of tid2eid): RouteToken reads `ids`
+  // instead of choosing, and only weighs them.
+  bool fixed_ids = false;
 };
 
 FATHOM_HOST_DEVICE float Exp(float x) {
@@ -97,13 +101,20 @@ FATHOM_HOST_DEVICE void ChosenWeights(const Params& p, const float* scores, cons
 
 // logits [n_experts]; bias [n_experts] or null; scores, choice: scratch [n_experts]; ids, weights [top_k].
 // V2: softmax scores; greedy top-k, or top-k within the topk_group groups with the highest max score.
+// V4: sqrt(softplus) scores, no groups; hash-routed layers give the ids (fixed_ids).
 // V3 (noaux_tc): sigmoid scores; selection on score + bias; groups ranked by the sum of their two best selection
 // values; experts outside the kept groups masked to -inf. Weights are the unbiased scores of the chosen experts,
 // normalized to sum 1 when norm_topk_prob, then times routed_scaling_factor.
 FATHOM_HOST_DEVICE void RouteToken(const Params& p, const float* logits, const float* bias, float* scores,
                                    float* choice, int32_t* ids, float* weights) {
   const int32_t e = p.n_experts, k = p.top_k;
-  if (p.sigmoid) {
+  if (p.sqrt_softplus) {
+    // torch's softplus: log1p(exp(x)), x itself above 20.
+    for (int32_t i = 0; i < e; ++i) {
+      const double x = static_cast<double>(logits[i]);
+      scores[i] = static_cast<float>(sqrt(x > 20.0 ? x : log1p(exp(x))));
+    }
+  } else if (p.sigmoid) {
     for (int32_t i = 0; i < e; ++i) scores[i] = 1.0f / (1.0f + Exp(-logits[i]));
   } else {
     float mx = logits[0];
@@ -130,7 +141,11 @@ FATHOM_HOST_DEVICE void RouteToken(const Params& p, const float* logits, const f
       }
     }
   }
-  TopK(choice, e, k, ids);
+  if (p.fixed_ids) {
+    for (int32_t j = 0; j < k; ++j) ids[j] = ids[j] >= 0 && ids[j] < e ? ids[j] : -1;  // an id off the table weighs 0
+  } else {
+    TopK(choice, e, k, ids);
+  }
   ChosenWeights(p, scores, ids, weights);
 }
 

@@ -10,6 +10,7 @@ const std::vector<Architecture>& Architectures() {
     std::vector<Architecture> v;
     RegisterLlamaFamily(v);
     RegisterDeepseekFamily(v);
+    RegisterDeepseekV4Family(v);
     return v;
   }();
   return archs;

@@ -21,6 +21,7 @@ struct Architecture {
   using KvSpecFn = KvCacheSpec (*)(const ModelConfig& cfg, const ParallelConfig& par);
   using CreateFn = StatusOr<std::unique_ptr<Model>> (*)(const ModelConfig& cfg, std::unique_ptr<WeightStore> weights,
                                                         Backend& backend, Communicator& comm);
+  using SpecsFn = StatusOr<std::vector<WeightSpec>> (*)(const ModelConfig& cfg, const ParallelConfig& par);
   std::string name = "";  // "LlamaForCausalLM" (RegisterFamily sets it)
   // Each layer's attention and MLP tensors (the decoder skeleton adds the rest: model/decoder.h DecoderWeightSpecs).
   LayerSpecs attention_specs = nullptr;
@@ -29,11 +30,14 @@ struct Architecture {
   CreateFn create = nullptr;
   // Its attention block's share of a step's memory (GqaAttention::Footprint, MlaAttention::Footprint).
   AttentionFootprintFn attention_footprint = nullptr;
+  // A family whose checkpoint is not the decoder skeleton's (DeepSeek-V4: its own names, mHC, MTP layers) lists all
+  // of its specs itself; attention_specs and mlp_specs are then unused.
+  SpecsFn specs = nullptr;
 
   // The weights one rank of `par` loads (all of them for one rank); an unsupported weight format or a shape that does
   // not split is an error naming it.
   StatusOr<std::vector<WeightSpec>> weight_specs(const ModelConfig& cfg, const ParallelConfig& par = {}) const {
-    return DecoderWeightSpecs(cfg, par, attention_specs, mlp_specs);
+    return specs != nullptr ? specs(cfg, par) : DecoderWeightSpecs(cfg, par, attention_specs, mlp_specs);
   }
   KvCacheSpec kv_cache_spec(const ModelConfig& cfg, const ParallelConfig& par = {}) const { return kv_spec(cfg, par); }
 };
@@ -53,5 +57,6 @@ void RegisterFamily(std::vector<Architecture>& out, std::initializer_list<const 
 // Per-family registration hooks (one per model/<family>.cc).
 void RegisterLlamaFamily(std::vector<Architecture>& out);
 void RegisterDeepseekFamily(std::vector<Architecture>& out);
+void RegisterDeepseekV4Family(std::vector<Architecture>& out);
 
 }  // namespace fathom

@@ -30,7 +30,8 @@ void WeightSpecBuilder::Embedding(std::string name) {
 
 void WeightSpecBuilder::Linear(const std::string& prefix, int64_t out, int64_t in, LinearOptions options) {
   if (!status_.ok()) return;
-  StatusOr<std::shared_ptr<const LinearMethod>> method = LinearMethodFor(cfg_.quant, prefix, options.quantizable);
+  StatusOr<std::shared_ptr<const LinearMethod>> method =
+      LinearMethodFor(cfg_.quant, prefix, options.quantizable, options.routed_expert);
   if (!method.ok()) {
     status_ = method.status();
     return;

@@ -27,9 +27,10 @@ std::string LayerName(int64_t i, const std::string& rest);
 struct LinearOptions {
   bool bias = false;
   LinearSplit split = LinearSplit::kReplicated;
-  double active = 1.0;      // share of the layer one token reads and uses (routed experts: top_k / n_experts)
-  bool quantizable = true;  // false: float in every checkpoint (DeepSeek's router, lm_head)
-  int64_t parts = 0;        // LinearSpec's: 0, tp_size parts; else that many, this rank holding `part`
+  double active = 1.0;         // share of the layer one token reads and uses (routed experts: top_k / n_experts)
+  bool quantizable = true;     // false: float in every checkpoint (DeepSeek's router, lm_head)
+  bool routed_expert = false;  // a routed expert's (DeepSeek-V4's MXFP4 under expert_dtype fp4)
+  int64_t parts = 0;           // LinearSpec's: 0, tp_size parts; else that many, this rank holding `part`
   int64_t part = 0;
 };
 

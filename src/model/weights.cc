@@ -91,7 +91,7 @@ struct DummyPattern {
 
 DummyPattern PatternOf(const WeightSpec& spec, uint64_t seed) {
   DummyPattern p;
-  if (spec.init != WeightInit::kRandom) {
+  if (spec.init != WeightInit::kRandom && spec.init != WeightInit::kRandomIndex) {
     p.constant = spec.init == WeightInit::kOnes ? 1.0f : spec.init == WeightInit::kConstant ? spec.init_value : 0.0f;
     return p;
   }
@@ -128,9 +128,9 @@ ShardIndex IndexOf(const WeightSpec& spec) {
 void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
   const int64_t n = out.numel();
   const DType dt = out.dtype();
-  FATHOM_CHECK(
-      dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 || dt == DType::kF8E4M3 || dt == DType::kI32,
-      "dummy weights of dtype {}", DTypeName(dt));
+  FATHOM_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 || dt == DType::kF8E4M3 ||
+                   dt == DType::kI32 || dt == DType::kI64 || dt == DType::kI8 || dt == DType::kF8E8M0,
+               "dummy weights of dtype {}", DTypeName(dt));
   const DummyPattern pattern = PatternOf(spec, seed);
   const ShardIndex index = IndexOf(spec);
   DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
@@ -153,6 +153,17 @@ void FillDummy(const WeightSpec& spec, uint64_t seed, const TensorView& out) {
                                        ? static_cast<int32_t>(index(i) / static_cast<int64_t>(spec.init_value))
                                    : pattern.constant ? static_cast<int32_t>(*pattern.constant)
                                                       : static_cast<int32_t>(r);
+          break;
+        case DType::kI64:  // indices (DeepSeek-V4's token-to-expert table): uniform in [0, init_value)
+          out.data<int64_t>()[i] = spec.init == WeightInit::kRandomIndex
+                                       ? static_cast<int64_t>(r % static_cast<uint64_t>(spec.init_value))
+                                       : static_cast<int64_t>(pattern.constant ? *pattern.constant : 0.0f);
+          break;
+        case DType::kI8:  // packed 4-bit codes (MXFP4): random bits, or the constant
+          out.data<uint8_t>()[i] = pattern.constant ? static_cast<uint8_t>(*pattern.constant) : static_cast<uint8_t>(r);
+          break;
+        case DType::kF8E8M0:  // scale codes: the constant (2^(code - 127))
+          out.data<uint8_t>()[i] = static_cast<uint8_t>(pattern.constant ? *pattern.constant : 127.0f);
           break;
         default:  // f8: random codes with |value| <= 1.875, to be scaled by a dummy weight_scale_inv
           out.data<uint8_t>()[i] = pattern.constant ? F32ToF8E4M3(v) : static_cast<uint8_t>(r & 0xbf);
@@ -199,9 +210,8 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
   if (format == LoadFormat::kDummy && backend.device() == Device::kCpu) {
     const int64_t available = AvailableHostMemoryBytes();
     if (available > 0 && total_bytes > available) {
-      return ResourceExhaustedError(fmt::format(
-          "dummy weights of this config need {} of host memory; {} is available", FormatBytes(total_bytes),
-          FormatBytes(available)));
+      return ResourceExhaustedError(fmt::format("dummy weights of this config need {} of host memory; {} is available",
+                                                FormatBytes(total_bytes), FormatBytes(available)));
     }
   }
   std::optional<Progress> progress;
@@ -219,7 +229,8 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
       }
       // Made on the device where the backend can (nothing crosses the bus; the same values as FillDummy's). A shard
       // of the first dimension is a contiguous run of the whole tensor: its pattern is the whole one's, shifted.
-      if (backend.device() != Device::kCpu && s.shard.dim <= 0 && s.init != WeightInit::kGroupIndex) {
+      if (backend.device() != Device::kCpu && s.shard.dim <= 0 && s.init != WeightInit::kGroupIndex &&
+          s.init != WeightInit::kRandomIndex && IsFloating(s.dtype)) {
         const DummyPattern pattern = PatternOf(s, options.seed);
         const uint64_t shift = s.shard.sharded() ? static_cast<uint64_t>(s.shard.index * s.numel()) : 0;
         const DeviceMemoryInfo mem = backend.MemoryInfo();
@@ -259,6 +270,16 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
       continue;
     }
     FATHOM_ASSIGN_OR_RETURN(TensorView view, ckpt->Get(source, std::nullopt, s.full_shape()));
+    Tensor copy;  // a rank's part of the tensor, or its decoded scales: a slice of the mmap unless copied
+    // Power-of-two scales stored as F8_E8M0 (DeepSeek-V4's FP8 `.scale`) where float32 ones are wanted (the FP8
+    // block format's scale_inv): decoded once, here, exactly.
+    if (view.dtype() == DType::kF8E8M0 && s.dtype == DType::kF32) {
+      copy = Tensor::Empty(DType::kF32, view.shape());
+      const Tensor packed = view.is_contiguous() ? Tensor() : ContiguousCopy(view);
+      const TensorView src = packed.empty() ? view : packed.view();
+      ConvertToF32(src.raw(), DType::kF8E8M0, 0, src.numel(), copy.view().data<float>());
+      view = copy.view();
+    }
     // Any float dtype can stand in for another (kernels convert); which one a weight format needs (f8 e4m3 and its
     // f32 scales) is its method's check, when the layer is bound. Other dtypes must be the spec's.
     if (IsFloating(s.dtype) ? !IsFloating(view.dtype()) : view.dtype() != s.dtype) {
@@ -266,7 +287,6 @@ StatusOr<std::unique_ptr<WeightStore>> LoadWeights(const std::string& model_dir,
                                               ckpt->FileOf(source), DTypeSafetensorsName(view.dtype()),
                                               DTypeSafetensorsName(s.dtype)));
     }
-    Tensor copy;  // a rank's part of the tensor: a slice of the mmap, copied only where it is strided
     if (s.shard.sharded()) {
       const int64_t part = s.shape[static_cast<size_t>(s.shard.dim)];
       view = view.Slice(s.shard.dim, s.shard.index * part, (s.shard.index + 1) * part);
@@ -304,6 +324,13 @@ WeightStats ComputeWeightStats(const std::vector<WeightSpec>& specs, const Weigh
     const double bytes = static_cast<double>(n) * static_cast<double>(DTypeSize(dt));
     st.bytes_read_per_token += bytes * s.read_fraction;
     if (s.shares_storage) continue;
+    if (s.draft) {
+      st.draft_params += n * s.params_per_element;
+      st.draft_bytes += static_cast<int64_t>(bytes);
+      st.bytes_by_dtype[dt] += static_cast<int64_t>(bytes);
+      st.total_bytes += static_cast<int64_t>(bytes);
+      continue;
+    }
     st.total_params += n * s.params_per_element;
     st.active_params += static_cast<double>(n * s.params_per_element) * s.active_fraction;
     st.bytes_by_dtype[dt] += static_cast<int64_t>(bytes);

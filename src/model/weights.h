@@ -81,6 +81,10 @@ struct WeightStats {
   std::map<DType, int64_t> bytes_by_dtype;
   int64_t total_bytes = 0;
   double bytes_read_per_token = 0;  // weight bytes one decode step reads at batch 1
+  // The draft (MTP) layers' parameters and bytes (WeightSpec::draft), not in total_params; their bytes are in
+  // bytes_by_dtype and total_bytes (they are loaded).
+  int64_t draft_params = 0;
+  int64_t draft_bytes = 0;
 };
 // `store` may be null (dummy inspect without allocation): the spec dtypes are used then.
 WeightStats ComputeWeightStats(const std::vector<WeightSpec>& specs, const WeightStore* store);

@@ -8,6 +8,7 @@
 #include "grammar/json_schema.h"
 #include "server/json_limits.h"
 #include "tokenizer/deepseek_v32_encoding.h"
+#include "tokenizer/deepseek_v4_encoding.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom::server {
@@ -25,6 +26,8 @@ constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
 constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlToolCallsBegin = "<｜DSML｜tool_calls>";  // DeepSeek-V4's name for the block
+constexpr std::string_view kDsmlToolCallsEnd = "</｜DSML｜tool_calls>";
 constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke name=\"";
 constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
 constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter name=\"";
@@ -39,12 +42,26 @@ bool DeepSeek(ToolFormat f) {
   return f == ToolFormat::kDeepSeekV3 || f == ToolFormat::kDeepSeekV31;
 }
 
+// DSML: DeepSeek-V3.2's calls, and V4's, which differ in the name of their block only.
+bool Dsml(ToolFormat f) {
+  return f == ToolFormat::kDeepSeekV32 || f == ToolFormat::kDeepSeekV4;
+}
+std::string_view DsmlBlockEnd(ToolFormat f) {
+  return f == ToolFormat::kDeepSeekV4 ? kDsmlToolCallsEnd : kDsmlCallsEnd;
+}
+// The DSML block of `tool_calls` as the format's encoding writes it (INVALID_ARGUMENT: arguments not an object).
+StatusOr<std::string> DsmlCalls(ToolFormat f, const Json& tool_calls) {
+  return f == ToolFormat::kDeepSeekV4 ? DeepseekV4ToolCalls(tool_calls) : DeepseekV32ToolCalls(tool_calls);
+}
+
 // The formats whose calls sit in one block after the content, opened by this marker.
 bool Blocked(ToolFormat f) {
-  return DeepSeek(f) || f == ToolFormat::kDeepSeekV32;
+  return DeepSeek(f) || Dsml(f);
 }
 std::string_view BlockBegin(ToolFormat f) {
-  return f == ToolFormat::kDeepSeekV32 ? kDsmlCallsBegin : kCallsBegin;
+  return f == ToolFormat::kDeepSeekV4    ? kDsmlToolCallsBegin
+         : f == ToolFormat::kDeepSeekV32 ? kDsmlCallsBegin
+                                         : kCallsBegin;
 }
 
 // Length of the longest suffix of `text` that is a proper prefix of one of `markers`: text that may yet become one.
@@ -95,6 +112,8 @@ std::string_view ToolFormatName(ToolFormat format) {
       return "deepseek_v31";
     case ToolFormat::kDeepSeekV32:
       return "deepseek_v32";
+    case ToolFormat::kDeepSeekV4:
+      return "deepseek_v4";
     case ToolFormat::kHermes:
       return "hermes";
     case ToolFormat::kLlama3Json:
@@ -106,17 +125,20 @@ std::string_view ToolFormatName(ToolFormat format) {
 StatusOr<std::optional<ToolFormat>> ParseToolCallParser(std::string_view name) {
   if (name == "auto" || name.empty()) return std::optional<ToolFormat>();
   for (ToolFormat f : {ToolFormat::kNone, ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kDeepSeekV32,
-                       ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
+                       ToolFormat::kDeepSeekV4, ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
     if (name == ToolFormatName(f)) return std::optional<ToolFormat>(f);
   }
   if (name == "qwen25" || name == "qwen") return std::optional<ToolFormat>(ToolFormat::kHermes);
   return InvalidArgumentError(fmt::format(
-      "--tool-call-parser: '{}' is not one of auto, none, deepseek_v3, deepseek_v31, deepseek_v32, hermes, llama3_json",
+      "--tool-call-parser: '{}' is not one of auto, none, deepseek_v3, deepseek_v31, deepseek_v32, deepseek_v4, "
+      "hermes, llama3_json",
       name));
 }
 
 ToolFormat DetectToolFormat(std::string_view source, const Tokenizer* tokenizer) {
-  if (Contains(source, kDsmlToken)) return ToolFormat::kDeepSeekV32;  // the built-in V3.2 encoding says so
+  // The built-in V4 and V3.2 encodings say so.
+  if (Contains(source, kDsmlToolCallsBegin)) return ToolFormat::kDeepSeekV4;
+  if (Contains(source, kDsmlToken)) return ToolFormat::kDeepSeekV32;
   if (Contains(source, kCallsBegin) || Contains(source, kCallBegin)) {
     // V3's template writes type + <｜tool▁sep｜> + name and a ```json fence; V3.1's name + <｜tool▁sep｜> + arguments.
     return Contains(source, "```json") ? ToolFormat::kDeepSeekV3 : ToolFormat::kDeepSeekV31;
@@ -161,6 +183,8 @@ std::string ToolsSystemPrompt(ToolFormat format, const nlohmann::ordered_json& t
     }
     case ToolFormat::kDeepSeekV32:
       return DeepseekV32ToolsSection(tools);
+    case ToolFormat::kDeepSeekV4:
+      return DeepseekV4ToolsSection(tools);
     case ToolFormat::kHermes:
       // Qwen2.5's template text.
       out =
@@ -188,9 +212,9 @@ std::string ToolsSystemPrompt(ToolFormat format, const nlohmann::ordered_json& t
 
 std::string FormatToolCalls(ToolFormat format, const nlohmann::ordered_json& tool_calls) {
   std::string out;
-  if (format == ToolFormat::kDeepSeekV32) {
+  if (Dsml(format)) {
     // Calls whose arguments are not an object cannot be written (PrepareToolPrompt refuses them).
-    StatusOr<std::string> block = DeepseekV32ToolCalls(tool_calls);
+    StatusOr<std::string> block = DsmlCalls(format, tool_calls);
     return block.ok() && !tool_calls.empty() ? "\n\n" + *block : std::string();
   }
   for (size_t i = 0; i < tool_calls.size(); ++i) {
@@ -213,6 +237,7 @@ std::string FormatToolCalls(ToolFormat format, const nlohmann::ordered_json& too
         out += fmt::format("{}{{\"name\": {}, \"parameters\": {}}}", i == 0 ? "" : "; ", Json(name).dump(), args);
         break;
       case ToolFormat::kDeepSeekV32:
+      case ToolFormat::kDeepSeekV4:
       case ToolFormat::kNone:
         break;
     }
@@ -237,8 +262,8 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
               "the history holds tool calls, but this model has no tool-call format: pass --tool-call-parser");
         }
         const std::string text = content.is_string() ? content.get<std::string>() : std::string();
-        if (format == ToolFormat::kDeepSeekV32) {  // DSML writes the arguments' values: they must be an object
-          StatusOr<std::string> block = DeepseekV32ToolCalls(m.at("tool_calls"));
+        if (Dsml(format)) {  // DSML writes the arguments' values: they must be an object
+          StatusOr<std::string> block = DsmlCalls(format, m.at("tool_calls"));
           if (!block.ok()) return block.status().WithContext("tool_calls");
           content = text + "\n\n" + *block;
         } else {
@@ -262,7 +287,7 @@ Status PrepareToolPrompt(ToolFormat format, std::string_view source, const Tools
   if (format == ToolFormat::kNone) {
     return InvalidArgumentError(
         "this model has no known tool-call format (its chat template shows none): start the server with "
-        "--tool-call-parser deepseek_v3, deepseek_v31, deepseek_v32, hermes or llama3_json");
+        "--tool-call-parser deepseek_v3, deepseek_v31, deepseek_v32, deepseek_v4, hermes or llama3_json");
   }
   if (reads_tools) {
     request->tools = spec.tools;
@@ -393,7 +418,7 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
     if (!args.ok()) {
       return InvalidArgumentError(fmt::format("tool '{}': parameters: {}", name, args.status().message()));
     }
-    if (format == ToolFormat::kDeepSeekV32) {
+    if (Dsml(format)) {
       StatusOr<grammar::ExprPtr> params = DsmlParameters(b, f.at("parameters"), options);
       if (!params.ok()) {
         return InvalidArgumentError(fmt::format("tool '{}': parameters: {}", name, params.status().message()));
@@ -421,6 +446,7 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
             grammar::Seq({Lit(fmt::format("{{\"name\": {}, \"parameters\": ", Json(name).dump())), a, Lit("}")}));
         break;
       case ToolFormat::kDeepSeekV32:
+      case ToolFormat::kDeepSeekV4:
         break;
       case ToolFormat::kNone:
         return InvalidArgumentError("this model has no tool-call format: pass --tool-call-parser");
@@ -433,6 +459,7 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
   switch (format) {
     case ToolFormat::kDeepSeekV3:
     case ToolFormat::kDeepSeekV32:
+    case ToolFormat::kDeepSeekV4:
     case ToolFormat::kHermes:
       sep = "\n";
       break;
@@ -445,9 +472,10 @@ StatusOr<grammar::Grammar> ToolCallGrammar(ToolFormat format, const ToolsSpec& s
   grammar::ExprPtr body = grammar::Ref(call);
   if (many) body = grammar::Seq({body, grammar::Star(grammar::Seq({Lit(sep), grammar::Ref(call)}))});
   if (DeepSeek(format)) body = grammar::Seq({Lit(kCallsBegin), body, Lit(kCallsEnd)});
-  if (format == ToolFormat::kDeepSeekV32) {
+  if (Dsml(format)) {
     // After the blank line that the encoding puts between an answer and its calls (here the answer is empty).
-    body = grammar::Seq({Lit(fmt::format("\n\n{}\n", kDsmlCallsBegin)), body, Lit(fmt::format("\n{}", kDsmlCallsEnd))});
+    body = grammar::Seq(
+        {Lit(fmt::format("\n\n{}\n", BlockBegin(format))), body, Lit(fmt::format("\n{}", DsmlBlockEnd(format)))});
   }
   const int32_t root = b.Add("tool_calls", body);
   return b.Finish(root);
@@ -675,7 +703,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           continue;
         }
         const std::string_view marker = Blocked(format_) ? BlockBegin(format_) : kHermesBegin;
-        const bool dsml = format_ == ToolFormat::kDeepSeekV32;
+        const bool dsml = Dsml(format_);
         const size_t at = buf_.find(marker);
         if (at == std::string::npos) {
           // At the end, the start of a marker that never finished (max_tokens) is dropped, not shown as content.
@@ -703,9 +731,9 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
           return;
         }
         buf_.erase(0, b);
-        const bool dsml = format_ == ToolFormat::kDeepSeekV32;
+        const bool dsml = Dsml(format_);
         const std::string_view call_begin = dsml ? kDsmlInvoke : kCallBegin;
-        const std::string_view calls_end = dsml ? kDsmlCallsEnd : kCallsEnd;
+        const std::string_view calls_end = dsml ? DsmlBlockEnd(format_) : kCallsEnd;
         if (buf_.compare(0, call_begin.size(), call_begin) == 0) {
           buf_.erase(0, call_begin.size());
           state_ = format_ == ToolFormat::kDeepSeekV3 ? State::kHeader : State::kName;
@@ -734,9 +762,9 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         continue;
       }
       case State::kName: {  // V3: name up to \n; V3.1: up to <｜tool▁sep｜>; DSML: up to ">
-        const std::string_view end = format_ == ToolFormat::kDeepSeekV3    ? std::string_view("\n")
-                                     : format_ == ToolFormat::kDeepSeekV32 ? std::string_view("\">")
-                                                                           : kSep;
+        const std::string_view end = format_ == ToolFormat::kDeepSeekV3 ? std::string_view("\n")
+                                     : Dsml(format_)                    ? std::string_view("\">")
+                                                                        : kSep;
         const size_t at = buf_.find(end);
         if (at == std::string::npos) {
           if (final) buf_.clear();  // a name cut short is no call
@@ -760,7 +788,7 @@ void ToolCallParser::Run(ToolDelta& out, bool final) {
         continue;
       }
       case State::kArguments: {
-        if (format_ == ToolFormat::kDeepSeekV32) {
+        if (Dsml(format_)) {
           if (!RunDsmlParameters(out, final)) return;
           continue;
         }

@@ -15,7 +15,8 @@
 //                 (calls separated by \n) <｜tool▁calls▁end｜>        DeepSeek-V3, R1 and their distills' templates
 //   deepseek_v31
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
-//   deepseek_v32 (DSML, DeepSeek-V3.2's built-in encoding: tokenizer/deepseek_v32_encoding.h)
+//   deepseek_v32 (DSML, DeepSeek-V3.2's built-in encoding: tokenizer/deepseek_v32_encoding.h); deepseek_v4 is the same
+//   in <｜DSML｜tool_calls> blocks (DeepSeek-V4's: tokenizer/deepseek_v4_encoding.h)
 //   \n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n
 //   <｜DSML｜parameter name="K" string="true">raw text</｜DSML｜parameter>\n  (string="false": a JSON value) ...
 //   </｜DSML｜invoke>\n<｜DSML｜invoke ...>...</｜DSML｜invoke>\n</｜DSML｜function_calls>
@@ -45,11 +46,11 @@ class Tokenizer;
 
 namespace fathom::server {
 
-enum class ToolFormat { kNone, kDeepSeekV3, kDeepSeekV31, kDeepSeekV32, kHermes, kLlama3Json };
+enum class ToolFormat { kNone, kDeepSeekV3, kDeepSeekV31, kDeepSeekV32, kDeepSeekV4, kHermes, kLlama3Json };
 
 std::string_view ToolFormatName(ToolFormat format);
-// --tool-call-parser: auto (nullopt: detect), none, deepseek_v3, deepseek_v31, deepseek_v32, hermes (qwen25 is an
-// alias), llama3_json.
+// --tool-call-parser: auto (nullopt: detect), none, deepseek_v3, deepseek_v31, deepseek_v32, deepseek_v4, hermes
+// (qwen25 is an alias), llama3_json.
 StatusOr<std::optional<ToolFormat>> ParseToolCallParser(std::string_view name);
 // The format a chat template writes tool calls in (its own text shows it), else the one its tokenizer has tokens
 // for; kNone when neither says.
@@ -113,7 +114,7 @@ class ToolCallParser {
  private:
   enum class State { kContent, kCalls, kHeader, kName, kFence, kArguments, kBuffered, kDone };
   void Run(ToolDelta& out, bool final);
-  // deepseek_v32: inside an invoke block, its parameters up to </｜DSML｜invoke>. False: wait for more text.
+  // deepseek_v32 / deepseek_v4: inside an invoke block, its parameters up to </｜DSML｜invoke>. False: wait for more.
   bool RunDsmlParameters(ToolDelta& out, bool final);
   void BeginCall(ToolDelta& out, std::string name);
   void AddArguments(ToolDelta& out, std::string_view text);
@@ -127,7 +128,7 @@ class ToolCallParser {
   std::string buf_;  // text not yet consumed
   bool at_start_ = true;
   bool after_call_ = false;  // hermes: just after </tool_call>
-  int32_t parameters_ = 0;   // deepseek_v32: parameters of the open call so far
+  int32_t parameters_ = 0;   // DSML: parameters of the open call so far
   std::vector<ToolCall> calls_;
 };
 

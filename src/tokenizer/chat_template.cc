@@ -3,20 +3,22 @@
 #include <fmt/format.h>
 
 #include "tokenizer/deepseek_v32_encoding.h"
+#include "tokenizer/deepseek_v4_encoding.h"
 
 namespace fathom {
 
 StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokenizer& tokenizer, const std::string& name,
                                                                     bool for_tools) {
-  if (name == kDeepseekV32) {
+  if (name == kDeepseekV32 || name == kDeepseekV4) {
     std::unique_ptr<ChatTemplate> chat(new ChatTemplate());
     chat->tokenizer_ = &tokenizer;
     chat->name_ = name;
-    // What the encoding reads, for the server's detection (ThinkingSwitch, PrepareToolPrompt).
-    chat->source_ =
-        "{#- built in: DeepSeek-V3.2's encode_messages; reads messages (roles 'tool', tool_calls) and tools, and "
-        "writes calls in <｜DSML｜function_calls> blocks -#}"
-        "{% if thinking %}<think>{% else %}</think>{% endif %}";
+    // What the encoding reads, for the server's detection (ThinkingSwitch, PrepareToolPrompt, DetectToolFormat).
+    chat->source_ = fmt::format(
+        "{{#- built in: DeepSeek-{}'s encode_messages; reads messages (roles 'tool', tool_calls) and tools, and "
+        "writes calls in <｜DSML｜{}> blocks -#}}"
+        "{{% if thinking %}}<think>{{% else %}}</think>{{% endif %}}",
+        name == kDeepseekV4 ? "V4" : "V3.2", name == kDeepseekV4 ? "tool_calls" : "function_calls");
     return chat;
   }
   const auto& templates = tokenizer.config().chat_templates;
@@ -47,8 +49,9 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokeni
 StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::ForModel(const Tokenizer& tokenizer,
                                                                const std::string& model_type, const std::string& name) {
   StatusOr<std::unique_ptr<ChatTemplate>> chat = FromTokenizer(tokenizer, name);
-  if (!chat.ok() && name.empty() && model_type == "deepseek_v32" && tokenizer.config().chat_templates.empty()) {
-    return FromTokenizer(tokenizer, kDeepseekV32);
+  if (!chat.ok() && name.empty() && (model_type == kDeepseekV32 || model_type == kDeepseekV4) &&
+      tokenizer.config().chat_templates.empty()) {
+    return FromTokenizer(tokenizer, model_type);
   }
   return chat;
 }
@@ -105,11 +108,29 @@ StatusOr<std::string> ChatTemplate::RenderJinja(const ChatRequest& request) cons
 }
 
 StatusOr<std::string> ChatTemplate::RenderBuiltin(const ChatRequest& request) const {
-  DeepseekV32EncodeOptions o;
+  const auto extra = [&request](const char* key) {
+    return request.extra.is_object() ? request.extra.find(key) : request.extra.end();
+  };
+  bool thinking = false;
   for (const char* key : {"thinking", "enable_thinking"}) {
-    const auto it = request.extra.is_object() ? request.extra.find(key) : request.extra.end();
-    if (it != request.extra.end() && it->is_boolean()) o.thinking = o.thinking || it->get<bool>();
+    if (extra(key) != request.extra.end() && extra(key)->is_boolean()) thinking = thinking || extra(key)->get<bool>();
   }
+  if (name_ == kDeepseekV4) {
+    DeepseekV4EncodeOptions o;
+    o.thinking = thinking;
+    if (extra("drop_thinking") != request.extra.end() && extra("drop_thinking")->is_boolean()) {
+      o.drop_thinking = extra("drop_thinking")->get<bool>();
+    }
+    if (const auto effort = extra("reasoning_effort"); effort != request.extra.end() && !effort->is_null()) {
+      if (!effort->is_string()) return InvalidArgumentError("chat_template_kwargs.reasoning_effort must be a string");
+      o.reasoning_effort = effort->get<std::string>();
+    }
+    StatusOr<std::string> rendered = EncodeDeepseekV4(request.messages, request.tools, o);
+    if (!rendered.ok()) return rendered.status().WithContext("the DeepSeek-V4 encoding");
+    return rendered;
+  }
+  DeepseekV32EncodeOptions o;
+  o.thinking = thinking;
   StatusOr<std::string> rendered = EncodeDeepseekV32(request.messages, request.tools, o);
   if (!rendered.ok()) return rendered.status().WithContext("the DeepSeek-V3.2 encoding");
   return rendered;

@@ -37,12 +37,15 @@ class ChatTemplate {
   // Picks the template called `name`; with an empty name, "tool_use" when `for_tools` and it exists, else "default".
   // The name "deepseek_v32" picks the built-in DeepSeek-V3.2 encoding (tokenizer/deepseek_v32_encoding.h), whose
   // checkpoints ship no template: it reads `messages`, `tools` and the `thinking` (or `enable_thinking`) variable of
-  // `extra`, and always ends in the assistant's turn (add_generation_prompt is implied).
+  // `extra`, and always ends in the assistant's turn (add_generation_prompt is implied). "deepseek_v4" picks
+  // DeepSeek-V4's (tokenizer/deepseek_v4_encoding.h) the same way, which also reads `reasoning_effort` ("high" or
+  // "max") and `drop_thinking` (a boolean) from `extra`.
   static StatusOr<std::unique_ptr<ChatTemplate>> FromTokenizer(const Tokenizer& tokenizer, const std::string& name = "",
                                                                bool for_tools = false);
   static constexpr const char* kDeepseekV32 = "deepseek_v32";
-  // The template a model of `model_type` uses: `name` or the tokenizer's own, else, for a DeepSeek-V3.2 checkpoint
-  // (model_type deepseek_v32) without one, the built-in encoding.
+  static constexpr const char* kDeepseekV4 = "deepseek_v4";
+  // The template a model of `model_type` uses: `name` or the tokenizer's own, else, for a DeepSeek-V3.2 or V4
+  // checkpoint (model_type deepseek_v32 or deepseek_v4) without one, the built-in encoding.
   static StatusOr<std::unique_ptr<ChatTemplate>> ForModel(const Tokenizer& tokenizer, const std::string& model_type,
                                                           const std::string& name = "");
 
@@ -57,7 +60,7 @@ class ChatTemplate {
   // The template's Jinja text (the server reads from it whether the template takes `tools` and `tool_calls`). The
   // built-in encoding's is a stand-in naming what it reads.
   const std::string& source() const { return source_; }
-  // The built-in DeepSeek-V3.2 encoding rather than a Jinja template.
+  // A built-in encoding (DeepSeek-V3.2's or V4's) rather than a Jinja template.
   bool builtin() const { return template_ == nullptr; }
 
  private:

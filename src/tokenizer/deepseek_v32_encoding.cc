@@ -13,26 +13,27 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-constexpr std::string_view kBos = "<｜begin▁of▁sentence｜>";
-constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
-constexpr std::string_view kThinkStart = "<think>";
-constexpr std::string_view kThinkEnd = "</think>";
-constexpr std::string_view kDsml = "｜DSML｜";
-
-// Python's json.dumps(value, ensure_ascii=False): ", " and ": " between items, as the script prints schemas and
-// non-string arguments.
-std::string PyJson(const ojson& v) {
-  return jinja::Value::FromJson(v).ToJson(-1);
-}
+using deepseek_tokens::kBos, deepseek_tokens::kEos, deepseek_tokens::kThinkStart, deepseek_tokens::kThinkEnd,
+    deepseek_tokens::kDsml;
 
 }  // namespace
 
-std::string DeepseekV32ToolsSection(const nlohmann::ordered_json& tools) {
+// Python's json.dumps(value, ensure_ascii=False): ", " and ": " between items, as the script prints schemas and
+// non-string arguments.
+std::string DeepseekPyJson(const nlohmann::ordered_json& value) {
+  return jinja::Value::FromJson(value).ToJson(-1);
+}
+
+std::string DeepseekToolSchemas(const nlohmann::ordered_json& tools) {
   std::string schemas;
   for (const ojson& t : tools) {
     if (!schemas.empty()) schemas += '\n';
-    schemas += PyJson(t.contains("function") ? t["function"] : t);
+    schemas += DeepseekPyJson(t.contains("function") ? t["function"] : t);
   }
+  return schemas;
+}
+
+std::string DeepseekV32ToolsSection(const nlohmann::ordered_json& tools) {
   return fmt::format(
       "## Tools\n\nYou have access to a set of tools you can use to answer the user's question.\n"
       "You can invoke functions by writing a \"<{0}function_calls>\" block like the following as part of your reply to "
@@ -48,21 +49,23 @@ std::string DeepseekV32ToolsSection(const nlohmann::ordered_json& tools) {
       "<{0}function_calls>\n...\n</{0}function_calls>\n\n<function_results>\n...\n</function_results>\n\n"
       "{1}...thinking about results{2}\n\n"
       "Here are the functions available in JSONSchema format:\n<functions>\n{3}\n</functions>\n",
-      kDsml, kThinkStart, kThinkEnd, schemas);
+      kDsml, kThinkStart, kThinkEnd, DeepseekToolSchemas(tools));
+}
+
+std::string DeepseekResponseFormatSection(const nlohmann::ordered_json& format) {
+  return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + DeepseekPyJson(format);
 }
 
 namespace {
-
-std::string ResponseFormatSection(const ojson& format) {
-  return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + PyJson(format);
-}
 
 bool Present(const ojson& m, const char* key) {
   return m.contains(key) && !m[key].is_null();
 }
 
+}  // namespace
+
 // A message's text: a string, or an OpenAI list of text parts joined; null is absent.
-StatusOr<std::string> Text(const ojson& m, const char* key, size_t index) {
+StatusOr<std::string> DeepseekMessageText(const nlohmann::ordered_json& m, const char* key, size_t index) {
   if (!Present(m, key)) return std::string();
   const ojson& v = m[key];
   if (v.is_string()) return v.get<std::string>();
@@ -78,6 +81,8 @@ StatusOr<std::string> Text(const ojson& m, const char* key, size_t index) {
   }
   return InvalidArgumentError(fmt::format("messages[{}].{} must be a string or a list of text parts", index, key));
 }
+
+namespace {
 
 std::string Role(const ojson& m) {
   return m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : std::string();
@@ -98,12 +103,12 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
   const ojson tools = Present(msg, "tools") ? msg["tools"] : ojson();
   const ojson response_format = Present(msg, "response_format") ? msg["response_format"] : ojson();
   const bool is_last_user = static_cast<int64_t>(index) == last_user;
-  FATHOM_ASSIGN_OR_RETURN(std::string content, Text(msg, "content", index));
+  FATHOM_ASSIGN_OR_RETURN(std::string content, DeepseekMessageText(msg, "content", index));
   std::string out;
   if (role == "system") {
     out += content;
     if (!tools.empty()) out += "\n\n" + DeepseekV32ToolsSection(tools);
-    if (!response_format.is_null()) out += "\n\n" + ResponseFormatSection(response_format);
+    if (!response_format.is_null()) out += "\n\n" + DeepseekResponseFormatSection(response_format);
   } else if (role == "developer" || role == "user") {
     if (!Present(msg, "content") || (role == "developer" && content.empty())) {
       return InvalidArgumentError(fmt::format("messages[{}]: a {} message needs content", index, role));
@@ -112,7 +117,7 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
     if (role == "developer") {
       body.clear();
       if (!tools.empty()) body += "\n\n" + DeepseekV32ToolsSection(tools);
-      if (!response_format.is_null()) body += "\n\n" + ResponseFormatSection(response_format);
+      if (!response_format.is_null()) body += "\n\n" + DeepseekResponseFormatSection(response_format);
       body += "\n\n# The user's message is: " + content;
     }
     out += fmt::format("<｜User｜>{}<｜Assistant｜>", body);
@@ -145,7 +150,7 @@ StatusOr<std::string> RenderMessage(size_t index, const std::vector<ojson>& mess
     }
     std::string reasoning_part;
     if (thinking && static_cast<int64_t>(index) > last_user) {
-      FATHOM_ASSIGN_OR_RETURN(std::string reasoning, Text(msg, "reasoning_content", index));
+      FATHOM_ASSIGN_OR_RETURN(std::string reasoning, DeepseekMessageText(msg, "reasoning_content", index));
       if (reasoning.empty() && !has_calls) {
         return InvalidArgumentError(fmt::format(
             "messages[{}]: in thinking mode an assistant turn after the last user turn needs reasoning_content or "
@@ -167,14 +172,19 @@ std::string DeepseekV32Invoke(const std::string& name, const nlohmann::ordered_j
   std::string params;
   for (const auto& [key, value] : arguments.items()) {
     if (!params.empty()) params += '\n';
-    params +=
-        fmt::format("<{0}parameter name=\"{1}\" string=\"{2}\">{3}</{0}parameter>", kDsml, key,
-                    value.is_string() ? "true" : "false", value.is_string() ? value.get<std::string>() : PyJson(value));
+    params += fmt::format("<{0}parameter name=\"{1}\" string=\"{2}\">{3}</{0}parameter>", kDsml, key,
+                          value.is_string() ? "true" : "false",
+                          value.is_string() ? value.get<std::string>() : DeepseekPyJson(value));
   }
   return fmt::format("<{0}invoke name=\"{1}\">\n{2}\n</{0}invoke>", kDsml, name, params);
 }
 
 StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_calls) {
+  return DeepseekDsmlCalls(tool_calls, "function_calls", /*wrap_unparsed=*/false);
+}
+
+StatusOr<std::string> DeepseekDsmlCalls(const nlohmann::ordered_json& tool_calls, std::string_view block,
+                                        bool wrap_unparsed) {
   std::string blocks;
   for (const ojson& call : tool_calls) {
     const ojson& fn = call.is_object() && call.contains("function") ? call["function"] : call;
@@ -182,7 +192,10 @@ StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_ca
       return InvalidArgumentError("a call without a function name");
     }
     ojson args = Present(fn, "arguments") ? fn["arguments"] : ojson::object();
-    if (args.is_string()) args = ojson::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (args.is_string()) {
+      ojson parsed = ojson::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      args = parsed.is_discarded() && wrap_unparsed ? ojson{{"arguments", args}} : std::move(parsed);
+    }
     if (!args.is_object()) {
       return InvalidArgumentError(
           fmt::format("the arguments of '{}' are not a JSON object", fn["name"].get<std::string>()));
@@ -190,7 +203,7 @@ StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_ca
     if (!blocks.empty()) blocks += '\n';
     blocks += DeepseekV32Invoke(fn["name"].get<std::string>(), args);
   }
-  return fmt::format("<{0}function_calls>\n{1}\n</{0}function_calls>", kDsml, blocks);
+  return fmt::format("<{0}{1}>\n{2}\n</{0}{1}>", kDsml, block, blocks);
 }
 
 StatusOr<std::string> EncodeDeepseekV32(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,

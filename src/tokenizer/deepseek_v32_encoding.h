@@ -17,12 +17,25 @@
 //   FATHOM_ASSIGN_OR_RETURN(std::string prompt, EncodeDeepseekV32(messages, tools, o));
 #pragma once
 
+#include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 
 namespace fathom {
+
+// The special tokens and markers both built-in DeepSeek encodings write (this one and deepseek_v4_encoding.h).
+namespace deepseek_tokens {
+inline constexpr std::string_view kBos = "<｜begin▁of▁sentence｜>";
+inline constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
+inline constexpr std::string_view kThinkStart = "<think>";
+inline constexpr std::string_view kThinkEnd = "</think>";
+inline constexpr std::string_view kUser = "<｜User｜>";
+inline constexpr std::string_view kAssistant = "<｜Assistant｜>";
+inline constexpr std::string_view kDsml = "｜DSML｜";
+}  // namespace deepseek_tokens
 
 struct DeepseekV32EncodeOptions {
   bool thinking = false;      // thinking_mode "thinking" (else "chat")
@@ -47,5 +60,21 @@ std::string DeepseekV32Invoke(const std::string& name, const nlohmann::ordered_j
 // and a <｜DSML｜function_calls> block of OpenAI `tool_calls` (arguments a JSON object or its text), without the
 // blank line that puts it after an answer. INVALID_ARGUMENT for a call without a name or arguments not an object.
 StatusOr<std::string> DeepseekV32ToolCalls(const nlohmann::ordered_json& tool_calls);
+
+// Shared with DeepSeek-V4's encoding (tokenizer/deepseek_v4_encoding.h), whose invoke blocks are these and whose
+// sections differ in their wording only. Python's json.dumps(value, ensure_ascii=False), as the scripts print schemas
+// and non-string arguments;
+std::string DeepseekPyJson(const nlohmann::ordered_json& value);
+// the schemas of `tools` (each one's `function`), one JSON a line;
+std::string DeepseekToolSchemas(const nlohmann::ordered_json& tools);
+// the "## Response Format" section of a system or developer message;
+std::string DeepseekResponseFormatSection(const nlohmann::ordered_json& format);
+// a message's text: a string, or an OpenAI list of text parts joined; absent or null is empty. INVALID_ARGUMENT names
+// messages[index].key otherwise;
+StatusOr<std::string> DeepseekMessageText(const nlohmann::ordered_json& message, const char* key, size_t index);
+// and a DSML block of `tool_calls`, <｜DSML｜{block}>\n{invoke blocks}\n</｜DSML｜{block}>. Arguments text that is not
+// JSON is refused, or with `wrap_unparsed` (V4's script) becomes the one string parameter "arguments".
+StatusOr<std::string> DeepseekDsmlCalls(const nlohmann::ordered_json& tool_calls, std::string_view block,
+                                        bool wrap_unparsed);
 
 }  // namespace fathom

@@ -236,14 +236,13 @@ function v32Folder() {
   return dir;
 }
 
-// DeepSeek-V3.2's DSML, through the same client, on that checkpoint. A forced call is a grammar of DSML parameter
-// lines; a call the model writes (a regex plays the model) is parsed as it streams; the round trip: the call and its
-// result go back in the history, encoded as V3.2 encodes them, and the model answers. `thinking` decides per request
+// DeepSeek's DSML (V3.2's <｜DSML｜function_calls> block, V4's <｜DSML｜tool_calls>), through the same client, on a
+// checkpoint in `dir`. A forced call is a grammar of DSML parameter lines; a call the model writes (a regex plays the
+// model) is parsed as it streams; the round trip: the call and its result go back in the history, encoded as the
+// version encodes them (the prompt then ends in `resultsEnd`), and the model answers. `thinking` decides per request
 // whether the answer is reasoning. (Named calls and the non-streamed parse of the format are the unit tests'
 // (tests/server/tools_test.cc), and the API paths of both are the cases above, on DeepSeek-V3's format.)
-test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, a round trip, and thinking',
-     async () => {
-  const dir = v32Folder();
+async function dsmlCheckpointCase(dir, block, resultsEnd) {
   const local = await startServer(['--model', path.join(dir, 'config.json'), '--load-format', 'dummy', '--tokenizer',
                                    dir, '--served-model-name', 'deepseek-chat', '--access-log', 'off']);
   try {
@@ -256,10 +255,10 @@ test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, a round trip, and
     assert.equal(m.tool_calls.length, 1);
     checkCall(m.tool_calls[0]);
     // max_tokens covers the texts byte by byte (the random model may spell them so), as above.
-    const dsmlCall = '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n' +
+    const dsmlCall = `\n\n<｜DSML｜${block}>\n<｜DSML｜invoke name="get_weather">\n` +
                      '<｜DSML｜parameter name="city" string="true">(Paris|Rome)</｜DSML｜parameter>\n' +
                      '<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n</｜DSML｜invoke>\n' +
-                     '</｜DSML｜function_calls>';
+                     `</｜DSML｜${block}>`;
     const streamed = await collect(await c.chat.completions.create({model: 'deepseek-chat', messages, tools,
                                                                     max_tokens: 512, stream: true,
                                                                     guided_regex: 'Checking\\.' + dsmlCall}));
@@ -283,9 +282,9 @@ test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, a round trip, and
     const args = JSON.parse(call.function.arguments);
     const params = Object.entries(args).map(([k, v]) =>
       `<｜DSML｜parameter name="${k}" string="true">${v}</｜DSML｜parameter>`).join('\n');
-    assert.ok(text.includes(`<｜Assistant｜></think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="${call.function.name}">` +
-                            `\n${params}\n</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>`), text);
-    assert.ok(text.endsWith('\n\n<function_results>\n<result>21 degrees</result>\n</function_results>\n\n</think>'), text);
+    assert.ok(text.includes(`<｜Assistant｜></think>\n\n<｜DSML｜${block}>\n<｜DSML｜invoke name="${call.function.name}">` +
+                            `\n${params}\n</｜DSML｜invoke>\n</｜DSML｜${block}><｜end▁of▁sentence｜>`), text);
+    assert.ok(text.endsWith(resultsEnd), text);
     // thinking: the prompt ends in <think> and the output is reasoning; without it, content.
     const ask = (type) => c.chat.completions.create({model: 'deepseek-chat', messages, max_tokens: 6, seed: 3,
                                                      thinking: {type}});
@@ -295,4 +294,36 @@ test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, a round trip, and
   } finally {
     await local.stop();
   }
+}
+
+test('DeepSeek-V3.2 checkpoint: DSML calls forced and written, a round trip, and thinking', async () => {
+  await dsmlCheckpointCase(v32Folder(), 'function_calls',
+                           '\n\n<function_results>\n<result>21 degrees</result>\n</function_results>\n\n</think>');
+});
+
+// A DeepSeek-V4 checkpoint as published: model_type deepseek_v4 (hub names, mHC, sliding / compressed sparse /
+// heavily compressed layers, hash-routed MoE) and a tokenizer without a chat template, so the server picks the built-in
+// V4 encoding by itself. The real V4-Flash config cut to three small layers (window 8, CSA top-2) with dummy weights,
+// and DeepSeek-V3's tokenizer (V4's vocabulary).
+function v4Folder() {
+  const dir = tmpDir('fathom-v4-serve-');
+  writeTokenizer(dir);
+  const tc = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'));
+  delete tc.chat_template;
+  fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
+  const cfg = JSON.parse(fs.readFileSync(path.join(dataDir, 'configs/deepseek-v4-flash.json'), 'utf8'));
+  delete cfg.quantization_config;
+  delete cfg.expert_dtype;
+  Object.assign(cfg, {hidden_size: 64, moe_intermediate_size: 32, n_routed_experts: 4, num_experts_per_tok: 2,
+                      num_hidden_layers: 3, num_hash_layers: 1, compress_ratios: [0, 4, 128, 0], num_attention_heads: 4,
+                      head_dim: 32, qk_rope_head_dim: 8, q_lora_rank: 32, o_groups: 2, o_lora_rank: 16,
+                      index_n_heads: 4, index_head_dim: 16, index_topk: 2, sliding_window: 8, hc_mult: 2,
+                      hc_sinkhorn_iters: 3, max_position_embeddings: 4096});
+  fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(cfg));
+  return dir;
+}
+
+// V4's DSML on its checkpoint: the block is <｜DSML｜tool_calls>, and a tool's result is a user turn of its own.
+test('DeepSeek-V4 checkpoint: DSML calls forced and written, a round trip, and thinking', async () => {
+  await dsmlCheckpointCase(v4Folder(), 'tool_calls', '<｜User｜><tool_result>21 degrees</tool_result><｜Assistant｜></think>');
 });

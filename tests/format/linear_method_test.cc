@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -12,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "format/fp8_block.h"
 #include "format/int4.h"
+#include "format/mxfp4.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/registry.h"
@@ -243,6 +245,71 @@ TEST(LinearMethodTest, Fp8DequantizeRowAppliesBlockScales) {
     EXPECT_EQ(row[static_cast<size_t>(c)], want) << c;
   }
   EXPECT_EQ(MethodOf(LinearFormat::kFp8Block).ExactFloatDType(lw), DType::kF32);
+}
+
+// MXFP4 (DeepSeek-V4's routed experts): two e2m1 codes a byte, the low nibble first, times 2^(e8m0 - 127) per 32
+// inputs. Every code is checked against e2m1's table, with its sign, under scales from 2^-127 to 2^8.
+TEST(LinearMethodTest, Mxfp4DequantizeRowDecodesCodesAndScales) {
+  constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  Tensor codes = Tensor::Empty(DType::kI8, {3, 32});     // [out 3, in 64 / 2]
+  Tensor scale = Tensor::Empty(DType::kF8E8M0, {3, 2});  // [out 3, in 64 / 32]
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(i * 37 + 11);
+  const uint8_t scale_codes[6] = {127, 128, 0, 135, 120, 126};
+  std::memcpy(scale.view().raw(), scale_codes, 6);
+  LinearWeight w = Mxfp4Weight(codes, scale, 64);
+  EXPECT_EQ(w.out_features(), 3);
+  EXPECT_EQ(w.in_features(), 64);
+  std::vector<float> row(64);
+  for (int64_t r = 0; r < 3; ++r) {
+    DequantizeRow(w, r, row.data());
+    for (int64_t c = 0; c < 64; ++c) {
+      const uint8_t byte = codes.data<uint8_t>()[r * 32 + c / 2];
+      const uint8_t code = c % 2 == 0 ? byte & 0xf : byte >> 4;
+      const float magnitude = kE2m1[code & 7] * std::ldexp(1.0f, scale_codes[r * 2 + c / 32] - 127);
+      EXPECT_EQ(row[static_cast<size_t>(c)], (code & 8) ? -magnitude : magnitude) << r << ", " << c;
+    }
+  }
+  EXPECT_EQ(MethodOf(LinearFormat::kMxfp4).ExactFloatDType(w), DType::kBF16);
+  EXPECT_TRUE(std::isnan(F8E8M0ToF32(0xff)));
+}
+
+// Only a routed expert's layer takes MXFP4, and only under expert_dtype fp4; its specs are the hub's `.weight` (I8)
+// and `.scale` (F8_E8M0), counted as two parameters a byte.
+TEST(LinearMethodTest, Mxfp4IsForRoutedExpertsUnderExpertDtypeFp4) {
+  QuantConfig q;
+  q.method = "fp8";
+  q.source = "config.json";
+  q.expert_dtype = "fp4";
+  auto expert = LinearMethodFor(q, "layers.3.ffn.experts.0.w1", true, /*routed_expert=*/true);
+  ASSERT_TRUE(expert.ok()) << expert.status().ToString();
+  EXPECT_EQ((*expert)->format(), LinearFormat::kMxfp4);
+  auto shared = LinearMethodFor(q, "layers.3.ffn.shared_experts.w1", true, false);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_EQ((*shared)->format(), LinearFormat::kFp8Block);
+  q.expert_dtype.clear();
+  auto plain = LinearMethodFor(q, "layers.3.ffn.experts.0.w1", true, true);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->format(), LinearFormat::kFp8Block);
+
+  LinearSpec l;
+  l.prefix = "e.w1";
+  l.out = 4;
+  l.in = 64;
+  std::vector<WeightSpec> specs;
+  ASSERT_TRUE(AddLinearSpecs(*expert, l, &specs).ok());
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].name, "e.w1.weight");
+  EXPECT_EQ(specs[0].dtype, DType::kI8);
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(specs[0].params_per_element, 2);
+  EXPECT_EQ(specs[1].name, "e.w1.scale");
+  EXPECT_EQ(specs[1].dtype, DType::kF8E8M0);
+  EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(specs[1].params_per_element, 0);
+  l.prefix = "e.w2";
+  l.in = 48;  // not whole groups of 32
+  std::vector<WeightSpec> odd;
+  EXPECT_FALSE(AddLinearSpecs(*expert, l, &odd).ok());
 }
 
 // The hooks for tensor parallelism: a rank's specs hold its shapes and shards; loading slices them from the mmap.

@@ -409,8 +409,8 @@ def http_framing():
         write("http_framing", name, data.encode("latin-1"))
 
 
-# --- tool_calls: a format byte (0 none, 1 deepseek_v3, 2 deepseek_v31, 3 deepseek_v32, 4 hermes, 5 llama3_json), a
-# piece-size byte, then a model's output ----------------------------------------------------------------------------
+# --- tool_calls: a format byte (0 none, 1 deepseek_v3, 2 deepseek_v31, 3 deepseek_v32, 4 hermes, 5 llama3_json,
+# 6 deepseek_v4), a piece-size byte, then a model's output ---------------------------------------------------------
 def tool_calls():
     v3 = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
           '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n'
@@ -428,7 +428,9 @@ def tool_calls():
              "v3_cut": (1, 1, v3[:70]), "v31_two": (2, 5, v31), "dsml_two": (3, 2, dsml), "dsml_cut": (3, 7, dsml[:150]),
              "dsml_bad_param": (3, 4, '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter '
                                       'name="k" string="false">not json</｜DSML｜parameter>\nstray</｜DSML｜invoke>'),
-             "hermes_two": (4, 6, hermes), "llama3": (5, 9, llama)}
+             "hermes_two": (4, 6, hermes), "llama3": (5, 9, llama),
+             "dsml_v4_two": (6, 3, dsml.replace("function_calls", "tool_calls")),
+             "dsml_v4_cut": (6, 5, dsml.replace("function_calls", "tool_calls")[:140])}
     for name, (fmt, piece, text) in seeds.items():
         write("tool_calls", name, bytes([fmt, piece]) + text.encode())
 

@@ -14,7 +14,8 @@ namespace {
 
 constexpr server::ToolFormat kFormats[] = {server::ToolFormat::kNone,        server::ToolFormat::kDeepSeekV3,
                                            server::ToolFormat::kDeepSeekV31, server::ToolFormat::kDeepSeekV32,
-                                           server::ToolFormat::kHermes,      server::ToolFormat::kLlama3Json};
+                                           server::ToolFormat::kHermes,      server::ToolFormat::kLlama3Json,
+                                           server::ToolFormat::kDeepSeekV4};
 
 void Check(bool ok) {
   if (!ok) __builtin_trap();

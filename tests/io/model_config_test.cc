@@ -259,3 +259,133 @@ TEST(ModelConfigTest, MalformedMoeConfigs) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+// DeepSeek-V4-Flash's config as the hub ships it: the legacy spellings transformers folds (compress_ratios with the
+// MTP layer's entry, num_hash_layers, qk_rope_head_dim, a flat YaRN rope_scaling).
+TEST(ModelConfigTest, DeepseekV4Flash) {
+  auto c = LoadModelConfig(testing::DataDir() + "/configs/deepseek-v4-flash.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->is_v4);
+  EXPECT_FALSE(c->is_mla);
+  EXPECT_EQ(c->architecture, "DeepseekV4ForCausalLM");
+  const V4Config& v = c->v4;
+  ASSERT_EQ(v.attention.size(), 43u);
+  EXPECT_EQ(v.attention[0], V4Attention::kSliding);
+  EXPECT_EQ(v.attention[1], V4Attention::kSliding);
+  EXPECT_EQ(v.attention[2], V4Attention::kCsa);
+  EXPECT_EQ(v.attention[3], V4Attention::kHca);
+  EXPECT_EQ(v.attention[42], V4Attention::kCsa);
+  ASSERT_EQ(v.mtp_attention.size(), 1u);  // compress_ratios' 44th entry
+  EXPECT_EQ(v.mtp_attention[0], V4Attention::kSliding);
+  ASSERT_EQ(v.hash_moe.size(), 43u);
+  EXPECT_TRUE(v.hash_moe[2]);
+  EXPECT_FALSE(v.hash_moe[3]);
+  EXPECT_EQ(v.csa_rate, 4);
+  EXPECT_EQ(v.hca_rate, 128);
+  EXPECT_EQ(v.sliding_window, 128);
+  EXPECT_EQ(v.rope_dim, 64);
+  EXPECT_EQ(c->head_dim, 512);
+  EXPECT_EQ(c->num_kv_heads, 1);
+  EXPECT_EQ(c->intermediate_size, 2048);
+  EXPECT_EQ(v.o_groups, 8);
+  EXPECT_EQ(v.hc_mult, 4);
+  EXPECT_EQ(v.hc_sinkhorn_iters, 20);
+  EXPECT_EQ(v.swiglu_limit, 10.0);
+  EXPECT_EQ(v.index_topk, 512);
+  // Sliding layers: rope_theta unscaled; compressed ones: compress_rope_theta with YaRN, attention factor 1.
+  EXPECT_EQ(c->rope.type, RopeType::kDefault);
+  EXPECT_EQ(c->rope.theta, 10000.0);
+  EXPECT_TRUE(c->rope.interleaved);
+  EXPECT_EQ(v.compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(v.compress_rope.theta, 160000.0);
+  EXPECT_EQ(v.compress_rope.factor, 16.0);
+  EXPECT_EQ(v.compress_rope.original_max_position_embeddings, 65536);
+  ASSERT_TRUE(v.compress_rope.attention_factor.has_value());
+  EXPECT_EQ(*v.compress_rope.attention_factor, 1.0);
+  EXPECT_EQ(c->moe.scoring_func, "sqrtsoftplus");
+  EXPECT_EQ(c->moe.n_routed_experts, 256);
+  EXPECT_EQ(c->moe.num_experts_per_tok, 6);
+  EXPECT_EQ(c->quant.method, "fp8");
+  EXPECT_EQ(c->quant.scale_fmt, "ue8m0");
+  EXPECT_EQ(c->quant.expert_dtype, "fp4");
+  EXPECT_EQ(c->num_nextn_predict_layers, 1);
+}
+
+// transformers' own spellings read the same: layer_types, mlp_layer_types, compress_rates, partial_rotary_factor and
+// a nested rope_parameters {main, compress}.
+TEST(ModelConfigTest, DeepseekV4ModernSpellings) {
+  json j = json::parse(std::ifstream(testing::ModelDir("deepseek-v4-alt-tiny") + "/config.json"));
+  auto legacy = ParseModelConfig(j);
+  ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
+  for (const char* key : {"compress_ratios", "num_hash_layers", "qk_rope_head_dim", "rope_scaling", "rope_theta",
+                          "compress_rope_theta"}) {
+    j.erase(key);
+  }
+  j["layer_types"] = {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"};
+  j["mlp_layer_types"] = {"hash_moe", "moe", "moe"};
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  j["partial_rotary_factor"] = 0.25;
+  j["rope_parameters"] = {{"main", {{"rope_type", "default"}, {"rope_theta", 50000}, {"partial_rotary_factor", 0.25}}},
+                          {"compress",
+                           {{"rope_type", "yarn"},
+                            {"rope_theta", 40000},
+                            {"factor", 4},
+                            {"original_max_position_embeddings", 4096},
+                            {"beta_fast", 32},
+                            {"beta_slow", 1},
+                            {"attention_factor", 1.0},
+                            {"partial_rotary_factor", 0.25}}}};
+  auto modern = ParseModelConfig(j);
+  ASSERT_TRUE(modern.ok()) << modern.status().ToString();
+  EXPECT_EQ(modern->v4.attention, legacy->v4.attention);
+  EXPECT_EQ(modern->v4.hash_moe, legacy->v4.hash_moe);
+  EXPECT_EQ(modern->v4.rope_dim, legacy->v4.rope_dim);
+  EXPECT_EQ(modern->rope.theta, 50000.0);
+  EXPECT_EQ(modern->rope.type, RopeType::kDefault);
+  EXPECT_EQ(modern->v4.compress_rope.theta, legacy->v4.compress_rope.theta);
+  EXPECT_EQ(modern->v4.compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(modern->v4.compress_rope.factor, legacy->v4.compress_rope.factor);
+}
+
+TEST(ModelConfigTest, DeepseekV4RefusalsNameTheKey) {
+  const json base = json::parse(std::ifstream(testing::ModelDir("deepseek-v4-tiny") + "/config.json"));
+  const std::vector<BadConfig> cases = {
+      {"ratio", [](json& j) { j["compress_ratios"][2] = 16; }, "compress_ratios[2] is 16"},
+      {"short_ratios",
+       [](json& j) {
+         j["compress_ratios"] = {0, 4};
+       },
+       "'compress_ratios' must list a ratio"},
+      {"layer_type",
+       [](json& j) {
+         j["layer_types"] = {"sliding_attention", "full", "sliding_attention", "sliding_attention"};
+       },
+       "layer_types[1] is full"},
+      {"kv_heads", [](json& j) { j["num_key_value_heads"] = 4; }, "shares one key-value head"},
+      {"o_groups", [](json& j) { j["o_groups"] = 3; }, "multiple of o_groups"},
+      {"rope_dim", [](json& j) { j["qk_rope_head_dim"] = 15; }, "qk_rope_head_dim (15) must be even"},
+      {"scoring", [](json& j) { j["scoring_func"] = "tanh"; }, "scoring_func 'tanh'"},
+      {"shared", [](json& j) { j["n_shared_experts"] = 2; }, "n_shared_experts is 2"},
+      {"expert_dtype", [](json& j) { j["expert_dtype"] = "int3"; }, "expert_dtype 'int3'"},
+      {"hc_mult", [](json& j) { j["hc_mult"] = 0; }, "'hc_mult' is 0"},
+      {"window", [](json& j) { j["sliding_window"] = 0; }, "'sliding_window' is 0"},
+      {"mlp_type",
+       [](json& j) {
+         j["mlp_layer_types"] = {"moe", "dense", "moe", "moe"};
+       },
+       "mlp_layer_types[1]"},
+  };
+  for (const auto& c : cases) {
+    json j = base;
+    c.edit(j);
+    auto r = ParseModelConfig(j);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.name << ": " << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace fathom

@@ -308,6 +308,38 @@ TEST(ToolCallParserTest, DeepSeekV32CutShortLeavesNoMarkup) {
   }
 }
 
+// DeepSeek-V4 writes the same DSML in <｜DSML｜tool_calls> blocks (tokenizer/deepseek_v4_encoding.h).
+TEST(ToolCallParserTest, DeepSeekV4DsmlCalls) {
+  std::string v4 = kDsmlTwo;
+  for (const std::string_view name : {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>"}) {
+    v4.replace(v4.find(name), name.size(), name[1] == '/' ? "</｜DSML｜tool_calls>" : "<｜DSML｜tool_calls>");
+  }
+  Parsed p = ParseBoth(ToolFormat::kDeepSeekV4, v4);
+  EXPECT_EQ(p.content, "Let me check.");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city": "São \"Paulo\"\\n", "days": 2, "opts": {"a": [1, true]}})");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  // Each format reads its own block only.
+  EXPECT_TRUE(ParseBoth(ToolFormat::kDeepSeekV32, v4).calls.empty());
+  EXPECT_TRUE(ParseBoth(ToolFormat::kDeepSeekV4, kDsmlTwo).calls.empty());
+  // Cut short: the complete parameters stay, no markup shows.
+  const std::string head = "Ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n";
+  for (const std::string tail : {"", "<｜DSML｜param", "</｜DSML｜inv"}) {
+    Parsed cut = ParseBoth(ToolFormat::kDeepSeekV4,
+                           head + "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n" + tail);
+    EXPECT_EQ(cut.content, "Ok") << tail;
+    ASSERT_EQ(cut.calls.size(), 1u) << tail;
+    EXPECT_EQ(cut.calls[0].arguments, "{\"a\": 1") << tail;
+  }
+  for (const char* text : {"Ok\n\n<｜DSML｜tool_ca", "Ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ge"}) {
+    Parsed cut = ParseBoth(ToolFormat::kDeepSeekV4, text);
+    EXPECT_EQ(cut.content, "Ok") << text;
+    EXPECT_TRUE(cut.calls.empty()) << text;
+  }
+}
+
 TEST(ToolFormatTest, DetectedFromTheTemplatesAndNamedByTheFlag) {
   EXPECT_EQ(DetectToolFormat(TemplateOf("deepseek-v3"), nullptr), ToolFormat::kDeepSeekV3);
   EXPECT_EQ(DetectToolFormat(TemplateOf("qwen3"), nullptr), ToolFormat::kHermes);
@@ -315,9 +347,11 @@ TEST(ToolFormatTest, DetectedFromTheTemplatesAndNamedByTheFlag) {
             ToolFormat::kDeepSeekV31);
   EXPECT_EQ(DetectToolFormat("{{ '<|python_tag|>' }}", nullptr), ToolFormat::kLlama3Json);
   EXPECT_EQ(DetectToolFormat("writes calls in <｜DSML｜function_calls> blocks", nullptr), ToolFormat::kDeepSeekV32);
+  EXPECT_EQ(DetectToolFormat("writes calls in <｜DSML｜tool_calls> blocks", nullptr), ToolFormat::kDeepSeekV4);
   EXPECT_EQ(DetectToolFormat(TemplateOf("llama-3.1"), nullptr), ToolFormat::kNone);  // this one shows no tools
   EXPECT_EQ(ParseToolCallParser("deepseek_v3").value(), ToolFormat::kDeepSeekV3);
   EXPECT_EQ(ParseToolCallParser("deepseek_v32").value(), ToolFormat::kDeepSeekV32);
+  EXPECT_EQ(ParseToolCallParser("deepseek_v4").value(), ToolFormat::kDeepSeekV4);
   EXPECT_EQ(ParseToolCallParser("qwen25").value(), ToolFormat::kHermes);
   EXPECT_FALSE(ParseToolCallParser("auto").value().has_value());
   EXPECT_FALSE(ParseToolCallParser("mistral").ok());
@@ -423,6 +457,18 @@ TEST(ToolPromptTest, TemplatesThatReadToolsGetThemAndOthersGetTextAndRoles) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("tool_calls"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("not a JSON object"), std::string::npos) << s.message();
+  // DeepSeek-V4's (--tool-call-parser deepseek_v4): its own tools section and block.
+  ChatRequest v4;
+  v4.messages = bad;
+  v4.messages[1]["tool_calls"][0]["function"]["arguments"] = "{\"city\": \"Oslo\"}";
+  ASSERT_TRUE(PrepareToolPrompt(ToolFormat::kDeepSeekV4, TemplateOf("llama-3.1"), WeatherTools(), &v4).ok());
+  EXPECT_NE(v4.messages[0].at("content").get<std::string>().find("### Available Tool Schemas\n\n{\"name\": "
+                                                                 "\"get_weather\""),
+            std::string::npos)
+      << v4.messages[0].dump();
+  EXPECT_EQ(v4.messages[2].at("content"),
+            "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+            "string=\"true\">Oslo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
 }
 
 std::shared_ptr<const grammar::CompiledGrammar> CompileTools(ToolFormat f, const ToolsSpec& spec) {
@@ -435,8 +481,8 @@ std::shared_ptr<const grammar::CompiledGrammar> CompileTools(ToolFormat f, const
 }
 
 TEST(ToolGrammarTest, RequiredAndNamedCallsInEachFormat) {
-  for (ToolFormat f : {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kDeepSeekV32, ToolFormat::kHermes,
-                       ToolFormat::kLlama3Json}) {
+  for (ToolFormat f : {ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV31, ToolFormat::kDeepSeekV32,
+                       ToolFormat::kDeepSeekV4, ToolFormat::kHermes, ToolFormat::kLlama3Json}) {
     SCOPED_TRACE(std::string(ToolFormatName(f)));
     const Json weather = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])");
     const Json two = Json::parse(R"([{"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},

@@ -78,7 +78,8 @@ struct Derived {
 
 Derived Derive(const json& cfg, const json& tensors, Strings* problems, const std::string& name) {
   Derived d;
-  d.attention = cfg.contains("kv_lora_rank") && !cfg["kv_lora_rank"].is_null() ? "mla" : "gqa";
+  const bool v4 = Str(cfg, "model_type") == "deepseek_v4";
+  d.attention = v4 ? "v4" : cfg.contains("kv_lora_rank") && !cfg["kv_lora_rank"].is_null() ? "mla" : "gqa";
   for (const auto& [tensor, entry] : tensors.items()) d.dtypes.insert(Str(entry, "dtype"));
 
   const json q = cfg.contains("quantization_config") ? cfg["quantization_config"] : json();
@@ -87,10 +88,12 @@ Derived Derive(const json& cfg, const json& tensors, Strings* problems, const st
     // The matrices' dtype names the format; vectors may be float32 beside them (V3.2's hub checkpoint keeps its
     // indexer's k_norm and the router's e_score_correction_bias in F32).
     std::set<std::string> matrices;
+    // DeepSeek-V4 keeps mHC's matrices and the compressors' position biases in F32 and the hash routing table in I64
+    // beside its float matrices.
     for (const auto& [tensor, entry] : tensors.items()) {
-      if (entry.contains("shape") && entry["shape"].is_array() && entry["shape"].size() >= 2) {
-        matrices.insert(Str(entry, "dtype"));
-      }
+      const std::string dtype = Str(entry, "dtype");
+      if (v4 && (dtype == "F32" || dtype == "I64")) continue;
+      if (entry.contains("shape") && entry["shape"].is_array() && entry["shape"].size() >= 2) matrices.insert(dtype);
     }
     if (matrices.size() == 1 && kPlain.count(*matrices.begin())) {
       d.format = kPlain.at(*matrices.begin());
@@ -105,17 +108,40 @@ Derived Derive(const json& cfg, const json& tensors, Strings* problems, const st
     const int64_t b1 = b.is_array() && b.size() == 2 && b[1].is_number_integer() ? b[1].get<int64_t>() : 0;
     if (b0 <= 0 || b1 <= 0) problems->push_back(name + ": weight_block_size is not two positive integers");
     int fp8 = 0;
+    // DeepSeek-V4's hub names: `<layer>.scale` in F8_E8M0 (V3's: `<layer>.weight_scale_inv` in F32).
+    const auto scale_of = [&](const std::string& tensor, const char* dtype_v3) -> std::pair<std::string, std::string> {
+      if (!v4) return {tensor + "_scale_inv", dtype_v3};
+      const size_t dot = tensor.rfind(".weight");
+      return {(dot == std::string::npos ? tensor : tensor.substr(0, dot)) + ".scale", "F8_E8M0"};
+    };
     for (const auto& [tensor, entry] : tensors.items()) {
       if (Str(entry, "dtype") != "F8_E4M3" || b0 <= 0 || b1 <= 0) continue;
       ++fp8;
       const json shape = entry.contains("shape") ? entry["shape"] : json();
-      const std::string scale = tensor + "_scale_inv";
+      const auto [scale, scale_dtype] = scale_of(tensor, "F32");
       if (!shape.is_array() || shape.size() != 2 || !shape[0].is_number_integer() || !shape[1].is_number_integer() ||
-          !tensors.contains(scale) || Str(tensors[scale], "dtype") != "F32" ||
+          !tensors.contains(scale) || Str(tensors[scale], "dtype") != scale_dtype ||
           !Shape(tensors[scale], {(shape[0].get<int64_t>() + b0 - 1) / b0, (shape[1].get<int64_t>() + b1 - 1) / b1})) {
         problems->push_back(
-            fmt::format("{}: {} has no F32 {} of one scale per {}x{} block", name, tensor, scale, b0, b1));
+            fmt::format("{}: {} has no {} {} of one scale per {}x{} block", name, tensor, scale_dtype, scale, b0, b1));
       }
+    }
+    // MXFP4 experts (expert_dtype fp4): I8 [out, in / 2] codes, each with an F8_E8M0 [out, in / 32] `.scale`.
+    if (v4 && Str(cfg, "expert_dtype") == "fp4") {
+      d.format += "+mxfp4";
+      int fp4 = 0;
+      for (const auto& [tensor, entry] : tensors.items()) {
+        if (Str(entry, "dtype") != "I8") continue;
+        ++fp4;
+        const json shape = entry.contains("shape") ? entry["shape"] : json();
+        const auto [scale, scale_dtype] = scale_of(tensor, "");
+        if (!shape.is_array() || shape.size() != 2 || !shape[1].is_number_integer() || !tensors.contains(scale) ||
+            Str(tensors[scale], "dtype") != scale_dtype ||
+            !Shape(tensors[scale], {shape[0].get<int64_t>(), shape[1].get<int64_t>() * 2 / 32})) {
+          problems->push_back(fmt::format("{}: {} has no F8_E8M0 {} of one scale per 32 inputs", name, tensor, scale));
+        }
+      }
+      if (fp4 == 0) problems->push_back(name + ": expert_dtype fp4 but no I8 tensor");
     }
     if (fp8 == 0) problems->push_back(name + ": an fp8 quantization_config but no F8_E4M3 tensor");
   } else {
@@ -135,7 +161,13 @@ Derived Derive(const json& cfg, const json& tensors, Strings* problems, const st
   }
   if (Int(cfg, "n_shared_experts") > 0) d.features.insert("shared-experts");
   if (Int(cfg, "q_lora_rank") > 0) d.features.insert("q-lora");
-  if (Int(cfg, "index_topk") > 0) d.features.insert("sparse-attention");  // DeepSeek-V3.2's lightning indexer
+  if (Int(cfg, "index_topk") > 0) d.features.insert("sparse-attention");  // V3.2's and V4's lightning indexer
+  if (v4) {
+    // V4's topk_method is implied (noaux_tc); its mHC streams and hash-routed layers are always there.
+    if (Str(cfg, "topk_method").empty()) d.features.insert("noaux-tc-routing");
+    d.features.insert("mhc");
+    if (Int(cfg, "num_hash_layers") > 0 || cfg.contains("mlp_layer_types")) d.features.insert("hash-moe");
+  }
   if (cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"] == true) d.features.insert("tied-embeddings");
   if (tensors.contains("model.layers.0.self_attn.q_proj.bias") &&
       tensors.contains("model.layers.0.self_attn.k_proj.bias") &&
@@ -454,15 +486,17 @@ TEST(FixtureFilterTest, SelectsByEachFieldInRegistryOrder) {
   EXPECT_FALSE(r[1].HasFeature("moe"));
 }
 
-// Over the real registry: the attention filters split it, the feature filters keep what they name, and every name is
-// a fixture folder with an oracle.
+// Over the real registry: the attention filters (gqa, mla, v4) split it, the feature filters keep what they name, and
+// every name is a fixture folder with an oracle.
 TEST(FixtureFilterTest, TheRegistrysFiltersPartitionIt) {
   Strings all;
   for (const FixtureInfo& f : Fixtures()) all.push_back(f.name);
   EXPECT_EQ(FixtureNames(), all);
   Strings gqa = FixtureNames({.attention = "gqa"}), mla = FixtureNames({.attention = "mla"});
+  Strings v4 = FixtureNames({.attention = "v4"});
   Strings both = gqa;
   both.insert(both.end(), mla.begin(), mla.end());
+  both.insert(both.end(), v4.begin(), v4.end());
   std::sort(both.begin(), both.end());
   std::sort(all.begin(), all.end());
   EXPECT_EQ(both, all);

@@ -1,5 +1,6 @@
 // The CPU backend's attention layouts (model/attention.h), one provider per file: GQA's paged K and V
-// (attention_gqa.cc), MLA's latent rows (attention_mla.cc) and V3.2's sparse MLA (attention_mla_sparse.cc),
+// (attention_gqa.cc), MLA's latent rows (attention_mla.cc), V3.2's sparse MLA (attention_mla_sparse.cc) and V4's
+// hybrid rows (attention_v4.cc),
 // registered in attention_layouts.cc (a new layout's CPU provider adds its maker's declaration and its row there).
 //
 //   cpu::AttentionLayoutTable layouts = cpu::MakeAttentionLayouts(be);   // CpuBackend's constructor

@@ -171,13 +171,22 @@ void CpuBackend::AddInPlace(const TensorView& a, const TensorView& b) {
 }
 
 void CpuBackend::SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  ClampedSiluMul(gate, up, 0.0f, out);
+}
+
+void CpuBackend::ClampedSiluMul(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
   const int64_t n = gate.dim(0), d = gate.dim(1);
+  const bool clamp = limit > 0.0f;
   Pool().ParallelFor(n, 4, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const float* g = F32Row(gate, t);
       const float* u = F32Row(up, t);
       float* o = F32Row(out, t);
-      for (int64_t i = 0; i < d; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      for (int64_t i = 0; i < d; ++i) {
+        // torch's clamp: NaN stays NaN (std::min and std::clamp return it as the first argument).
+        const float gv = clamp ? std::min(g[i], limit) : g[i], uv = clamp ? std::clamp(u[i], -limit, limit) : u[i];
+        o[i] = gv / (1.0f + std::exp(-gv)) * uv;
+      }
     }
   });
 }

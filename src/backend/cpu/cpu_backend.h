@@ -40,6 +40,7 @@ class CpuBackend : public Backend {
   void Linear(const TensorView& x, const LinearWeight& w, const TensorView& out) override;
   void AddInPlace(const TensorView& a, const TensorView& b) override;
   void SiluMul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void ClampedSiluMul(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) override;
   void RopeCosSin(const TensorView& positions, const TensorView& inv_freq, float scale, const TensorView& cos,
                   const TensorView& sin) override;
   void ApplyRope(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved) override;
