@@ -44,14 +44,7 @@ Status DecoderModel::InitDecoder(int64_t rope_dim) {
 }
 
 Status DecoderModel::Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
-  FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, kv_cache_spec(), cfg_.vocab_size));
-  if (batch.num_tokens() == 0) {
-    *logits = backend_.Alloc(DType::kF32, {batch.num_logits(), cfg_.vocab_size});
-    return OkStatus();
-  }
-  FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, backend_));
-  FATHOM_RETURN_IF_ERROR(ForwardOnDevice(dev, kv, logits));
-  return backend_.Synchronize();
+  return ForwardThroughDevice(*this, backend_, batch, kv, logits);
 }
 
 Status DecoderModel::ForwardOnDevice(const BatchOnDevice& dev, KvCache& kv, Tensor* logits) {

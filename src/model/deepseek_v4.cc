@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 
 #include "model/blocks.h"
 #include "model/registry.h"
@@ -403,14 +402,7 @@ Status DeepseekV4Model::Init() {
 }
 
 Status DeepseekV4Model::Forward(const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
-  FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, kv_cache_spec(), cfg_.vocab_size));
-  if (batch.num_tokens() == 0) {
-    *logits = be_.Alloc(DType::kF32, {batch.num_logits(), cfg_.vocab_size});
-    return OkStatus();
-  }
-  FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, be_));
-  FATHOM_RETURN_IF_ERROR(ForwardOnDevice(dev, kv, logits));
-  return be_.Synchronize();
+  return ForwardThroughDevice(*this, be_, batch, kv, logits);
 }
 
 void DeepseekV4Model::Attention(const Layer& l, const TensorView& x, const Step& step, const KvLayerView& cache,

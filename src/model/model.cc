@@ -116,6 +116,18 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
   return kv;
 }
 
+Status ForwardThroughDevice(Model& model, Backend& backend, const ForwardBatch& batch, KvCache& kv, Tensor* logits) {
+  const int64_t vocab = model.config().vocab_size;
+  FATHOM_RETURN_IF_ERROR(CheckForwardInputs(batch, kv, model.kv_cache_spec(), vocab));
+  if (batch.num_tokens() == 0) {
+    *logits = backend.Alloc(DType::kF32, {batch.num_logits(), vocab});
+    return OkStatus();
+  }
+  FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, backend));
+  FATHOM_RETURN_IF_ERROR(model.ForwardOnDevice(dev, kv, logits));
+  return backend.Synchronize();
+}
+
 Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const KvCacheSpec& want, int64_t vocab_size) {
   FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), vocab_size));
   if (kv.block_size() != batch.block_size) {

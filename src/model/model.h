@@ -137,6 +137,9 @@ class Model {
 // The checks every Model::Forward makes before touching a kernel: the batch itself (ForwardBatch::Validate), its block
 // size against the cache's, and the cache's layout against the one the model needs.
 Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const KvCacheSpec& want, int64_t vocab_size);
+// A Forward in terms of the model's ForwardOnDevice, as the families write it: CheckForwardInputs, zero logits for a
+// batch of no tokens, the batch's upload, ForwardOnDevice, and the synchronization that reports the first op error.
+Status ForwardThroughDevice(Model& model, Backend& backend, const ForwardBatch& batch, KvCache& kv, Tensor* logits);
 
 // The common tail of a decoder: logits [n_logits, vocab] = lm_head(RmsNorm(hidden[indices])), computed only for the
 // rows asked for.   hidden [n_tokens, hidden_size]; indices i32 [n_logits]
