@@ -1,6 +1,6 @@
 # Small helpers so that every folder declares its library and tests the same way.
 #
-#   fathom_library(NAME core SOURCES a.cc b.cc DEPS fmt::fmt-header-only)
+#   fathom_library(NAME core SOURCES a.cc b.cc DEPS ${FATHOM_FMT})
 #     -> target fathom_core, alias fathom::core, include root src/.
 #   fathom_test(NAME core_status SOURCES status_test.cc DEPS fathom::core)
 #     -> gtest binary registered with gtest_discover_tests.
