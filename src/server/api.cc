@@ -480,7 +480,7 @@ bool ParseLogitBias(Reader& r, const RequestLimits& limits, SamplingParams* sp) 
 // Fields of OpenAI's and DeepSeek's APIs that fathom knows but cannot honour: refused by name, never ignored, so that
 // a client does not believe it got what it asked for.
 bool RefuseUnhonourable(Reader& r) {
-  for (const char* name : {"audio", "prediction", "web_search_options", "reasoning_effort"}) {
+  for (const char* name : {"audio", "prediction", "web_search_options"}) {
     if (r.Get(name) != nullptr) {
       return r.Fail(name, fmt::format("'{}' is not supported by this server", name), StatusCode::kUnimplemented);
     }
@@ -522,6 +522,32 @@ bool ParseThinking(Reader& r, Endpoint endpoint, ParsedRequest* out) {
                   fmt::format("'thinking.type' '{}' is unknown: use \"enabled\" or \"disabled\"", v.substr(0, 64)));
   }
   out->thinking = v == "enabled";
+  return true;
+}
+
+// `reasoning_effort`: DeepSeek-V4's API takes high and max and maps low and medium to high; OpenAI's xhigh is the
+// most there is, so max. none and minimal would mean no thinking, which `thinking` says: refused, naming it.
+bool ParseReasoningEffort(Reader& r, Endpoint endpoint, ParsedRequest* out) {
+  const Json* e = r.Get("reasoning_effort");
+  if (e == nullptr || e->is_null()) return true;
+  if (endpoint != Endpoint::kChat) return r.Fail("reasoning_effort", "'reasoning_effort' needs /v1/chat/completions");
+  if (!e->is_string()) {
+    return r.Fail("reasoning_effort", fmt::format("'reasoning_effort' must be a string, got {}", TypeName(*e)));
+  }
+  const std::string& v = e->get_ref<const std::string&>();
+  if (v == "low" || v == "medium" || v == "high") {
+    out->reasoning_effort = "high";
+  } else if (v == "max" || v == "xhigh") {
+    out->reasoning_effort = "max";
+  } else if (v == "none" || v == "minimal") {
+    return r.Fail("reasoning_effort", fmt::format("'reasoning_effort' '{}' is not supported: to answer without "
+                                                  "thinking, send 'thinking': {{\"type\": \"disabled\"}}",
+                                                  v));
+  } else {
+    return r.Fail("reasoning_effort", fmt::format("'reasoning_effort' '{}' is unknown: use low, medium, high, xhigh "
+                                                  "or max",
+                                                  v.substr(0, 64)));
+  }
   return true;
 }
 
@@ -664,7 +690,10 @@ bool ParseRequest(std::string_view body, Endpoint endpoint, const RequestLimits&
   if (!ParseBody(body, &j, error)) return false;
   Reader r(j, error);
   if (auto model = r.String("model")) out->model = *model;
-  if (!RefuseUnsupported(r, endpoint) || !RefuseUnhonourable(r) || !ParseThinking(r, endpoint, out)) return false;
+  if (!RefuseUnsupported(r, endpoint) || !RefuseUnhonourable(r) || !ParseThinking(r, endpoint, out) ||
+      !ParseReasoningEffort(r, endpoint, out)) {
+    return false;
+  }
   if (!ParseConstraint(r, out)) return false;
   if (endpoint == Endpoint::kChat) {
     if (!ParseMessages(r, j, out) || !ParseTools(r, out)) return false;

@@ -97,6 +97,10 @@ struct ParsedRequest {
   // DeepSeek's `thinking: {"type": "enabled" | "disabled"}` (chat only): true or false as asked, unset when absent.
   // The server maps it onto the chat template's thinking switch, or refuses what the model cannot do (server.h).
   std::optional<bool> thinking;
+  // `reasoning_effort` (chat only; DeepSeek-V4's API and OpenAI's field), as the encodings spell it: "high" (from low,
+  // medium or high, as DeepSeek's API maps them) or "max" (max, xhigh); unset when absent. The server passes it to a
+  // chat template that reads it (V4's encoding) and refuses it for one that does not (server.h).
+  std::optional<std::string> reasoning_effort;
   // Top-level fields the parse did not read for this endpoint, in body order: ignored, as vLLM ignores them, and
   // logged by the server. Fields it knows but cannot honour are refused instead (400/501 naming them).
   std::vector<std::string> ignored_fields;

@@ -134,10 +134,10 @@ bool TemplateOpensThink(const ChatTemplate& chat, const nlohmann::ordered_json& 
   return text.size() >= 7 && text.substr(text.size() - 7) == "<think>";
 }
 
-std::string ThinkingSwitch(std::string_view src) {
-  // Only inside tags: a template's literal text may say "thinking" without it being a variable.
+// Whether `name` is read as a variable inside one of the template's tags (literal text may say "thinking" without
+// it being a variable), and not inside a string literal there.
+bool TemplateReads(std::string_view src, std::string_view name) {
   const auto is_ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-  bool plain = false;
   size_t pos = 0;
   while ((pos = src.find('{', pos)) != std::string_view::npos) {
     if (pos + 1 >= src.size() || (src[pos + 1] != '%' && src[pos + 1] != '{')) {
@@ -147,24 +147,24 @@ std::string ThinkingSwitch(std::string_view src) {
     const std::string_view close = src[pos + 1] == '%' ? "%}" : "}}";
     const size_t end = src.find(close, pos + 2);
     const std::string_view tag = src.substr(pos + 2, (end == std::string_view::npos ? src.size() : end) - pos - 2);
-    for (const std::string_view name : {std::string_view("enable_thinking"), std::string_view("thinking")}) {
-      for (size_t at = tag.find(name); at != std::string_view::npos; at = tag.find(name, at + 1)) {
-        const bool starts = at == 0 || !is_ident(tag[at - 1]);
-        const bool ends = at + name.size() == tag.size() || !is_ident(tag[at + name.size()]);
-        // Not inside a string literal: the quotes before it in the tag are balanced.
-        const std::string_view before = tag.substr(0, at);
-        const bool quoted = std::count(before.begin(), before.end(), '\'') % 2 == 1 ||
-                            std::count(before.begin(), before.end(), '"') % 2 == 1;
-        if (starts && ends && !quoted) {
-          if (name == "enable_thinking") return std::string(name);
-          plain = true;
-        }
-      }
+    for (size_t at = tag.find(name); at != std::string_view::npos; at = tag.find(name, at + 1)) {
+      const bool starts = at == 0 || !is_ident(tag[at - 1]);
+      const bool ends = at + name.size() == tag.size() || !is_ident(tag[at + name.size()]);
+      // Not inside a string literal: the quotes before it in the tag are balanced.
+      const std::string_view before = tag.substr(0, at);
+      const bool quoted = std::count(before.begin(), before.end(), '\'') % 2 == 1 ||
+                          std::count(before.begin(), before.end(), '"') % 2 == 1;
+      if (starts && ends && !quoted) return true;
     }
     if (end == std::string_view::npos) break;
     pos = end + 2;
   }
-  return plain ? "thinking" : "";
+  return false;
+}
+
+std::string ThinkingSwitch(std::string_view src) {
+  if (TemplateReads(src, "enable_thinking")) return "enable_thinking";
+  return TemplateReads(src, "thinking") ? "thinking" : "";
 }
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
@@ -800,6 +800,7 @@ void OpenAiServer::Attach(ServedModel model) {
     FATHOM_LOG_INFO("the chat template opens a <think> block: reasoning parser deepseek-r1");
   }
   thinking_switch_ = model_.chat != nullptr ? ThinkingSwitch(model_.chat->source()) : "";
+  reads_effort_ = model_.chat != nullptr && TemplateReads(model_.chat->source(), "reasoning_effort");
   always_thinks_ = thinking_switch_.empty() && opens_think;
   switch_opens_think_ = !thinking_switch_.empty() && !opens_think &&
                         TemplateOpensThink(*model_.chat, nlohmann::ordered_json{{thinking_switch_, true}});
@@ -817,17 +818,40 @@ void OpenAiServer::Attach(ServedModel model) {
 bool OpenAiServer::Reasons(const ParsedRequest& req) const {
   if (options_.reasoning == ReasoningParser::kDeepSeekR1) return true;
   if (!options_.reasoning_auto || !switch_opens_think_) return false;
-  if (req.thinking) return *req.thinking;
+  if (const std::optional<bool> thinking = Thinking(req)) return *thinking;
   const auto it = req.chat_template_kwargs.find(thinking_switch_);
   return it != req.chat_template_kwargs.end() && it->is_boolean() && it->get<bool>();
+}
+
+std::optional<bool> OpenAiServer::Thinking(const ParsedRequest& req) {
+  const auto& kwargs = req.chat_template_kwargs;
+  const bool kwargs_say = kwargs.is_object() && (kwargs.contains("thinking") || kwargs.contains("enable_thinking"));
+  if (!req.thinking && req.reasoning_effort && !kwargs_say) return true;
+  return req.thinking;
 }
 
 Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const {
   cr->messages = req.messages;
   cr->extra = req.chat_template_kwargs;
+  *param = "reasoning_effort";
+  if (req.reasoning_effort) {
+    if (!reads_effort_) {
+      return UnimplementedError(
+          "'reasoning_effort' cannot be honoured: this model's chat template has no reasoning effort (DeepSeek-V4's "
+          "encoding has)");
+    }
+    auto given = cr->extra.find("reasoning_effort");
+    if (given != cr->extra.end() && !given->is_null() && *given != nlohmann::ordered_json(*req.reasoning_effort)) {
+      return InvalidArgumentError(
+          fmt::format("'reasoning_effort' ({}) and chat_template_kwargs.reasoning_effort ({}) "
+                      "disagree",
+                      *req.reasoning_effort, given->dump()));
+    }
+    cr->extra["reasoning_effort"] = *req.reasoning_effort;
+  }
   *param = "thinking";
-  if (req.thinking) {
-    const bool on = *req.thinking;
+  if (const std::optional<bool> thinking = Thinking(req)) {
+    const bool on = *thinking;
     if (!thinking_switch_.empty()) {
       // The template's switch: set from `thinking` unless chat_template_kwargs already says the same.
       auto given = cr->extra.find(thinking_switch_);
@@ -844,6 +868,14 @@ Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std:
       return InvalidArgumentError(
           "'thinking': {\"type\": \"enabled\"} cannot be honoured: this model has no thinking mode (its chat "
           "template has no thinking switch and does not open <think>)");
+    }
+  }
+  if (req.reasoning_effort) {
+    // The encoding reads the effort only while thinking.
+    const auto on = cr->extra.find(thinking_switch_);
+    if (thinking_switch_.empty() || on == cr->extra.end() || *on != nlohmann::ordered_json(true)) {
+      *param = "reasoning_effort";
+      return InvalidArgumentError("'reasoning_effort' needs thinking, and thinking is disabled for this request");
     }
   }
   *param = "tools";

@@ -202,11 +202,17 @@ class OpenAiServer {
   // starts inside the block, so its reasoning is split off (Reasons) even though the startup probe, rendered without
   // the switch, did not open it.
   bool switch_opens_think_ = false;
+  // Whether the template reads `reasoning_effort` (DeepSeek-V4's encoding): a request's effort goes there, and is
+  // refused where it does not.
+  bool reads_effort_ = false;
+  // A request's `thinking`, where `reasoning_effort` without `thinking` asks for it (as DeepSeek-V4's API has it).
+  static std::optional<bool> Thinking(const ParsedRequest& req);
   // Whether a request's output is split into reasoning_content and content (ReasoningSplitter): the deepseek-r1
   // parser (given, or chosen at Attach because the template always opens <think>), or, with the parser on auto, a
   // request that turns on a switch that opens <think>.
   bool Reasons(const ParsedRequest& req) const;
-  // Fills `cr` from a chat request: messages, tools (server/tools.h), `thinking` and the template switches. An error
+  // Fills `cr` from a chat request: messages, tools (server/tools.h), `thinking`, `reasoning_effort` and the
+  // template switches. An error
   // names its field in *param.
   Status PrepareChat(const ParsedRequest& req, ChatRequest* cr, std::string* param) const;
   // Logs a request's unknown fields (ParsedRequest::ignored_fields), each name once per process (64 names at most).
@@ -243,6 +249,9 @@ bool TemplateOpensThink(const ChatTemplate& chat,
 // The chat template's thinking switch: "thinking" (DeepSeek-V3.1) or "enable_thinking" (Qwen3) where one of them is
 // an identifier inside the template's {% %} or {{ }} tags; empty when neither is.
 std::string ThinkingSwitch(std::string_view template_source);
+// Whether `name` is a variable the template reads: an identifier inside its {% %} or {{ }} tags, outside their string
+// literals (e.g. "reasoning_effort" in DeepSeek-V4's encoding).
+bool TemplateReads(std::string_view template_source, std::string_view name);
 // Constant-time comparison of secrets (the time depends on the lengths only).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // The token of an `Authorization: Bearer <token>` header: the scheme is case-insensitive (RFC 7235) and spaces

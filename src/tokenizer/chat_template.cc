@@ -17,8 +17,9 @@ StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizer(const Tokeni
     chat->source_ = fmt::format(
         "{{#- built in: DeepSeek-{}'s encode_messages; reads messages (roles 'tool', tool_calls) and tools, and "
         "writes calls in <｜DSML｜{}> blocks -#}}"
-        "{{% if thinking %}}<think>{{% else %}}</think>{{% endif %}}",
-        name == kDeepseekV4 ? "V4" : "V3.2", name == kDeepseekV4 ? "tool_calls" : "function_calls");
+        "{{% if thinking %}}<think>{{% else %}}</think>{{% endif %}}{}",
+        name == kDeepseekV4 ? "V4" : "V3.2", name == kDeepseekV4 ? "tool_calls" : "function_calls",
+        name == kDeepseekV4 ? "{% if reasoning_effort %}{% endif %}" : "");
     return chat;
   }
   const auto& templates = tokenizer.config().chat_templates;

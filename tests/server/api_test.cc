@@ -91,9 +91,9 @@ TEST(ApiTest, UnknownFieldsAreListedAndUnhonourableOnesRefused) {
       "store":false,"modalities":["text"],"alpha":null})");
   EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"zeta", "metadata", "alpha"}));
   EXPECT_TRUE(Ok(R"({"prompt":"x","max_tokens":3,"seed":1})", Endpoint::kCompletion).ignored_fields.empty());
-  for (const char* field : {R"("audio":{"voice":"x"})", R"("prediction":{"type":"content","content":"x"})",
-                            R"("web_search_options":{})", R"("reasoning_effort":"low")", R"("store":true)",
-                            R"("modalities":["text","audio"])", R"("function_call":"auto")"}) {
+  for (const char* field :
+       {R"("audio":{"voice":"x"})", R"("prediction":{"type":"content","content":"x"})", R"("web_search_options":{})",
+        R"("store":true)", R"("modalities":["text","audio"])", R"("function_call":"auto")"}) {
     const std::string body = std::string(R"({"messages":[{"role":"user","content":"x"}],)") + field + "}";
     const ApiError e = Bad(body);
     EXPECT_EQ(e.http_status, 400) << body;
@@ -108,6 +108,23 @@ TEST(ApiTest, UnknownFieldsAreListedAndUnhonourableOnesRefused) {
       std::vector<std::string>{"suffix"});
   EXPECT_EQ(Ok(R"({"prompt":"x","messages":null,"suffix":null})", Endpoint::kCompletion).ignored_fields,
             std::vector<std::string>{"messages"});
+}
+
+// `reasoning_effort` as DeepSeek-V4's API maps it: low, medium and high are "high", xhigh and max "max"; none and
+// minimal (no thinking: `thinking` says that) and unknown values are 400s naming it, and so is a completion's.
+TEST(ApiTest, ReasoningEffortIsMappedOntoTheEncodingsValues) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":)";
+  for (const auto& [given, want] : std::vector<std::pair<std::string, std::string>>{
+           {"low", "high"}, {"medium", "high"}, {"high", "high"}, {"xhigh", "max"}, {"max", "max"}}) {
+    EXPECT_EQ(Ok(chat + "\"" + given + "\"}").reasoning_effort, want) << given;
+  }
+  EXPECT_FALSE(Ok(chat + "null}").reasoning_effort.has_value());
+  for (const std::string bad : {"\"none\"", "\"minimal\"", "\"HIGH\"", "2", "[\"max\"]"}) {
+    const ApiError e = Bad(chat + bad + "}");
+    EXPECT_EQ(e.http_status, 400) << bad;
+    EXPECT_EQ(e.param, "reasoning_effort") << bad;
+  }
+  EXPECT_EQ(Bad(R"({"prompt":"x","reasoning_effort":"high"})", Endpoint::kCompletion).param, "reasoning_effort");
 }
 
 // Prefix completion, DeepSeek's way (prefix: true on the last assistant message) and vLLM's

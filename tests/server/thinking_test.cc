@@ -132,5 +132,36 @@ TEST(ThinkingTest, DeepseekV32EncodingFollowsThinking) {
       << tools;
 }
 
+// `reasoning_effort` (DeepSeek-V4's API) reaches V4's built-in encoding: low, medium and high are its "high" (which
+// adds nothing), xhigh and max its "max" (its effort prompt first); an effort asks for thinking unless the request says
+// otherwise, and contradicting it is a 400 naming the field. A template that reads no effort refuses it.
+TEST(ThinkingTest, ReasoningEffortReachesDeepseekV4Encoding) {
+  TemplateServer s(kTokenizers + "deepseek-v3", ChatTemplate::kDeepseekV4);
+  const std::string thinking = s.Prompt(R"(,"thinking":{"type":"enabled"})");
+  EXPECT_EQ(thinking.find("Reasoning Effort"), std::string::npos) << thinking;
+  for (const char* effort : {"low", "medium", "high"}) {
+    EXPECT_EQ(s.Prompt(std::string(R"(,"reasoning_effort":")") + effort + "\""), thinking) << effort;
+  }
+  const std::string max = s.Prompt(R"(,"reasoning_effort":"max")");
+  EXPECT_EQ(max.find("<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum"), 0u) << max;
+  EXPECT_EQ(max.substr(max.size() - 7), "<think>");
+  EXPECT_EQ(s.Prompt(R"(,"reasoning_effort":"xhigh","thinking":{"type":"enabled"})"), max);
+  EXPECT_EQ(s.Prompt(R"(,"reasoning_effort":"max","chat_template_kwargs":{"reasoning_effort":"max"})"), max);
+  for (const char* refused :
+       {R"(,"reasoning_effort":"max","thinking":{"type":"disabled"})",
+        R"(,"reasoning_effort":"max","chat_template_kwargs":{"thinking":false})",
+        R"(,"reasoning_effort":"max","chat_template_kwargs":{"reasoning_effort":"high"})",
+        R"(,"reasoning_effort":"minimal")", R"(,"reasoning_effort":"extreme")", R"(,"reasoning_effort":3)"}) {
+    auto [status, body] = s.Tokenize(refused);
+    EXPECT_EQ(status, 400) << refused;
+    EXPECT_EQ(body["error"]["param"], "reasoning_effort") << refused << " " << body.dump();
+  }
+  TemplateServer v3(kTokenizers + "deepseek-v3");
+  auto [status, body] = v3.Tokenize(R"(,"reasoning_effort":"high")");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(body["error"]["code"], "unsupported_parameter") << body.dump();
+  EXPECT_EQ(body["error"]["param"], "reasoning_effort") << body.dump();
+}
+
 }  // namespace
 }  // namespace fathom::server
