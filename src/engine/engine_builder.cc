@@ -181,9 +181,9 @@ class MpiWorker final : public ParallelWorker {
 class MpiWorld;
 #endif
 
-StatusOr<ParallelModel> LoadParallelModelIn(MpiWorld* world, const ParallelOptions& o, const std::string& device,
-                                            const std::string& folder, const ModelConfig& cfg, LoadOptions lo,
-                                            Backend& backend) {
+StatusOr<ParallelModel> LoadParallelModelIn([[maybe_unused]] MpiWorld* world, const ParallelOptions& o,
+                                            const std::string& device, const std::string& folder,
+                                            const ModelConfig& cfg, LoadOptions lo, Backend& backend) {
   const int64_t tp = o.tensor_parallel_size;
   const bool gpu = backend.device() == Device::kCuda;
   // This process's ranks: all of them, or under mpirun a consecutive run of tp / processes ranks.
