@@ -1,6 +1,6 @@
 // DeepSeek's DSML tool calls (V3.2's and V4's built-in prompt formats) through the official openai client, each on a
-// checkpoint of its own as published (a tokenizer without a chat template, dummy weights): a suite apart from
-// tools.test.mjs so that ctest runs the two side by side.
+// checkpoint of its own as published (a tokenizer without a chat template, dummy weights), and V4 on its oracle
+// fixture: a suite apart from tools.test.mjs so that ctest runs the two side by side.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -37,9 +37,10 @@ function v32Folder() {
 // version encodes them (the prompt then ends in `resultsEnd`), and the model answers. `thinking` decides per request
 // whether the answer is reasoning. (Named calls and the non-streamed parse of the format are the unit tests'
 // (tests/server/tools_test.cc), and the API paths of both are tools.test.mjs's, on DeepSeek-V3's format.)
-async function dsmlCheckpointCase(dir, block, resultsEnd) {
-  const local = await startServer(['--model', path.join(dir, 'config.json'), '--load-format', 'dummy', '--tokenizer',
-                                   dir, '--served-model-name', 'deepseek-chat', '--access-log', 'off']);
+async function dsmlCheckpointCase(dir, block, resultsEnd, {dummy = true} = {}) {
+  const model = dummy ? ['--model', path.join(dir, 'config.json'), '--load-format', 'dummy', '--tokenizer', dir]
+                      : ['--model', dir, '--max-model-len', '4096'];
+  const local = await startServer([...model, '--served-model-name', 'deepseek-chat', '--access-log', 'off']);
   try {
     const c = new OpenAI({baseURL: local.url + '/v1', apiKey: 'x', maxRetries: 0});
     const forced = await c.chat.completions.create({model: 'deepseek-chat', messages, tools, tool_choice: 'required',
@@ -81,8 +82,10 @@ async function dsmlCheckpointCase(dir, block, resultsEnd) {
                             `\n${params}\n</｜DSML｜invoke>\n</｜DSML｜${block}><｜end▁of▁sentence｜>`), text);
     assert.ok(text.endsWith(resultsEnd), text);
     // thinking: the prompt ends in <think> and the output is reasoning; without it, content.
+    // (End of sentence, id 1 in DeepSeek's vocabularies, banned: a first token that ends the answer would leave both
+    // fields empty.)
     const ask = (type) => c.chat.completions.create({model: 'deepseek-chat', messages, max_tokens: 6, seed: 3,
-                                                     thinking: {type}});
+                                                     thinking: {type}, logit_bias: {1: -100}});
     const on = (await ask('enabled')).choices[0].message, off = (await ask('disabled')).choices[0].message;
     assert.ok(on.reasoning_content && !on.content, JSON.stringify(on));
     assert.ok(off.content && off.reasoning_content == null, JSON.stringify(off));
@@ -121,4 +124,46 @@ function v4Folder() {
 // V4's DSML on its checkpoint: the block is <｜DSML｜tool_calls>, and a tool's result is a user turn of its own.
 test('DeepSeek-V4 checkpoint: DSML calls forced and written, a round trip, and thinking', async () => {
   await dsmlCheckpointCase(v4Folder(), 'tool_calls', '<｜User｜><tool_result>21 degrees</tool_result><｜Assistant｜></think>');
+});
+
+// The oracle fixture deepseek-v4-tiny itself (tests/data/models: transformers' weights, checked against its logits by
+// model_deepseek_v4_test), served as a V4 folder: its 512-token vocabulary has no tokenizer, so the folder gets a
+// byte-level one written here (a token a byte, ids 2-257; DeepSeek's begin and end of sentence at 0 and 1, as the
+// config's bos_token_id and eos_token_id say; <｜User｜> and <｜Assistant｜> as added tokens), and no chat template, so the
+// server picks V4's encoding by itself.
+function v4FixtureFolder() {
+  const dir = tmpDir('fathom-v4-fixture-');
+  const src = path.join(dataDir, 'models/deepseek-v4-tiny');
+  for (const f of ['config.json', 'model.safetensors']) fs.copyFileSync(path.join(src, f), path.join(dir, f));
+  // GPT-2's byte-to-character map (ByteLevel): printable bytes stand for themselves, the others from U+0100 on.
+  const vocab = {};
+  let shifted = 0;
+  for (let b = 0; b < 256; ++b) {
+    const printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    vocab[String.fromCodePoint(printable ? b : 256 + shifted++)] = 2 + b;
+  }
+  const added = (id, content, special) => ({id, content, single_word: false, lstrip: false, rstrip: false,
+                                            normalized: false, special});
+  const bos = '<｜begin▁of▁sentence｜>', eos = '<｜end▁of▁sentence｜>';
+  const tokenizer = {
+    version: '1.0', truncation: null, padding: null,
+    added_tokens: [added(0, bos, true), added(1, eos, true), added(258, '<｜User｜>', false),
+                   added(259, '<｜Assistant｜>', false)],
+    normalizer: null,
+    pre_tokenizer: {type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false},
+    post_processor: null,
+    decoder: {type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true},
+    model: {type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
+            fuse_unk: false, byte_fallback: false, vocab, merges: []},
+  };
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tokenizer));
+  fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify({
+    add_bos_token: false, bos_token: bos, eos_token: eos, tokenizer_class: 'LlamaTokenizerFast'}));
+  return dir;
+}
+
+test('DeepSeek-V4 oracle fixture (deepseek-v4-tiny) served: DSML calls forced and written, a round trip, thinking',
+     async () => {
+  await dsmlCheckpointCase(v4FixtureFolder(), 'tool_calls',
+                           '<｜User｜><tool_result>21 degrees</tool_result><｜Assistant｜></think>', {dummy: false});
 });
