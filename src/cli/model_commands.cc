@@ -143,9 +143,9 @@ void PrintV4Attention(const ModelConfig& cfg, const KvCacheSpec& kv, DType kv_dt
   const int64_t hd = cfg.head_dim, ihd = v.index_head_dim, es = static_cast<int64_t>(DTypeSize(kv_dtype));
   std::cout << fmt::format(
       "kv cache rows:     {} values a token in a sliding layer, {} in a compressed sparse one, {} in a heavily "
-      "compressed one; the v4_hybrid cache gives every layer the widest ({})\n",
+      "compressed one (each layer's row as wide as its kind's; {} values a token in all)\n",
       V4RowLayout::For(V4Attention::kSliding, hd, ihd).width, V4RowLayout::For(V4Attention::kCsa, hd, ihd).width,
-      V4RowLayout::For(V4Attention::kHca, hd, ihd).width, kv.k_dim);
+      V4RowLayout::For(V4Attention::kHca, hd, ihd).width, kv.values_per_token());
   for (const int64_t len : {int64_t{8192}, int64_t{131072}, int64_t{1} << 20}) {
     // The compressed form: the window's keys, plus each layer's entries (CSA: the indexer's keys too).
     int64_t compact = 0;

@@ -148,14 +148,17 @@ StatusOr<std::vector<WeightSpec>> V4WeightSpecs(const ModelConfig& c, const Para
   return specs;
 }
 
-// The widest row any layer needs.
+// Each layer's row as wide as its kind needs (V4RowLayout); k_dim the widest.
 KvCacheSpec V4KvSpec(const ModelConfig& c, const ParallelConfig& /*par*/) {
   KvCacheSpec k;
   k.num_layers = c.num_layers;
   k.num_kv_heads = 1;
   k.layout = AttentionLayout::kV4Hybrid;
-  for (V4Attention kind : c.v4.attention) {
-    k.k_dim = std::max(k.k_dim, V4RowLayout::For(kind, c.head_dim, c.v4.index_head_dim).width);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t width =
+        V4RowLayout::For(c.v4.attention.at(static_cast<size_t>(l)), c.head_dim, c.v4.index_head_dim).width;
+    k.layer_k_dims.push_back(width);
+    k.k_dim = std::max(k.k_dim, width);
   }
   k.v_dim = c.head_dim;  // the key row is the value
   k.v_in_k = true;

@@ -23,8 +23,9 @@ int64_t ScaleGroup(int64_t dim) {
 
 }  // namespace
 
-int64_t KvCacheSpec::k_scale_group() const {
-  return ScaleGroup(v_in_k ? std::gcd(k_dim, v_dim) : k_dim);
+int64_t KvCacheSpec::layer_k_scale_group(int64_t l) const {
+  const int64_t k = num_layers > 0 ? layer_k_dim(l) : k_dim;
+  return ScaleGroup(v_in_k ? std::gcd(k, v_dim) : k);
 }
 
 int64_t KvCacheSpec::v_scale_group() const {
@@ -38,9 +39,12 @@ int64_t KvCacheSpec::side_scale_group() const {
 int64_t KvCacheSpec::bytes_per_token(DType dtype) const {
   const int64_t values = values_per_token() * static_cast<int64_t>(DTypeSize(dtype));
   if (dtype != DType::kF8E4M3) return values;
-  const int64_t scales = num_kv_heads * (k_dim / k_scale_group() + (v_in_k ? 0 : v_dim / v_scale_group())) +
-                         (side_dim > 0 ? side_dim / side_scale_group() : 0);
-  return values + num_layers * scales * static_cast<int64_t>(sizeof(float));
+  int64_t scales = 0;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    scales += num_kv_heads * (layer_k_dim(l) / layer_k_scale_group(l) + (v_in_k ? 0 : v_dim / v_scale_group())) +
+              (side_dim > 0 ? side_dim / side_scale_group() : 0);
+  }
+  return values + scales * static_cast<int64_t>(sizeof(float));
 }
 
 StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype) {
@@ -75,9 +79,19 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
   kv.dtype_ = dtype;
   kv.num_blocks_ = num_blocks;
   kv.block_size_ = block_size;
-  const int64_t k_groups = spec.k_dim / spec.k_scale_group(), v_groups = spec.v_dim / spec.v_scale_group();
+  if (!spec.layer_k_dims.empty() && static_cast<int64_t>(spec.layer_k_dims.size()) != spec.num_layers) {
+    return InvalidArgumentError(
+        fmt::format("KV cache spec: {} layer widths for {} layers", spec.layer_k_dims.size(), spec.num_layers));
+  }
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    Tensor k = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, spec.k_dim});
+    const int64_t k_dim = spec.layer_k_dim(l);
+    if (k_dim <= 0 || k_dim > spec.k_dim || (spec.v_in_k && k_dim < spec.v_dim)) {
+      return InvalidArgumentError(fmt::format("KV cache spec: layer {}'s row of {} values (k_dim {}, v_dim {})", l,
+                                              k_dim, spec.k_dim, spec.v_dim));
+    }
+    const int64_t k_groups = k_dim / spec.layer_k_scale_group(l);
+    const int64_t v_groups = spec.v_dim / (spec.v_in_k ? spec.layer_k_scale_group(l) : spec.v_scale_group());
+    Tensor k = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, k_dim});
     KvLayerView view;
     view.k = k.view();
     if (fp8) {

@@ -26,29 +26,41 @@ namespace fathom {
 // k_dim = kv_lora_rank + qk_rope_head_dim values and no separate V (v_in_k: V is the first v_dim values of K).
 // A layout may keep a side row a token beside them (side_dim values, one head; KvLayerView::side): DeepSeek-V3.2's
 // indexer keys. It lives in the same blocks and slots as K, so kv:: allocates, frees, shares and copies it with them.
+// Layers of different kinds may keep rows of different widths (layer_k_dims: DeepSeek-V4's sliding, compressed sparse
+// and heavily compressed layers); the blocks and slots stay one set for all layers.
 struct KvCacheSpec {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
-  int64_t k_dim = 0;
+  int64_t k_dim = 0;  // the widest layer's, where layer_k_dims is set
   int64_t v_dim = 0;
   bool v_in_k = false;
   AttentionLayout layout = AttentionLayout::kGqaPaged;  // whose ops read and plan over it (model/attention.h)
   int64_t side_dim = 0;                                 // 0: no side row
+  std::vector<int64_t> layer_k_dims = {};               // [num_layers] each layer's k_dim; empty: k_dim in every layer
 
+  // Layer `l`'s k_dim.
+  int64_t layer_k_dim(int64_t l) const {
+    return layer_k_dims.empty() ? k_dim : layer_k_dims.at(static_cast<size_t>(l));
+  }
   // Values stored per token across all layers.
-  int64_t values_per_token() const { return num_layers * (num_kv_heads * (k_dim + (v_in_k ? 0 : v_dim)) + side_dim); }
+  int64_t values_per_token() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers; ++l) n += num_kv_heads * (layer_k_dim(l) + (v_in_k ? 0 : v_dim)) + side_dim;
+    return n;
+  }
   // The same cache shape (a cache made for one spec serves the other).
   bool SameShape(const KvCacheSpec& o) const {
     return num_layers == o.num_layers && num_kv_heads == o.num_kv_heads && k_dim == o.k_dim && v_dim == o.v_dim &&
-           v_in_k == o.v_in_k && layout == o.layout && side_dim == o.side_dim;
+           v_in_k == o.v_in_k && layout == o.layout && side_dim == o.side_dim && layer_k_dims == o.layer_k_dims;
   }
 
   // An FP8 cache (--kv-cache-dtype fp8) keeps e4m3 values and one float32 scale per group of this many values of a
   // token's row in each KV head (KvLayerView::k_scale): the whole row up to 128 values (a dense head: per token and
   // head), else the largest power of two up to 128 that divides it. MLA's latent row (V the first v_dim values of K)
   // takes the group that divides both, 64 for 576/512: 576 e4m3 values and 9 scales, 612 bytes a token.
-  int64_t k_scale_group() const;
+  int64_t k_scale_group() const { return layer_k_scale_group(0); }
   int64_t v_scale_group() const;
+  int64_t layer_k_scale_group(int64_t l) const;  // layer `l`'s (its own k_dim)
   int64_t side_scale_group() const;
   // Bytes a token takes across all layers in a cache of `dtype` (the scales included for FP8).
   int64_t bytes_per_token(DType dtype) const;

@@ -3,14 +3,15 @@
 // all of them), the compressors that make the entries, and the mHC residual streams. transformers' deepseek_v4
 // (modeling_deepseek_v4.py) is the oracle; the math is written out at each op below.
 //
-// The cache: one row a token and layer (KvCacheSpec: one KV head, k_dim = the widest layer's row, V inside K), laid out
-// by V4RowLayout. It holds the token's key (= value) row, the compressor's projections of the token (its kv and gate,
-// and the indexer compressor's), and, in the slot of the last token of each window of `rate` tokens, the window's
-// compressed entry (and the indexer's key for it). An entry depends only on its window's rows (and, for CSA, the
-// window before), all in the cache before it is made, so chunked prefill and decode cross window ends exactly, and a
-// prefix-cache hit of whole blocks carries its finished entries and the rows of an unfinished window with it: nothing
-// is recomputed. The rows keep every token's key and projections, also where the window has passed them: the CPU
-// reference's simple layout (the GPU's own, with the window as a ring and entries apart, is the GPU issue's).
+// The cache: one row a token and layer (KvCacheSpec: one KV head, each layer's row as wide as its kind needs
+// (layer_k_dims), V inside K), laid out by V4RowLayout. It holds the token's key (= value) row, the compressor's
+// projections of the token (its kv and gate, and the indexer compressor's), and, in the slot of the last token of each
+// window of `rate` tokens, the window's compressed entry (and the indexer's key for it). An entry depends only on its
+// window's rows (and, for CSA, the window before), all in the cache before it is made, so chunked prefill and decode
+// cross window ends exactly, and a prefix-cache hit of whole blocks carries its finished entries and the rows of an
+// unfinished window with it: nothing is recomputed. The rows keep every token's key and projections, also where the
+// window has passed them: the CPU reference's simple layout (the GPU's own, with the window as a ring and entries
+// apart, is the GPU issue's).
 //
 //   V4HybridOps& ops = AttentionOpsOf<V4HybridOps>(be);
 //   ops.WriteRows(kv, layout.kv, meta, cache);                       // every new token's rows

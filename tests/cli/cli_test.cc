@@ -267,6 +267,33 @@ TEST(CliTest, InspectDummyDeepseekV32CountsTheIndexerKeys) {
   EXPECT_NE(fp8.out.find("kv cache:          45384 bytes per token (f8_e4m3"), std::string::npos) << fp8.out;
 }
 
+// DeepSeek-V4-Flash's real config (FP8 weights, MXFP4 experts, the MTP layer past the 43): about 284 B parameters
+// without the MTP layer, what the MTP layer adds, the layer kinds, and the cache: each layer's row as wide as its
+// kind's (2 sliding x 512 + 21 CSA x 3712 + 20 HCA x 2048 values a token) beside what the compressed form would hold.
+TEST(CliTest, InspectDummyDeepseekV4Flash) {
+  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v4_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(testing::DataDir() + "/configs/deepseek-v4-flash.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("parameters:        284.33 B"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("active parameters: 13.27 B per token"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mtp layers:        6.61 B more parameters"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("v4 attention:      2 sliding, 21 compressed sparse (an entry per 4 tokens, the indexer's top "
+                       "512 of 64 heads x 128), 20 heavily compressed (an entry per 128 tokens); window 128"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("kv cache rows:     512 values a token in a sliding layer, 3712 in a compressed sparse one, "
+                       "2048 in a heavily compressed one (each layer's row as wide as its kind's; 119936 values a "
+                       "token in all)"),
+            std::string::npos)
+      << r.out;
+  // 119,936 values x 2 bytes (bf16, the cache's dtype for an FP8 checkpoint)
+  EXPECT_NE(r.out.find("kv cache:          239872 bytes per token (bf16"), std::string::npos) << r.out;
+}
+
 // A 4-bit config is sized as 4-bit weights, scales and zeros (never as f16); a method fathom cannot run is refused by
 // name.
 TEST(CliTest, InspectSizesAnAwqConfigAs4BitAndRefusesUnknownMethodsByName) {

@@ -15,6 +15,7 @@
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/registry.h"
+#include "model/v4_hybrid.h"
 #include "testing/fixtures.h"
 #include "testing/golden.h"
 #include "testing/temp_dir.h"
@@ -228,6 +229,45 @@ TEST(DeepseekV4Fp8Test, QuantizedCheckpointEqualsItsFloat32Twin) {
     ASSERT_EQ((*a)[c].size(), (*b)[c].size());
     EXPECT_LE(MaxAbsDiff((*a)[c].data(), (*b)[c].data(), static_cast<int64_t>((*a)[c].size())), 1e-4f) << "case" << c;
   }
+}
+
+// Each layer's cache row is as wide as its kind needs (V4RowLayout), not the widest layer's: the spec lists the widths,
+// the cache allocates them, and bytes a token (the memory plan's and inspect's) add them up.
+TEST(DeepseekV4SpecsTest, EachLayerKeepsRowsOfItsOwnWidth) {
+  StatusOr<ModelConfig> cfg = LoadModelConfig(ModelDir("deepseek-v4-tiny"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  StatusOr<const Architecture*> arch = FindArchitecture(cfg->architecture);
+  ASSERT_TRUE(arch.ok());
+  const KvCacheSpec spec = (*arch)->kv_cache_spec(*cfg, ParallelConfig{});
+  ASSERT_EQ(cfg->v4.attention.size(), 4u);
+  ASSERT_EQ(spec.layer_k_dims.size(), 4u);
+  std::set<int64_t> widths;
+  int64_t values = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const int64_t want =
+        V4RowLayout::For(cfg->v4.attention[static_cast<size_t>(l)], cfg->head_dim, cfg->v4.index_head_dim).width;
+    EXPECT_EQ(spec.layer_k_dim(l), want) << "layer " << l;
+    widths.insert(want);
+    values += want;
+  }
+  EXPECT_EQ(widths.size(), 3u);  // sliding, CSA and HCA rows differ
+  EXPECT_EQ(spec.k_dim, *widths.rbegin());
+  EXPECT_EQ(spec.values_per_token(), values);
+  EXPECT_EQ(spec.bytes_per_token(DType::kBF16), 2 * values);
+  CpuBackend cpu;
+  StatusOr<KvCache> kv = KvCache::Allocate(cpu, spec, DType::kF32, 3, 16);
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    EXPECT_EQ(kv->layer(l).k.dim(3), spec.layer_k_dim(l)) << "layer " << l;
+    EXPECT_EQ(kv->layer(l).v.dim(3), cfg->head_dim) << "layer " << l;
+  }
+  // A spec whose widths do not fit its layers is refused, not allocated.
+  KvCacheSpec bad = spec;
+  bad.layer_k_dims.pop_back();
+  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16).ok());
+  bad = spec;
+  bad.layer_k_dims[0] = spec.k_dim + 1;
+  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16).ok());
 }
 
 // One rank only for now: a split is refused by name rather than served wrong.
