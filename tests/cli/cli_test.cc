@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "testing/golden.h"
+#include "testing/temp_dir.h"
 
 namespace fathom {
 namespace {
@@ -206,15 +207,17 @@ TEST(CliTest, RunPrintsTheOracleGreedyTokens) {
   EXPECT_EQ(r.out, expect + "\n");
 }
 
+// `fathom inspect --load-format dummy ARGS` on a folder holding tests/data/configs/CONFIG as its config.json.
+RunResult InspectConfig(const std::string& config, const std::string& args = "") {
+  testing::TempDir dir("fathom_inspect");
+  fs::copy_file(testing::DataDir() + "/configs/" + config, dir.file("config.json"));
+  return RunFathom("inspect --model " + dir.path() + " --load-format dummy" + args);
+}
+
 TEST(CliTest, InspectDummy7B) {
-  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::copy_file(testing::DataDir() + "/configs/deepseek-r1-distill-qwen-7b.json", dir / "config.json",
-                fs::copy_options::overwrite_existing);
-  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  RunResult r = InspectConfig("deepseek-r1-distill-qwen-7b.json");
   // An FP8 cache: 28 layers x 4 kv heads x 2 x (128 e4m3 values + one 4-byte scale)
-  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
-  fs::remove_all(dir);
+  RunResult fp8 = InspectConfig("deepseek-r1-distill-qwen-7b.json", " --kv-cache-dtype fp8");
   ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
   EXPECT_NE(fp8.out.find("kv cache:          29568 bytes per token (f8_e4m3, 28672 values per token and a float32 "
                          "scale per 128 values)"),
@@ -229,14 +232,9 @@ TEST(CliTest, InspectDummy7B) {
 }
 
 TEST(CliTest, InspectDummyDeepseekV3) {
-  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v3_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.json", dir / "config.json",
-                fs::copy_options::overwrite_existing);
-  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
+  RunResult r = InspectConfig("deepseek-v3.json");
   // MLA's latent row in FP8: 61 layers x (576 e4m3 values + 9 scales of 64 values)
-  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
-  fs::remove_all(dir);
+  RunResult fp8 = InspectConfig("deepseek-v3.json", " --kv-cache-dtype fp8");
   ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
   EXPECT_NE(fp8.out.find("kv cache:          37332 bytes per token (f8_e4m3"), std::string::npos) << fp8.out;
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -248,13 +246,8 @@ TEST(CliTest, InspectDummyDeepseekV3) {
 // DeepSeek-V3.2's real config (FP8, ue8m0 scales, the MTP layer past the 61): the indexer's key is a side row of
 // each layer's cache, 128 values beside MLA's 576.
 TEST(CliTest, InspectDummyDeepseekV32CountsTheIndexerKeys) {
-  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v32_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::copy_file(testing::DataDir() + "/configs/deepseek-v3.2.json", dir / "config.json",
-                fs::copy_options::overwrite_existing);
-  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
-  RunResult fp8 = RunFathom("inspect --model " + dir.string() + " --load-format dummy --kv-cache-dtype fp8");
-  fs::remove_all(dir);
+  RunResult r = InspectConfig("deepseek-v3.2.json");
+  RunResult fp8 = InspectConfig("deepseek-v3.2.json", " --kv-cache-dtype fp8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("DeepseekV32ForCausalLM"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("sparse attention:  a lightning indexer of 64 heads x 128 keeps the top 2048"),
@@ -271,12 +264,7 @@ TEST(CliTest, InspectDummyDeepseekV32CountsTheIndexerKeys) {
 // without the MTP layer, what the MTP layer adds, the layer kinds, and the cache: each layer's row as wide as its
 // kind's (2 sliding x 512 + 21 CSA x 3712 + 20 HCA x 2048 values a token) beside what the compressed form would hold.
 TEST(CliTest, InspectDummyDeepseekV4Flash) {
-  const fs::path dir = fs::temp_directory_path() / ("fathom_inspect_v4_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::copy_file(testing::DataDir() + "/configs/deepseek-v4-flash.json", dir / "config.json",
-                fs::copy_options::overwrite_existing);
-  RunResult r = RunFathom("inspect --model " + dir.string() + " --load-format dummy");
-  fs::remove_all(dir);
+  RunResult r = InspectConfig("deepseek-v4-flash.json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("parameters:        284.33 B"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("active parameters: 13.27 B per token"), std::string::npos) << r.out;
