@@ -823,10 +823,11 @@ bool OpenAiServer::Reasons(const ParsedRequest& req) const {
   return it != req.chat_template_kwargs.end() && it->is_boolean() && it->get<bool>();
 }
 
-std::optional<bool> OpenAiServer::Thinking(const ParsedRequest& req) {
+std::optional<bool> OpenAiServer::Thinking(const ParsedRequest& req) const {
+  // An effort asks for thinking where the template has a switch for it (DeepSeek-V4's), unless the request says.
   const auto& kwargs = req.chat_template_kwargs;
-  const bool kwargs_say = kwargs.is_object() && (kwargs.contains("thinking") || kwargs.contains("enable_thinking"));
-  if (!req.thinking && req.reasoning_effort && !kwargs_say) return true;
+  const bool kwargs_say = kwargs.is_object() && kwargs.contains(thinking_switch_);
+  if (!req.thinking && req.reasoning_effort && !thinking_switch_.empty() && !kwargs_say) return true;
   return req.thinking;
 }
 
@@ -870,10 +871,10 @@ Status OpenAiServer::PrepareChat(const ParsedRequest& req, ChatRequest* cr, std:
           "template has no thinking switch and does not open <think>)");
     }
   }
-  if (req.reasoning_effort) {
-    // The encoding reads the effort only while thinking.
+  if (req.reasoning_effort && !thinking_switch_.empty()) {
+    // A template with a thinking switch reads the effort only while thinking (DeepSeek-V4's encoding).
     const auto on = cr->extra.find(thinking_switch_);
-    if (thinking_switch_.empty() || on == cr->extra.end() || *on != nlohmann::ordered_json(true)) {
+    if (on == cr->extra.end() || *on != nlohmann::ordered_json(true)) {
       *param = "reasoning_effort";
       return InvalidArgumentError("'reasoning_effort' needs thinking, and thinking is disabled for this request");
     }

@@ -205,8 +205,9 @@ class OpenAiServer {
   // Whether the template reads `reasoning_effort` (DeepSeek-V4's encoding): a request's effort goes there, and is
   // refused where it does not.
   bool reads_effort_ = false;
-  // A request's `thinking`, where `reasoning_effort` without `thinking` asks for it (as DeepSeek-V4's API has it).
-  static std::optional<bool> Thinking(const ParsedRequest& req);
+  // A request's `thinking`, where `reasoning_effort` without `thinking` asks for it on a template with a thinking
+  // switch (as DeepSeek-V4's API has it).
+  std::optional<bool> Thinking(const ParsedRequest& req) const;
   // Whether a request's output is split into reasoning_content and content (ReasoningSplitter): the deepseek-r1
   // parser (given, or chosen at Attach because the template always opens <think>), or, with the parser on auto, a
   // request that turns on a switch that opens <think>.

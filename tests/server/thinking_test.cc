@@ -156,6 +156,20 @@ TEST(ThinkingTest, ReasoningEffortReachesDeepseekV4Encoding) {
     EXPECT_EQ(status, 400) << refused;
     EXPECT_EQ(body["error"]["param"], "reasoning_effort") << refused << " " << body.dump();
   }
+  // A Jinja template that reads reasoning_effort and has no thinking switch gets the effort as it is mapped, and no
+  // thinking is implied.
+  testing::TempDir dir("fathom_effort");
+  const std::string src = kTokenizers + "deepseek-v3";
+  fs::copy_file(src + "/tokenizer.json", dir.file("tokenizer.json"));
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(std::ifstream(src + "/tokenizer_config.json"));
+  config["chat_template"] = "{% if reasoning_effort is defined %}effort {{ reasoning_effort }}: {% endif %}"
+                            "{{ messages[0]['content'] }}";
+  std::ofstream(dir.file("tokenizer_config.json")) << config.dump();
+  {
+    TemplateServer jinja(dir.path());
+    EXPECT_EQ(jinja.Prompt(R"(,"reasoning_effort":"xhigh")"), "<｜begin▁of▁sentence｜>effort max: hi");
+    EXPECT_EQ(jinja.Prompt(""), "<｜begin▁of▁sentence｜>hi");
+  }
   TemplateServer v3(kTokenizers + "deepseek-v3");
   auto [status, body] = v3.Tokenize(R"(,"reasoning_effort":"high")");
   EXPECT_EQ(status, 400);
