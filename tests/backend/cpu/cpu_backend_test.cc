@@ -325,7 +325,7 @@ TEST(Fp8KvCacheTest, ScaleGroupsAndBytesPerToken) {
 // latent row (V inside K, three scale groups) is covered. CopyKvBlocks carries the scales along.
 TEST(Fp8KvCacheTest, WritesPerTokenScalesAndReadsBackTheDequantizedValues) {
   CpuBackend be;
-  for (const KvCacheSpec spec : {KvCacheSpec{1, 2, 8, 8, false}, KvCacheSpec{1, 1, 48, 32, true}}) {
+  for (const KvCacheSpec& spec : {KvCacheSpec{1, 2, 8, 8, false}, KvCacheSpec{1, 1, 48, 32, true}}) {
     const int64_t kvh = spec.num_kv_heads, kd = spec.k_dim, vd = spec.v_dim, block = 4, n = 11, heads = 4;
     auto f8 = KvCache::Allocate(be, spec, DType::kF8E4M3, 8, block);
     auto f32 = KvCache::Allocate(be, spec, DType::kF32, 8, block);
