@@ -420,9 +420,12 @@ Status RunOffline(const BenchOptions& o, bool fit_token_budget, bool fit_kv_bloc
   std::vector<bench::OfflineLevel> levels;
   for (int32_t b : batches) {
     FATHOM_LOG_INFO("batch {}: prefill {} x {} tokens, then {} decode steps", b, b, o.input_len, o.output_len - 1);
+    m.backend->ResetProfile();  // a level's kernel-time table (FATHOM_CUDA_PROFILE) covers that level alone
     FATHOM_ASSIGN_OR_RETURN(bench::OfflineLevel l,
                             bench::RunOfflineLevel(*m.model, *m.backend, ec, costs, peaks, b, oo));
     levels.push_back(std::move(l));
+    const std::string profile = m.backend->ProfileReport();
+    if (!profile.empty()) std::cerr << fmt::format("kernel time (FATHOM_CUDA_PROFILE), batch {}:\n{}", b, profile);
   }
 
   bench::OfflineRunInfo info;
