@@ -129,8 +129,9 @@ std::string HumanBytes(double v) {
   return fmt::format("{:.0f} B", v);
 }
 
-// DeepSeek-V4: its layer kinds, the cache row each takes in fathom's layout (model/v4_hybrid.h), and one sequence's
-// cache at 8k, 128k and 1M tokens, beside what the compressed form (a window ring and the entries alone) would hold.
+// DeepSeek-V4: its layer kinds, the cache rows each takes in fathom's layout (model/v4_hybrid.h), and one sequence's
+// cache at 8k, 128k and 1M tokens in blocks of 16 tokens: the entries, which grow with the context, and the window
+// rows of the newest window_tokens tokens, which do not.
 void PrintV4Attention(const ModelConfig& cfg, const KvCacheSpec& kv, DType kv_dtype) {
   const V4Config& v = cfg.v4;
   int64_t count[3] = {0, 0, 0};
@@ -140,24 +141,22 @@ void PrintV4Attention(const ModelConfig& cfg, const KvCacheSpec& kv, DType kv_dt
       "{}), {} heavily compressed (an entry per {} tokens); window {}; mHC {} streams\n",
       count[0], count[1], v.csa_rate, v.index_topk, v.index_n_heads, v.index_head_dim, count[2], v.hca_rate,
       v.sliding_window, v.hc_mult);
-  const int64_t hd = cfg.head_dim, ihd = v.index_head_dim, es = static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t hd = cfg.head_dim, ihd = v.index_head_dim, bs = 16;
+  const V4RowLayout swa = V4RowLayout::For(V4Attention::kSliding, hd, ihd);
+  const V4RowLayout csa = V4RowLayout::For(V4Attention::kCsa, hd, ihd);
+  const V4RowLayout hca = V4RowLayout::For(V4Attention::kHca, hd, ihd);
   std::cout << fmt::format(
-      "kv cache rows:     {} values a token in a sliding layer, {} in a compressed sparse one, {} in a heavily "
-      "compressed one (each layer's row as wide as its kind's; {} values a token in all)\n",
-      V4RowLayout::For(V4Attention::kSliding, hd, ihd).width, V4RowLayout::For(V4Attention::kCsa, hd, ihd).width,
-      V4RowLayout::For(V4Attention::kHca, hd, ihd).width, kv.values_per_token());
+      "kv cache rows:     window rows of {} / {} / {} values a token (sliding / compressed sparse / heavily "
+      "compressed: the key and the compressors' inputs), kept for the newest {} tokens; entry rows of {} values a {} "
+      "tokens (compressed sparse: the entry and the indexer's key) and {} a {} tokens (heavily compressed)\n",
+      swa.width, csa.width, hca.width, kv.window_tokens, csa.entry_width, v.csa_rate, hca.entry_width, v.hca_rate);
+  const int64_t window_bytes =
+      ((kv.window_tokens + bs - 1) / bs + 1) * kv.window_bytes_per_block(kv_dtype, bs);  // the window and a block
   for (const int64_t len : {int64_t{8192}, int64_t{131072}, int64_t{1} << 20}) {
-    // The compressed form: the window's keys, plus each layer's entries (CSA: the indexer's keys too).
-    int64_t compact = 0;
-    for (V4Attention k : v.attention) {
-      compact += std::min(len, v.sliding_window) * hd;
-      if (k == V4Attention::kCsa) compact += len / v.csa_rate * (hd + ihd);
-      if (k == V4Attention::kHca) compact += len / v.hca_rate * hd;
-    }
-    std::cout << fmt::format(
-        "kv at {:>7} tokens: {} a sequence in this layout; {} compressed (window and entries only)\n", len,
-        HumanBytes(static_cast<double>(kv.bytes_per_token(kv_dtype) * len)),
-        HumanBytes(static_cast<double>(compact * es)));
+    const int64_t entries = (len + bs - 1) / bs * kv.bytes_per_block(kv_dtype, bs);
+    std::cout << fmt::format("kv at {:>7} tokens: {} a sequence: {} of entries, {} of window rows\n", len,
+                             HumanBytes(static_cast<double>(entries + window_bytes)),
+                             HumanBytes(static_cast<double>(entries)), HumanBytes(static_cast<double>(window_bytes)));
   }
 }
 

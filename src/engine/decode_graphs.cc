@@ -32,7 +32,10 @@ DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv, DecodeGr
 
 bool DecodeGraphs::Accepts(const ForwardBatch& b) const {
   const int64_t n = b.num_seqs();
-  if (!enabled_ || n == 0 || n > options_.max_batch || b.num_tokens() != n || b.num_logits() != n) return false;
+  // A window group's tables (DeepSeek-V4, which has no device-only forward on a GPU) are not in the graphs' inputs.
+  if (!enabled_ || n == 0 || n > options_.max_batch || b.num_tokens() != n || b.num_logits() != n || b.has_window()) {
+    return false;
+  }
   if (b.max_seq_len() > options_.max_model_len) return false;
   for (int64_t i = 0; i < n; ++i) {
     if (b.logits_indices[static_cast<size_t>(i)] != i) return false;

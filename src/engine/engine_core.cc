@@ -153,12 +153,21 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
     return InvalidArgumentError(
         fmt::format("a KV cache of dtype {} is not supported by the {} backend", DTypeName(kv_dtype), backend.name()));
   }
+  // A window group's blocks (DeepSeek-V4's window rows) come first out of the budget: as many as the running
+  // sequences and a step's tokens can hold at once (KvCacheSpec::WindowBlocksFor), so that they never run short.
+  const int64_t window_blocks =
+      spec.WindowBlocksFor(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, config.block_size);
   if (config.num_blocks <= 0) {
-    const int64_t per_block = spec.bytes_per_token(kv_dtype) * config.block_size;
-    const int64_t blocks = per_block > 0 ? config.kv_cache_memory_bytes / per_block : 0;
+    const int64_t per_block = spec.bytes_per_block(kv_dtype, config.block_size);
+    const int64_t window_bytes = window_blocks * spec.window_bytes_per_block(kv_dtype, config.block_size);
+    const int64_t blocks = per_block > 0 ? (config.kv_cache_memory_bytes - window_bytes) / per_block : 0;
     if (blocks < 1) {
-      return InvalidArgumentError(fmt::format("the KV-cache budget of {} bytes holds no block of {} bytes",
-                                              config.kv_cache_memory_bytes, per_block));
+      return InvalidArgumentError(fmt::format(
+          "the KV-cache budget of {} bytes holds no block of {} bytes{}", config.kv_cache_memory_bytes, per_block,
+          window_bytes > 0 ? fmt::format(" beside the window rows' {} bytes for {} sequences (lower --max-num-seqs or "
+                                         "raise --kv-cache-memory)",
+                                         window_bytes, config.scheduler.max_num_seqs)
+                           : ""));
     }
     config.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 24));
   }
@@ -167,7 +176,8 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(Model& model, Backend& 
   }
   if (config.eos_token_ids.empty()) config.eos_token_ids = model.config().eos_token_ids;
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<sched::SchedulingPolicy> policy, sched::MakePolicy(config.policy));
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, spec, kv_dtype, config.num_blocks, config.block_size));
+  FATHOM_ASSIGN_OR_RETURN(
+      KvCache kv, KvCache::Allocate(backend, spec, kv_dtype, config.num_blocks, config.block_size, window_blocks));
   if (config.synthetic_prefill) FATHOM_RETURN_IF_ERROR(FillKvCacheRandom(backend, kv, config.seed.value_or(0)));
   (void)policy;  // validated here; the core builds its own
   if (backend.device() != Device::kCpu) FATHOM_RETURN_IF_ERROR(WarmUp(model, backend, kv, config));
@@ -219,7 +229,9 @@ EngineCore::EngineCore(Model& model, Backend& backend, EngineConfig config, KvCa
       sched_(config_.scheduler,
              {.num_blocks = config_.num_blocks,
               .block_size = config_.block_size,
-              .enable_prefix_caching = config_.enable_prefix_caching},
+              .enable_prefix_caching = config_.enable_prefix_caching,
+              .window_tokens = static_cast<int32_t>(kv_.spec().window_tokens),
+              .window_blocks = static_cast<int32_t>(kv_.window_blocks())},
              std::move(sched::MakePolicy(config_.policy)).value(), now_),
       seed_source_(config_.seed ? *config_.seed : std::random_device{}()) {}
 
@@ -694,10 +706,13 @@ Status EngineCore::Step() {
   }
   std::vector<KvBlockCopy> copies;
   copies.reserve(plan.copies.size());
-  for (const kv::BlockCopy& c : plan.copies) copies.push_back({c.src, c.dst});
+  for (const kv::BlockCopy& c : plan.copies) copies.push_back({c.src, c.dst, c.group});
   Status status = model_.CopyKvBlocks(backend_, kv_, copies);
   ForwardBatch batch = sched_.MakeForwardBatch(plan);
-  if (status.ok()) status = batch.Validate(kv_.num_blocks(), model_.config().vocab_size);
+  if (status.ok()) {
+    status =
+        batch.Validate(kv_.num_blocks(), model_.config().vocab_size, kv_.window_blocks(), kv_.spec().window_tokens);
+  }
   const std::vector<StepRow> rows = StepRows(plan);
   // Structured output: the masks of this step's constrained rows depend only on the tokens sampled so far, so on a
   // GPU they are computed while the forward pass runs, then applied on the device before any path samples.

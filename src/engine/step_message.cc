@@ -86,8 +86,10 @@ std::vector<uint8_t> EncodeStep(const StepMessage& m) {
     case StepMessage::Kind::kForward: {
       const ForwardBatch& b = m.batch;
       w.Put(b.block_size);
-      for (const std::vector<int32_t>* v : {&b.token_ids, &b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens,
-                                            &b.block_table_start, &b.block_tables, &b.logits_indices}) {
+      for (const std::vector<int32_t>* v :
+           {&b.token_ids, &b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens, &b.block_table_start,
+            &b.block_tables, &b.logits_indices, &b.window_slot_mapping, &b.window_block_table_start,
+            &b.window_block_tables}) {
         w.Put(*v);
       }
       w.Put(m.num_blocks);
@@ -100,6 +102,7 @@ std::vector<uint8_t> EncodeStep(const StepMessage& m) {
       for (const KvBlockCopy& c : m.copies) {
         flat.push_back(c.src);
         flat.push_back(c.dst);
+        flat.push_back(c.group);
       }
       w.Put(flat);
       break;
@@ -130,7 +133,8 @@ StatusOr<StepMessage> DecodeStep(std::span<const uint8_t> bytes) {
       b.block_table_start.clear();
       if (!r.Get(&b.block_size)) return bad;
       for (std::vector<int32_t>* v : {&b.token_ids, &b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens,
-                                      &b.block_table_start, &b.block_tables, &b.logits_indices}) {
+                                      &b.block_table_start, &b.block_tables, &b.logits_indices, &b.window_slot_mapping,
+                                      &b.window_block_table_start, &b.window_block_tables}) {
         if (!r.Get(v)) return bad;
       }
       uint8_t dtype = 0;
@@ -141,8 +145,11 @@ StatusOr<StepMessage> DecodeStep(std::span<const uint8_t> bytes) {
     }
     case StepMessage::Kind::kCopyBlocks: {
       std::vector<int32_t> flat;
-      if (!r.Get(&flat) || flat.size() % 2 != 0) return bad;
-      for (size_t i = 0; i < flat.size(); i += 2) m.copies.push_back({flat[i], flat[i + 1]});
+      if (!r.Get(&flat) || flat.size() % 3 != 0) return bad;
+      for (size_t i = 0; i < flat.size(); i += 3) {
+        if (flat[i + 2] != 0 && flat[i + 2] != 1) return bad;
+        m.copies.push_back({flat[i], flat[i + 1], flat[i + 2]});
+      }
       break;
     }
     case StepMessage::Kind::kRunOptions: {

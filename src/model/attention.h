@@ -26,6 +26,9 @@ namespace fathom {
 // empty.
 // A layout's side row (KvCacheSpec::side_dim: V3.2's indexer keys) is side [num_blocks, block_size, 1, side_dim] in
 // the same slots, in the cache's dtype (FP8 with side_scale likewise, groups of KvCacheSpec::side_scale_group()).
+// A window group's rows (KvCacheSpec::window_tokens) are window [window_blocks, block_size, 1, window_dim] (empty
+// where the layer has none), addressed through AttentionMetadata's window table; a layer whose main rows stand for
+// `rate` tokens has k [num_blocks, slots, 1, k_dim] (KvCacheSpec::layer_slots).
 struct KvLayerView {
   TensorView k;
   TensorView v;
@@ -33,6 +36,7 @@ struct KvLayerView {
   TensorView v_scale;
   TensorView side;
   TensorView side_scale;
+  TensorView window;
 
   bool fp8() const { return k.dtype() == DType::kF8E4M3; }
 };
@@ -50,6 +54,11 @@ struct AttentionMetadata {
   TensorView seq_lens;           // i32 [n_seqs], tokens in the cache after this step
   TensorView block_table_start;  // i32 [n_seqs + 1], CSR offsets into block_tables
   TensorView block_tables;       // i32 [total blocks], physical block ids of each sequence in order
+  // A window group's (KvCacheSpec::window_tokens; empty otherwise): each new token's window slot, and the tables, -1
+  // where the window has passed.
+  TensorView window_slot_mapping;       // i32 [n_tokens]
+  TensorView window_block_table_start;  // i32 [n_seqs + 1]
+  TensorView window_block_tables;       // i32 [total window blocks]
   int64_t num_seqs = 0;
   int64_t num_tokens = 0;
   int64_t block_size = 16;

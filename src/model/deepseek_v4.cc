@@ -148,19 +148,28 @@ StatusOr<std::vector<WeightSpec>> V4WeightSpecs(const ModelConfig& c, const Para
   return specs;
 }
 
-// Each layer's row as wide as its kind needs (V4RowLayout); k_dim the widest.
+// Each layer's rows as wide as its kind needs (V4RowLayout): a window row a token, and an entry row a window of
+// `rate` tokens (none in a sliding layer); k_dim the widest entry row. The window group keeps the rows a token reads
+// back: the sliding window's keys, and the compressors' projections of a window (CSA: and the one before) until it
+// closes.
 KvCacheSpec V4KvSpec(const ModelConfig& c, const ParallelConfig& /*par*/) {
+  const V4Config& v = c.v4;
   KvCacheSpec k;
   k.num_layers = c.num_layers;
   k.num_kv_heads = 1;
   k.layout = AttentionLayout::kV4Hybrid;
+  k.window_tokens = v.sliding_window;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t width =
-        V4RowLayout::For(c.v4.attention.at(static_cast<size_t>(l)), c.head_dim, c.v4.index_head_dim).width;
-    k.layer_k_dims.push_back(width);
-    k.k_dim = std::max(k.k_dim, width);
+    const V4Attention kind = v.attention.at(static_cast<size_t>(l));
+    const V4RowLayout row = V4RowLayout::For(kind, c.head_dim, v.index_head_dim);
+    k.layer_window_dims.push_back(row.width);
+    k.layer_k_dims.push_back(row.entry_width);
+    k.layer_rates.push_back(kind == V4Attention::kSliding ? 1 : v.Rate(kind));
+    k.k_dim = std::max(k.k_dim, row.entry_width);
+    if (kind == V4Attention::kCsa) k.window_tokens = std::max(k.window_tokens, 2 * v.csa_rate);
+    if (kind == V4Attention::kHca) k.window_tokens = std::max(k.window_tokens, v.hca_rate);
   }
-  k.v_dim = c.head_dim;  // the key row is the value
+  k.v_dim = 0;  // the values are the keys, read from the window rows and the entries
   k.v_in_k = true;
   return k;
 }

@@ -47,6 +47,16 @@ int64_t KvCacheSpec::bytes_per_token(DType dtype) const {
   return values + scales * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t KvCacheSpec::bytes_per_block(DType dtype, int64_t block_size) const {
+  if (layer_rates.empty()) return bytes_per_token(dtype) * block_size;
+  // Rows of `rate` tokens (V4's entries; such specs refuse FP8 in Allocate) take whole slots.
+  int64_t values = 0;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    values += layer_slots(l, block_size) * (num_kv_heads * (layer_k_dim(l) + (v_in_k ? 0 : v_dim)) + side_dim);
+  }
+  return values * static_cast<int64_t>(DTypeSize(dtype));
+}
+
 StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype) {
   if (name == "auto") return auto_dtype;
   if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
@@ -60,10 +70,32 @@ StatusOr<DType> ParseKvCacheDtype(std::string_view name, DType auto_dtype) {
 }
 
 StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
-                                    int64_t block_size) {
+                                    int64_t block_size, int64_t window_blocks) {
   if (num_blocks <= 0 || block_size <= 0) {
     return InvalidArgumentError(
         fmt::format("KV cache needs positive num_blocks ({}) and block_size ({})", num_blocks, block_size));
+  }
+  const bool windowed = spec.window_tokens > 0;
+  if (windowed && window_blocks <= 0) {
+    return InvalidArgumentError(
+        fmt::format("a KV cache with a window group needs window blocks, got {}", window_blocks));
+  }
+  if ((!spec.layer_window_dims.empty() && static_cast<int64_t>(spec.layer_window_dims.size()) != spec.num_layers) ||
+      (!spec.layer_rates.empty() && static_cast<int64_t>(spec.layer_rates.size()) != spec.num_layers)) {
+    return InvalidArgumentError(fmt::format("KV cache spec: {} window widths and {} rates for {} layers",
+                                            spec.layer_window_dims.size(), spec.layer_rates.size(), spec.num_layers));
+  }
+  if ((windowed || !spec.layer_rates.empty()) && dtype == DType::kF8E4M3) {
+    return InvalidArgumentError("a KV cache with window rows or compressed rows is not kept in fp8");
+  }
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const int64_t r = spec.layer_rate(l);
+    if (r <= 0 || (r < block_size && block_size % r != 0) || (r > block_size && r % block_size != 0)) {
+      return InvalidArgumentError(fmt::format(
+          "layer {} keeps a row every {} tokens, which does not tile blocks of {} tokens: use a --block-size that "
+          "divides it or that it divides",
+          l, r, block_size));
+    }
   }
   if (!IsKvCacheDtype(dtype) || !backend.SupportsKvCacheDtype(dtype)) {
     return InvalidArgumentError(
@@ -78,21 +110,35 @@ StatusOr<KvCache> KvCache::Allocate(Backend& backend, const KvCacheSpec& spec, D
   kv.spec_ = spec;
   kv.dtype_ = dtype;
   kv.num_blocks_ = num_blocks;
+  kv.window_blocks_ = windowed ? window_blocks : 0;
   kv.block_size_ = block_size;
   if (!spec.layer_k_dims.empty() && static_cast<int64_t>(spec.layer_k_dims.size()) != spec.num_layers) {
     return InvalidArgumentError(
         fmt::format("KV cache spec: {} layer widths for {} layers", spec.layer_k_dims.size(), spec.num_layers));
   }
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    const int64_t k_dim = spec.layer_k_dim(l);
+    const int64_t k_dim = spec.layer_k_dim(l), window_dim = spec.layer_window_dim(l);
+    KvLayerView view;
+    if (window_dim < 0 || (window_dim > 0 && !windowed)) {
+      return InvalidArgumentError(fmt::format("KV cache spec: layer {}'s window row of {} values", l, window_dim));
+    }
+    if (window_dim > 0) {
+      Tensor w = backend.Alloc(dtype, {window_blocks, block_size, 1, window_dim});
+      view.window = w.view();
+      kv.storage_.push_back(std::move(w));
+    }
+    if (k_dim == 0 && window_dim > 0 && spec.v_in_k) {  // the layer's rows are all in the window group
+      kv.layers_.push_back(view);
+      continue;
+    }
     if (k_dim <= 0 || k_dim > spec.k_dim || (spec.v_in_k && k_dim < spec.v_dim)) {
       return InvalidArgumentError(fmt::format("KV cache spec: layer {}'s row of {} values (k_dim {}, v_dim {})", l,
                                               k_dim, spec.k_dim, spec.v_dim));
     }
     const int64_t k_groups = k_dim / spec.layer_k_scale_group(l);
     const int64_t v_groups = spec.v_dim / (spec.v_in_k ? spec.layer_k_scale_group(l) : spec.v_scale_group());
-    Tensor k = backend.Alloc(dtype, {num_blocks, block_size, spec.num_kv_heads, k_dim});
-    KvLayerView view;
+    const int64_t slots = spec.layer_slots(l, block_size);
+    Tensor k = backend.Alloc(dtype, {num_blocks, slots, spec.num_kv_heads, k_dim});
     view.k = k.view();
     if (fp8) {
       Tensor ks = backend.Alloc(DType::kF32, {num_blocks, block_size, spec.num_kv_heads, k_groups});
@@ -143,7 +189,7 @@ Status ForwardThroughDevice(Model& model, Backend& backend, const ForwardBatch& 
 }
 
 Status CheckForwardInputs(const ForwardBatch& batch, const KvCache& kv, const KvCacheSpec& want, int64_t vocab_size) {
-  FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), vocab_size));
+  FATHOM_RETURN_IF_ERROR(batch.Validate(kv.num_blocks(), vocab_size, kv.window_blocks(), kv.spec().window_tokens));
   if (kv.block_size() != batch.block_size) {
     return InvalidArgumentError(
         fmt::format("batch block_size {} differs from the KV cache's {}", batch.block_size, kv.block_size()));
@@ -198,14 +244,16 @@ bool VocabParallelLmHead(const ModelConfig& cfg, const ParallelConfig& par) {
 int64_t BatchOnDevice::PackedSize(const ForwardBatch& b) {
   return static_cast<int64_t>(b.positions.size() + b.slot_mapping.size() + b.query_start.size() + b.seq_lens.size() +
                               b.block_table_start.size() + b.block_tables.size() + b.token_ids.size() +
-                              b.logits_indices.size());
+                              b.logits_indices.size() + b.window_slot_mapping.size() +
+                              b.window_block_table_start.size() + b.window_block_tables.size());
 }
 
 void BatchOnDevice::Pack(const ForwardBatch& b, std::vector<int32_t>* out) {
   out->clear();
   out->reserve(static_cast<size_t>(PackedSize(b)));
-  for (const std::vector<int32_t>* v : {&b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens,
-                                        &b.block_table_start, &b.block_tables, &b.token_ids, &b.logits_indices}) {
+  for (const std::vector<int32_t>* v :
+       {&b.positions, &b.slot_mapping, &b.query_start, &b.seq_lens, &b.block_table_start, &b.block_tables, &b.token_ids,
+        &b.logits_indices, &b.window_slot_mapping, &b.window_block_table_start, &b.window_block_tables}) {
     out->insert(out->end(), v->begin(), v->end());
   }
 }
@@ -230,6 +278,11 @@ BatchOnDevice BatchOnDevice::View(const ForwardBatch& b, const TensorView& packe
   m.block_tables = take(b.block_tables);
   out.token_ids_ = take(b.token_ids);
   out.logits_indices_ = take(b.logits_indices);
+  if (!b.window_block_table_start.empty()) {
+    m.window_slot_mapping = take(b.window_slot_mapping);
+    m.window_block_table_start = take(b.window_block_table_start);
+    m.window_block_tables = take(b.window_block_tables);
+  }
   m.num_seqs = b.num_seqs();
   m.num_tokens = b.num_tokens();
   m.block_size = b.block_size;
@@ -257,7 +310,7 @@ Status FillKvCacheRandom(Backend& backend, KvCache& kv, uint64_t seed) {
   uint64_t key = seed * 0x9E3779B97F4A7C15ull;
   for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
     const KvLayerView layer = kv.layer(l);
-    const TensorView values[] = {layer.k, kv.spec().v_in_k ? TensorView() : layer.v, layer.side};
+    const TensorView values[] = {layer.k, kv.spec().v_in_k ? TensorView() : layer.v, layer.side, layer.window};
     const TensorView scales[] = {layer.k_scale, kv.spec().v_in_k ? TensorView() : layer.v_scale, layer.side_scale};
     for (const TensorView& t : values) {
       if (t.empty()) continue;
@@ -298,7 +351,8 @@ Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> 
   if (copies.empty()) return OkStatus();
   for (int64_t l = 0; l < kv.spec().num_layers; ++l) {
     KvLayerView layer = kv.layer(l);
-    std::vector<TensorView> parts = {layer.k};
+    std::vector<TensorView> parts;
+    if (!layer.k.empty()) parts.push_back(layer.k);
     if (!kv.spec().v_in_k) parts.push_back(layer.v);
     if (layer.fp8()) {
       parts.push_back(layer.k_scale);
@@ -309,8 +363,15 @@ Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> 
     for (const TensorView& t : parts) {
       FATHOM_CHECK(t.is_contiguous());
       for (const KvBlockCopy& c : copies) {  // [1, block_size, kv_heads, dim] each
+        if (c.group != 0) continue;
         FATHOM_RETURN_IF_ERROR(backend.CopyOnDevice(t.Slice(0, c.src, c.src + 1), t.Slice(0, c.dst, c.dst + 1)));
       }
+    }
+    if (layer.window.empty()) continue;
+    for (const KvBlockCopy& c : copies) {  // the window group's blocks
+      if (c.group != 1) continue;
+      const TensorView& w = layer.window;
+      FATHOM_RETURN_IF_ERROR(backend.CopyOnDevice(w.Slice(0, c.src, c.src + 1), w.Slice(0, c.dst, c.dst + 1)));
     }
   }
   return OkStatus();

@@ -26,8 +26,13 @@ namespace fathom {
 // k_dim = kv_lora_rank + qk_rope_head_dim values and no separate V (v_in_k: V is the first v_dim values of K).
 // A layout may keep a side row a token beside them (side_dim values, one head; KvLayerView::side): DeepSeek-V3.2's
 // indexer keys. It lives in the same blocks and slots as K, so kv:: allocates, frees, shares and copies it with them.
-// Layers of different kinds may keep rows of different widths (layer_k_dims: DeepSeek-V4's sliding, compressed sparse
-// and heavily compressed layers); the blocks and slots stay one set for all layers.
+// Layers of different kinds may keep rows of different widths (layer_k_dims), and a layer's row may stand for
+// `rate` tokens (layer_rates: DeepSeek-V4's compressed entries, a row a window of `rate` tokens, ceil(block_size /
+// rate) slots a block, the window ending at token p in block p / block_size, slot (p % block_size) / rate; a width of
+// 0: no row in the main blocks).
+// A window group (window_tokens > 0: DeepSeek-V4's keys and compressor inputs) keeps rows a token (layer_window_dims)
+// only while they are among the newest window_tokens tokens before the ones being computed: in blocks of their own
+// (KvLayerView::window), which kv::KvCacheManager's window group frees by position and a prefix hit shares.
 struct KvCacheSpec {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
@@ -37,21 +42,42 @@ struct KvCacheSpec {
   AttentionLayout layout = AttentionLayout::kGqaPaged;  // whose ops read and plan over it (model/attention.h)
   int64_t side_dim = 0;                                 // 0: no side row
   std::vector<int64_t> layer_k_dims = {};               // [num_layers] each layer's k_dim; empty: k_dim in every layer
+  std::vector<int64_t> layer_rates = {};                // [num_layers] tokens a main row stands for; empty: 1
+  int64_t window_tokens = 0;                            // > 0: a window group
+  std::vector<int64_t> layer_window_dims = {};          // [num_layers] each layer's window row (0: none)
 
   // Layer `l`'s k_dim.
   int64_t layer_k_dim(int64_t l) const {
     return layer_k_dims.empty() ? k_dim : layer_k_dims.at(static_cast<size_t>(l));
   }
-  // Values stored per token across all layers.
+  int64_t layer_rate(int64_t l) const { return layer_rates.empty() ? 1 : layer_rates.at(static_cast<size_t>(l)); }
+  int64_t layer_window_dim(int64_t l) const {
+    return layer_window_dims.empty() ? 0 : layer_window_dims.at(static_cast<size_t>(l));
+  }
+  // Layer `l`'s main rows a block of `block_size` tokens.
+  int64_t layer_slots(int64_t l, int64_t block_size) const {
+    const int64_t r = layer_rate(l);
+    return r == 1 ? block_size : (block_size + r - 1) / r;
+  }
+  // Values stored per token across all layers in the main blocks (a row of `rate` tokens counted as its share).
   int64_t values_per_token() const {
     int64_t n = 0;
-    for (int64_t l = 0; l < num_layers; ++l) n += num_kv_heads * (layer_k_dim(l) + (v_in_k ? 0 : v_dim)) + side_dim;
+    for (int64_t l = 0; l < num_layers; ++l) {
+      n += (num_kv_heads * (layer_k_dim(l) + (v_in_k ? 0 : v_dim)) + side_dim) / layer_rate(l);
+    }
+    return n;
+  }
+  // A window group's values a token (its window blocks).
+  int64_t window_values_per_token() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers; ++l) n += layer_window_dim(l);
     return n;
   }
   // The same cache shape (a cache made for one spec serves the other).
   bool SameShape(const KvCacheSpec& o) const {
     return num_layers == o.num_layers && num_kv_heads == o.num_kv_heads && k_dim == o.k_dim && v_dim == o.v_dim &&
-           v_in_k == o.v_in_k && layout == o.layout && side_dim == o.side_dim && layer_k_dims == o.layer_k_dims;
+           v_in_k == o.v_in_k && layout == o.layout && side_dim == o.side_dim && layer_k_dims == o.layer_k_dims &&
+           layer_rates == o.layer_rates && window_tokens == o.window_tokens && layer_window_dims == o.layer_window_dims;
   }
 
   // An FP8 cache (--kv-cache-dtype fp8) keeps e4m3 values and one float32 scale per group of this many values of a
@@ -62,8 +88,20 @@ struct KvCacheSpec {
   int64_t v_scale_group() const;
   int64_t layer_k_scale_group(int64_t l) const;  // layer `l`'s (its own k_dim)
   int64_t side_scale_group() const;
-  // Bytes a token takes across all layers in a cache of `dtype` (the scales included for FP8).
+  // Bytes a token takes across all layers in a cache of `dtype` (the scales included for FP8), in the main blocks.
   int64_t bytes_per_token(DType dtype) const;
+  // Bytes a main block of `block_size` tokens takes (a rate's rows rounded up to whole slots), and a window block.
+  int64_t bytes_per_block(DType dtype, int64_t block_size) const;
+  int64_t window_bytes_per_block(DType dtype, int64_t block_size) const {
+    return window_values_per_token() * static_cast<int64_t>(DTypeSize(dtype)) * block_size;
+  }
+  // The window blocks that never run short: each of `max_seqs` running sequences holds its window and the block it
+  // writes, and a step's `max_batched_tokens` new tokens fill blocks of their own. 0 without a window group.
+  int64_t WindowBlocksFor(int64_t max_seqs, int64_t max_batched_tokens, int64_t block_size) const {
+    if (window_tokens <= 0) return 0;
+    return max_seqs * ((window_tokens + block_size - 1) / block_size + 2) +
+           (max_batched_tokens + block_size - 1) / block_size;
+  }
 };
 
 // --kv-cache-dtype's value: "auto" gives `auto_dtype`; "fp8" and "fp8_e4m3" (vLLM's names) the FP8 cache; otherwise a
@@ -75,11 +113,13 @@ class KvCache {
   KvCache() = default;
   // A dtype the backend cannot run (Backend::SupportsKvCacheDtype), or a layout it has no provider of
   // (Backend::attention_ops), is INVALID_ARGUMENT.
+  // A window group's blocks (spec.window_tokens > 0) are `window_blocks` (at least one; FP8 is refused there).
   static StatusOr<KvCache> Allocate(Backend& backend, const KvCacheSpec& spec, DType dtype, int64_t num_blocks,
-                                    int64_t block_size);
+                                    int64_t block_size, int64_t window_blocks = 0);
 
   KvLayerView layer(int64_t i) const { return layers_.at(static_cast<size_t>(i)); }
   int64_t num_blocks() const { return num_blocks_; }
+  int64_t window_blocks() const { return window_blocks_; }
   int64_t block_size() const { return block_size_; }
   const KvCacheSpec& spec() const { return spec_; }
   DType dtype() const { return dtype_; }
@@ -88,6 +128,7 @@ class KvCache {
   KvCacheSpec spec_;
   DType dtype_ = DType::kF32;
   int64_t num_blocks_ = 0;
+  int64_t window_blocks_ = 0;
   int64_t block_size_ = 0;
   std::vector<Tensor> storage_;
   std::vector<KvLayerView> layers_;
@@ -100,6 +141,7 @@ class BatchOnDevice;
 struct KvBlockCopy {
   int32_t src = -1;
   int32_t dst = -1;
+  int32_t group = 0;  // 0: the main blocks; 1: the window group's
 };
 // Makes `copies` in every layer of `kv`, on `backend`'s device, in stream order.
 Status CopyKvBlocks(Backend& backend, KvCache& kv, std::span<const KvBlockCopy> copies);
@@ -180,7 +222,8 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& cfg, std::unique
 }
 
 // The batch's index arrays on the device, packed into one i32 buffer (one upload per step):
-// positions, slot_mapping, query_start, seq_lens, block_table_start, block_tables, token_ids, logits_indices.
+// positions, slot_mapping, query_start, seq_lens, block_table_start, block_tables, token_ids, logits_indices, and a
+// window group's window_slot_mapping, window_block_table_start, window_block_tables (empty without one).
 //   FATHOM_ASSIGN_OR_RETURN(BatchOnDevice dev, BatchOnDevice::Upload(batch, backend));   // owns its buffer
 //   BatchOnDevice fixed = BatchOnDevice::View(batch, buffer);   // views into a caller's buffer (graph inputs)
 class BatchOnDevice {

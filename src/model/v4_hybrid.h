@@ -3,15 +3,19 @@
 // all of them), the compressors that make the entries, and the mHC residual streams. transformers' deepseek_v4
 // (modeling_deepseek_v4.py) is the oracle; the math is written out at each op below.
 //
-// The cache: one row a token and layer (KvCacheSpec: one KV head, each layer's row as wide as its kind needs
-// (layer_k_dims), V inside K), laid out by V4RowLayout. It holds the token's key (= value) row, the compressor's
-// projections of the token (its kv and gate, and the indexer compressor's), and, in the slot of the last token of each
-// window of `rate` tokens, the window's compressed entry (and the indexer's key for it). An entry depends only on its
-// window's rows (and, for CSA, the window before), all in the cache before it is made, so chunked prefill and decode
-// cross window ends exactly, and a prefix-cache hit of whole blocks carries its finished entries and the rows of an
-// unfinished window with it: nothing is recomputed. The rows keep every token's key and projections, also where the
-// window has passed them: the CPU reference's simple layout (the GPU's own, with the window as a ring and entries
-// apart, is the GPU issue's).
+// The cache (KvCacheSpec from V4KvSpec, laid out by V4RowLayout) keeps two rows a layer:
+//   - a window row a token (KvLayerView::window, the window group): the token's key (= value) row and the
+//     compressor's projections of the token (its kv and gate, and the indexer compressor's), read only while the token
+//     is among the newest window_tokens = max(sliding_window, 2 * csa_rate, hca_rate) tokens: kv:: frees those blocks
+//     by position, so the sliding window is a ring of blocks;
+//   - an entry row a window of `rate` tokens (KvLayerView::k, the main blocks, ceil(block_size / rate) slots a block):
+//     the window's compressed entry (and the indexer's key for it), in the slot of the window's last token. A sliding
+//     layer has none.
+// An entry depends only on its window's rows (and, for CSA, the window before), all in the cache before it is made,
+// so chunked prefill and decode cross window ends exactly. A prefix hit of whole blocks (kv::KvCacheManager) reuses
+// the entries of the windows that end inside it, which are complete, and the window rows of its last window_tokens
+// tokens; an entry of a window that the hit cuts is made, when that window closes, from the shared rows and the new
+// ones.
 //
 //   V4HybridOps& ops = AttentionOpsOf<V4HybridOps>(be);
 //   ops.WriteRows(kv, layout.kv, meta, cache);                       // every new token's rows
@@ -28,17 +32,20 @@
 
 namespace fathom {
 
-// Where a layer's values lie in its cache row (columns; -1: the layer has none). hd = head_dim, ihd = index_head_dim,
-// c = 2 for CSA (two overlapping series) and 1 for HCA.
+// Where a layer's values lie in its cache rows (columns; -1: the layer has none). hd = head_dim,
+// ihd = index_head_dim, c = 2 for CSA (two overlapping series) and 1 for HCA.
 struct V4RowLayout {
-  int64_t kv = 0;       // [hd] the token's key, also its value: kv_norm(wkv(x)), its last rope_dim values rotated
-  int64_t ckv = -1;     // [c * hd] the compressor's wkv(x)
-  int64_t cgate = -1;   // [c * hd] the compressor's wgate(x)
-  int64_t entry = -1;   // [hd] at a window's last token: the window's compressed entry
-  int64_t ikv = -1;     // [2 * ihd] the indexer compressor's wkv(x) (CSA)
-  int64_t igate = -1;   // [2 * ihd] its wgate(x)
-  int64_t ientry = -1;  // [ihd] at a window's last token: the indexer's key of the window
-  int64_t width = 0;    // the row's values
+  // The window row, a token:
+  int64_t kv = 0;      // [hd] the token's key, also its value: kv_norm(wkv(x)), its last rope_dim values rotated
+  int64_t ckv = -1;    // [c * hd] the compressor's wkv(x)
+  int64_t cgate = -1;  // [c * hd] the compressor's wgate(x)
+  int64_t ikv = -1;    // [2 * ihd] the indexer compressor's wkv(x) (CSA)
+  int64_t igate = -1;  // [2 * ihd] its wgate(x)
+  int64_t width = 0;   // the window row's values
+  // The entry row, a window of `rate` tokens:
+  int64_t entry = -1;       // [hd] the window's compressed entry
+  int64_t ientry = -1;      // [ihd] the indexer's key of the window (CSA)
+  int64_t entry_width = 0;  // the entry row's values (0: a sliding layer)
 
   static V4RowLayout For(V4Attention kind, int64_t head_dim, int64_t index_head_dim) {
     V4RowLayout r;
@@ -48,13 +55,15 @@ struct V4RowLayout {
     const int64_t c = kind == V4Attention::kCsa ? 2 : 1;
     r.ckv = hd;
     r.cgate = r.ckv + c * hd;
-    r.entry = r.cgate + c * hd;
-    r.width = r.entry + hd;
+    r.width = r.cgate + c * hd;
+    r.entry = 0;
+    r.entry_width = hd;
     if (kind == V4Attention::kHca) return r;
     r.ikv = r.width;
     r.igate = r.ikv + 2 * ihd;
-    r.ientry = r.igate + 2 * ihd;
-    r.width = r.ientry + ihd;
+    r.width = r.igate + 2 * ihd;
+    r.ientry = hd;
+    r.entry_width = hd + ihd;
     return r;
   }
 };
@@ -64,9 +73,9 @@ struct V4CompressArgs {
   int64_t rate = 0;      // tokens a window
   bool overlap = false;  // CSA: an entry also reads the previous window, the first half of its rows' values
   int64_t dim = 0;       // an entry's values (head_dim, or index_head_dim for the indexer's)
-  int64_t kv = 0;        // the row's columns of the projections (V4RowLayout: ckv, cgate; or ikv, igate)
+  int64_t kv = 0;        // the window row's columns of the projections (V4RowLayout: ckv, cgate; or ikv, igate)
   int64_t gate = 0;
-  int64_t out = 0;  // and of the entry (entry or ientry)
+  int64_t out = 0;  // and the entry row's of the entry (entry or ientry)
   TensorView ape;   // f32 [rate, c * dim]: position_bias, added to the gates by a token's place in its window
   TensorView norm;  // [dim] the entries' RMSNorm weight (any float dtype)
   float eps = 1e-6f;
@@ -78,7 +87,7 @@ struct V4CompressArgs {
 struct V4AttendArgs {
   int64_t window = 0;   // the newest tokens a query sees, itself included
   int64_t rate = 0;     // 0: a sliding layer (no entries)
-  int64_t entry = -1;   // the row's column of the entries
+  int64_t entry = -1;   // the entry row's column of the entries
   TensorView selected;  // CSA: i32 [n, k], the entries each token reads (-1 ends a row); empty: HCA, every entry
   TensorView sinks;     // f32 [heads]: each head's sink logit
   float scale = 1.0f;   // head_dim^-0.5
@@ -89,7 +98,7 @@ class V4HybridOps : public AttentionOps {
   static constexpr AttentionLayout kLayout = AttentionLayout::kV4Hybrid;
   AttentionLayout layout() const override { return kLayout; }
 
-  // Writes src [n, d] (each new token's values) into columns [col, col + d) of its slot's row.
+  // Writes src [n, d] (each new token's values) into columns [col, col + d) of its window row.
   virtual void WriteRows(const TensorView& src, int64_t col, const AttentionMetadata& meta,
                          const KvLayerView& cache) = 0;
 
@@ -100,13 +109,13 @@ class V4HybridOps : public AttentionOps {
   // col(s) = 0 for the previous window's rows and (overlap ? dim : 0) for the window's own;
   //   entry[c] = sum_s softmax_s(logit)[c] * value[s][c],
   // then RMSNorm(entry) * norm, its last 2 * inv_freq.dim(0) values rotated by pairs at position w * rate, written
-  // at column `out` of token t's row (transformers' DeepseekV4CSACompressor, DeepseekV4HCACompressor and the
+  // at column `out` of the window's entry row (transformers' DeepseekV4CSACompressor, DeepseekV4HCACompressor and the
   // indexer's compressor).
   virtual void Compress(const V4CompressArgs& a, const AttentionMetadata& meta, const KvLayerView& cache) = 0;
 
   // The lightning indexer's choice for CSA: for token t at position p and each entry w < (p + 1) / rate,
   //   I[t, w] = sum_h (weights[t, h] * weight_scale) * (relu(q[t, h] . ientry[w]) * scale),
-  // ientry[w] the value at column `col` of the row of the window's last token. selected[t] gets the min(k, entries)
+  // ientry[w] the values at column `col` of window w's entry row. selected[t] gets the min(k, entries)
   // w of largest I (equal I: the lower w), ascending, then -1s.   q [n, heads, d]; weights [n, heads]; selected i32
   // [n, k]
   virtual void SelectEntries(const TensorView& q, const TensorView& weights, int64_t col, int64_t rate,

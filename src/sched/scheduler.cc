@@ -191,7 +191,7 @@ ForwardBatch Scheduler::MakeForwardBatch(const SchedulerOutput& plan) const {
   for (const ScheduledSeq& s : plan.seqs) {
     std::span<const int32_t> toks(s.request->tokens.data() + s.num_computed, static_cast<size_t>(s.num_new));
     batch.AddSequence(toks, s.num_computed, kv_.blocks(s.request->seq_id),
-                      s.samples ? LogitsMode::kLast : LogitsMode::kNone);
+                      s.samples ? LogitsMode::kLast : LogitsMode::kNone, kv_.window_blocks(s.request->seq_id));
   }
   return batch;
 }

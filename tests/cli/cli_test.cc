@@ -273,13 +273,29 @@ TEST(CliTest, InspectDummyDeepseekV4Flash) {
                        "512 of 64 heads x 128), 20 heavily compressed (an entry per 128 tokens); window 128"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("kv cache rows:     512 values a token in a sliding layer, 3712 in a compressed sparse one, "
-                       "2048 in a heavily compressed one (each layer's row as wide as its kind's; 119936 values a "
-                       "token in all)"),
+  // Window rows (bf16): 2 x 512 + 21 x 3072 (key 512, compressor 2 x 1024, indexer compressor 2 x 256) + 20 x 1536
+  // (key, compressor 2 x 512) = 96,256 values a token, kept for the newest 128 tokens. Entry rows: 21 x 640 a 4 tokens
+  // and 20 x 512 a 128 tokens, 160 x 21 + 4 x 20 = 3,440 values a token.
+  EXPECT_NE(r.out.find("kv cache rows:     window rows of 512 / 3072 / 1536 values a token (sliding / compressed "
+                       "sparse / heavily compressed: the key and the compressors' inputs), kept for the newest 128 "
+                       "tokens; entry rows of 640 values a 4 tokens (compressed sparse: the entry and the indexer's "
+                       "key) and 512 a 128 tokens (heavily compressed)"),
             std::string::npos)
       << r.out;
-  // 119,936 values x 2 bytes (bf16, the cache's dtype for an FP8 checkpoint)
-  EXPECT_NE(r.out.find("kv cache:          239872 bytes per token (bf16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv cache:          6880 bytes per token (bf16, 3440 values per token"), std::string::npos)
+      << r.out;
+  // A block of 16 tokens: 21 x 4 x 640 + 20 x 1 x 512 values = 128,000 bytes of entries; the window's 9 blocks of
+  // 16 x 96,256 values, 27,721,728 bytes. 128k tokens: 8,192 blocks, 1,048,576,000 bytes of entries (the rows a token
+  // kept every token took 31.44 GB).
+  EXPECT_NE(r.out.find("kv at    8192 tokens: 93.26 MB a sequence: 65.54 MB of entries, 27.72 MB of window rows"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("kv at  131072 tokens: 1.08 GB a sequence: 1.05 GB of entries, 27.72 MB of window rows"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("kv at 1048576 tokens: 8.42 GB a sequence: 8.39 GB of entries, 27.72 MB of window rows"),
+            std::string::npos)
+      << r.out;
 }
 
 // A 4-bit config is sized as 4-bit weights, scales and zeros (never as f16); a method fathom cannot run is refused by

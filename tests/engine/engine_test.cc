@@ -787,6 +787,65 @@ TEST_P(EngineTest, ListenersAndStepObserverSeeEveryOutputAndStep) {
   for (size_t i = 1; i < kinds.size(); ++i) EXPECT_EQ(kinds[i], "decode");
 }
 
+// DeepSeek-V4's window rows through kv::KvCacheManager's window group: a request of the first 224 of the 250-token
+// case's tokens and 3 others, then the whole case (90% shared). The first's window blocks of tokens more than 128
+// behind went back to their pool as it ran; the second hits 224 tokens (14 blocks of entries, and the window blocks of
+// tokens 96..223, freed but still cached) and its greedy continuation is the oracle's.
+TEST(EngineV4Test, APrefixHitSharesTheWindowRowsOfItsLastTokensAndMatchesTheOracle) {
+  const std::string dir = testing::ModelDir("deepseek-v4-tiny");
+  StatusOr<ModelConfig> cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  CpuBackend cpu;
+  LoadOptions opts;
+  opts.show_progress = false;
+  StatusOr<std::unique_ptr<Model>> model = LoadModel(dir, *cfg, opts, cpu);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  StatusOr<testing::GoldenSet> golden = testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok()) << golden.status().ToString();
+  const auto& gc = golden->cases[4];
+  ASSERT_EQ(gc.input_ids.size(), 250u);
+  EngineConfig ec;
+  ec.num_blocks = 64;
+  ec.block_size = 16;
+  ec.seed = 1;
+  ec.scheduler.max_num_seqs = 4;
+  ec.scheduler.max_num_batched_tokens = 64;  // prefill in chunks of 64: window blocks are freed between them
+  StatusOr<std::unique_ptr<EngineCore>> core = EngineCore::Create(**model, cpu, ec, nullptr);
+  ASSERT_TRUE(core.ok()) << core.status().ToString();
+  const kv::KvCacheManager& kv = (*core)->scheduler().kv();
+  ASSERT_EQ(kv.window_tokens(), 128);
+  EXPECT_EQ(kv.window_pool().num_blocks(), 4 * (128 / 16 + 2) + 64 / 16);  // KvCacheSpec::WindowBlocksFor
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.ignore_eos = true;
+  std::vector<int32_t> first(gc.input_ids.begin(), gc.input_ids.begin() + 224);
+  first.insert(first.end(), {1, 2, 3});
+  p.max_tokens = 1;
+  auto s1 = std::make_shared<RequestStream>("first", 1);
+  ASSERT_TRUE((*core)->AddRequest({.id = "first", .prompt = first, .sampling = p}, s1).ok());
+  int32_t most_window_blocks = 0;
+  while ((*core)->HasUnfinished()) {
+    ASSERT_TRUE((*core)->Step().ok());
+    most_window_blocks =
+        std::max(most_window_blocks, kv.window_pool().num_blocks() - kv.window_pool().num_free_blocks());
+  }
+  // 227 tokens take 15 blocks of entries; after each step the window holds the blocks of its last 128 tokens only.
+  EXPECT_LE(most_window_blocks, 128 / 16 + 1);
+  EXPECT_EQ(kv.window_pool().num_free_blocks(), kv.window_pool().num_blocks());
+  p.max_tokens = static_cast<int32_t>(gc.greedy.size());
+  auto s2 = std::make_shared<RequestStream>("second", 1);
+  ASSERT_TRUE((*core)->AddRequest({.id = "second", .prompt = gc.input_ids, .sampling = p}, s2).ok());
+  while ((*core)->HasUnfinished()) ASSERT_TRUE((*core)->Step().ok());
+  std::vector<int32_t> tokens;
+  RequestOutput last;
+  while (std::optional<RequestOutput> o = s2->TryNext()) {
+    tokens.insert(tokens.end(), o->token_ids.begin(), o->token_ids.end());
+    last = *o;
+  }
+  EXPECT_EQ(last.prompt_cache_hit_tokens, 224);
+  EXPECT_EQ(tokens, gc.greedy);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTest, ::testing::ValuesIn(testing::FixtureNames({.suite = "engine"})),
                          testing::FixtureName);
 

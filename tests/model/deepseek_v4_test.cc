@@ -115,26 +115,33 @@ TEST_P(DeepseekV4QuantizedGoldenTest, GreedyContinuationsEqualTheOracle) {
 }
 
 // A second request whose first 224 of 250 tokens (90%) are a cached prefix: it shares the first request's 14 blocks
-// (their rows, the CSA entries of the windows they close and the unfinished HCA window's rows) and computes the rest
-// in blocks of its own. Its logits are the oracle's.
+// (the CSA and HCA entries of the windows that end in them) and the window rows of tokens 96..223 (the sliding
+// window's keys and the unfinished HCA window's compressor inputs), and computes the rest in blocks of its own. Its
+// logits are the oracle's.
 TEST_P(DeepseekV4GoldenTest, PrefixCachedSecondRequest) {
   const auto& c = golden_.cases[4];
   ASSERT_EQ(c.input_ids.size(), 250u);
-  StatusOr<KvCache> kv = KvCache::Allocate(cpu_, model_->kv_cache_spec(), DType::kF32, 64, kBlockSize);
+  // The window rows of the shared prefix's last 128 tokens (blocks 6..13) are shared too; the second request's
+  // window table starts there (-1 before), as kv::KvCacheManager's does.
+  StatusOr<KvCache> kv = KvCache::Allocate(cpu_, model_->kv_cache_spec(), DType::kF32, 64, kBlockSize, 64);
   ASSERT_TRUE(kv.ok()) << kv.status().ToString();
-  testing::ScatteredBlocks blocks(64, 5);
-  const std::vector<int32_t> first = blocks.Take(16);
+  testing::ScatteredBlocks blocks(64, 5), window_blocks(64, 6);
+  const std::vector<int32_t> first = blocks.Take(16), first_window = window_blocks.Take(16);
   {
     ForwardBatch b(kBlockSize);
-    b.AddSequence(c.input_ids, 0, first, LogitsMode::kNone);
+    b.AddSequence(c.input_ids, 0, first, LogitsMode::kNone, first_window);
     Tensor logits;
     ASSERT_TRUE(model_->Forward(b, *kv, &logits).ok());
   }
   constexpr int32_t kShared = 224;
   std::vector<int32_t> second(first.begin(), first.begin() + kShared / kBlockSize);
   for (int32_t id : blocks.Take(2)) second.push_back(id);
+  std::vector<int32_t> second_window(first_window.begin(), first_window.begin() + kShared / kBlockSize);
+  for (int32_t b = 0; b < (kShared - 128) / kBlockSize; ++b) second_window[static_cast<size_t>(b)] = -1;
+  for (int32_t id : window_blocks.Take(2)) second_window.push_back(id);
   ForwardBatch b(kBlockSize);
-  b.AddSequence(std::span<const int32_t>(c.input_ids).subspan(kShared), kShared, second, LogitsMode::kAll);
+  b.AddSequence(std::span<const int32_t>(c.input_ids).subspan(kShared), kShared, second, LogitsMode::kAll,
+                second_window);
   Tensor logits;
   ASSERT_TRUE(model_->Forward(b, *kv, &logits).ok());
   std::vector<float> h(static_cast<size_t>(logits.numel()));
@@ -239,35 +246,43 @@ TEST(DeepseekV4SpecsTest, EachLayerKeepsRowsOfItsOwnWidth) {
   StatusOr<const Architecture*> arch = FindArchitecture(cfg->architecture);
   ASSERT_TRUE(arch.ok());
   const KvCacheSpec spec = (*arch)->kv_cache_spec(*cfg, ParallelConfig{});
+  // deepseek-v4-tiny: head_dim 64, index_head_dim 32, window 8; layers sliding, CSA (4), HCA (128), CSA (4).
   ASSERT_EQ(cfg->v4.attention.size(), 4u);
-  ASSERT_EQ(spec.layer_k_dims.size(), 4u);
-  std::set<int64_t> widths;
-  int64_t values = 0;
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    const int64_t want =
-        V4RowLayout::For(cfg->v4.attention[static_cast<size_t>(l)], cfg->head_dim, cfg->v4.index_head_dim).width;
-    EXPECT_EQ(spec.layer_k_dim(l), want) << "layer " << l;
-    widths.insert(want);
-    values += want;
-  }
-  EXPECT_EQ(widths.size(), 3u);  // sliding, CSA and HCA rows differ
-  EXPECT_EQ(spec.k_dim, *widths.rbegin());
-  EXPECT_EQ(spec.values_per_token(), values);
-  EXPECT_EQ(spec.bytes_per_token(DType::kBF16), 2 * values);
+  EXPECT_EQ(spec.layer_window_dims, (std::vector<int64_t>{64, 448, 192, 448}));  // key; + 2 x 128 + 2 x 64; + 64 + 64
+  EXPECT_EQ(spec.layer_k_dims, (std::vector<int64_t>{0, 96, 64, 96}));           // entry (+ the indexer's key of 32)
+  EXPECT_EQ(spec.layer_rates, (std::vector<int64_t>{1, 4, 128, 4}));
+  EXPECT_EQ(spec.window_tokens, 128);  // the HCA window's rows, beyond the sliding window of 8
+  EXPECT_EQ(spec.k_dim, 96);
+  EXPECT_EQ(spec.values_per_token(), 96 / 4 + 64 / 128 + 96 / 4);  // 48: an HCA entry is under a value a token
+  EXPECT_EQ(spec.window_values_per_token(), 64 + 448 + 192 + 448);
+  // A block of 16 tokens: 4 CSA entries a layer, one HCA slot.
+  EXPECT_EQ(spec.bytes_per_block(DType::kF32, 16), 4 * (2 * 4 * 96 + 64));
   CpuBackend cpu;
-  StatusOr<KvCache> kv = KvCache::Allocate(cpu, spec, DType::kF32, 3, 16);
+  StatusOr<KvCache> kv = KvCache::Allocate(cpu, spec, DType::kF32, 3, 16, /*window_blocks=*/5);
   ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  EXPECT_EQ(kv->window_blocks(), 5);
+  EXPECT_TRUE(kv->layer(0).k.empty());  // a sliding layer keeps window rows only
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    EXPECT_EQ(kv->layer(l).k.dim(3), spec.layer_k_dim(l)) << "layer " << l;
-    EXPECT_EQ(kv->layer(l).v.dim(3), cfg->head_dim) << "layer " << l;
+    EXPECT_EQ(kv->layer(l).window.shape(), (std::vector<int64_t>{5, 16, 1, spec.layer_window_dims[l]})) << l;
   }
-  // A spec whose widths do not fit its layers is refused, not allocated.
+  EXPECT_EQ(kv->layer(1).k.shape(), (std::vector<int64_t>{3, 4, 1, 96}));
+  EXPECT_EQ(kv->layer(2).k.shape(), (std::vector<int64_t>{3, 1, 1, 64}));
+  // Refused, not allocated: no window blocks, widths that do not fit the layers, FP8, blocks a rate does not tile.
+  EXPECT_FALSE(KvCache::Allocate(cpu, spec, DType::kF32, 3, 16).ok());
   KvCacheSpec bad = spec;
   bad.layer_k_dims.pop_back();
-  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16).ok());
+  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16, 5).ok());
   bad = spec;
-  bad.layer_k_dims[0] = spec.k_dim + 1;
-  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16).ok());
+  bad.layer_window_dims.pop_back();
+  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16, 5).ok());
+  bad = spec;
+  bad.layer_k_dims[1] = spec.k_dim + 1;
+  EXPECT_FALSE(KvCache::Allocate(cpu, bad, DType::kF32, 3, 16, 5).ok());
+  const StatusOr<KvCache> fp8 = KvCache::Allocate(cpu, spec, DType::kF8E4M3, 3, 16, 5);
+  EXPECT_FALSE(fp8.ok());
+  const StatusOr<KvCache> odd = KvCache::Allocate(cpu, spec, DType::kF32, 3, 12, 5);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("every 128 tokens"), std::string::npos) << odd.status().ToString();
 }
 
 // One rank only for now: a split is refused by name rather than served wrong.

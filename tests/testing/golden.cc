@@ -91,7 +91,9 @@ StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Back
                                                               int32_t block_size, DType kv_dtype) {
   const size_t n = golden.cases.size();
   const int64_t vocab = model.config().vocab_size;
-  FATHOM_ASSIGN_OR_RETURN(KvCache kv, KvCache::Allocate(backend, model.kv_cache_spec(), kv_dtype, 64, block_size));
+  const KvCacheSpec spec = model.kv_cache_spec();
+  FATHOM_ASSIGN_OR_RETURN(KvCache kv,
+                          KvCache::Allocate(backend, spec, kv_dtype, 64, block_size, TestWindowBlocks(spec, 64)));
   ScatteredBlocks blocks(64, block_seed);
   std::vector<std::vector<int32_t>> tables(n);
   std::vector<int32_t> done(n, 0);
@@ -110,7 +112,7 @@ StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Back
       const int want = pattern[(step + c) % pattern.size()];
       const int32_t take = want == 0 ? left : std::min<int32_t>(left, want);
       batch.AddSequence(std::span<const int32_t>(ids.data() + done[c], static_cast<size_t>(take)), done[c], tables[c],
-                        LogitsMode::kAll);
+                        LogitsMode::kAll, TestWindowTable(spec, tables[c]));
       rows.emplace_back(c, take);
       done[c] += take;
     }
@@ -153,7 +155,8 @@ GreedyRun GreedyTogether(Model& model, Backend& backend, const std::vector<std::
   GreedyRun r;
   r.tokens.resize(prompts.size());
   r.margins.resize(prompts.size());
-  auto kv = KvCache::Allocate(backend, model.kv_cache_spec(), DType::kF32, 128, kBs);
+  const KvCacheSpec spec = model.kv_cache_spec();
+  auto kv = KvCache::Allocate(backend, spec, DType::kF32, 128, kBs, TestWindowBlocks(spec, 128));
   EXPECT_TRUE(kv.ok());
   if (!kv.ok()) return r;
   ScatteredBlocks blocks(128, 9);
@@ -167,7 +170,7 @@ GreedyRun GreedyTogether(Model& model, Backend& backend, const std::vector<std::
     std::vector<std::vector<int32_t>> inputs(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
       inputs[i] = step == 0 ? prompts[i] : std::vector<int32_t>{r.tokens[i].back()};
-      b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast);
+      b.AddSequence(inputs[i], cached[i], tables[i], LogitsMode::kLast, TestWindowTable(spec, tables[i]));
     }
     Tensor logits;
     const Status s = model.Forward(b, *kv, &logits);
@@ -208,7 +211,9 @@ StatusOr<std::vector<float>> RouteMargins(const std::string& model_dir, const Mo
   FATHOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_dir, cfg, opts, cpu));
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int32_t blocks = static_cast<int32_t>((n + 15) / 16);
-  FATHOM_ASSIGN_OR_RETURN(auto kv, KvCache::Allocate(cpu, model->kv_cache_spec(), DType::kF32, blocks, 16));
+  const KvCacheSpec spec = model->kv_cache_spec();
+  FATHOM_ASSIGN_OR_RETURN(auto kv,
+                          KvCache::Allocate(cpu, spec, DType::kF32, blocks, 16, TestWindowBlocks(spec, blocks)));
   std::vector<float> margin(static_cast<size_t>(n), INFINITY);
   const SelectionMarginObserver observer = [&](int64_t t, float m) {
     if (t < n) margin[static_cast<size_t>(t)] = std::min(margin[static_cast<size_t>(t)], m);
@@ -216,7 +221,7 @@ StatusOr<std::vector<float>> RouteMargins(const std::string& model_dir, const Mo
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = i;
   ForwardBatch b(16);
-  b.AddSequence(tokens, 0, table, LogitsMode::kLast);
+  b.AddSequence(tokens, 0, table, LogitsMode::kLast, TestWindowTable(spec, table));
   Tensor logits;
   SetSelectionMarginObserver(&observer);
   const Status st = model->Forward(b, kv, &logits);

@@ -70,6 +70,16 @@ StatusOr<std::vector<std::vector<float>>> ForwardCasesChunked(Model& model, Back
 // The top-1 margin of `row` [n]: its largest value minus the next; `best` gets the first largest's index.
 float Margin(const float* row, int64_t n, int32_t* best);
 
+// A cache with a window group (DeepSeek-V4's window rows) in these helpers: as many window blocks as main ones, and
+// each sequence's table passed as its window table too (its window rows are never freed here; the engine's tests
+// cover kv::'s freeing and sharing of them).
+inline int64_t TestWindowBlocks(const KvCacheSpec& spec, int64_t num_blocks) {
+  return spec.window_tokens > 0 ? num_blocks : 0;
+}
+inline std::span<const int32_t> TestWindowTable(const KvCacheSpec& spec, std::span<const int32_t> table) {
+  return spec.window_tokens > 0 ? table : std::span<const int32_t>();
+}
+
 // Greedy decoding of `prompts` together (one prefill batch, then one decode batch per step) on a fresh f32 cache of
 // 128 scattered blocks of 16. Each prompt's tokens, and the top-1 margin of each step.
 struct GreedyRun {

@@ -58,26 +58,37 @@ class CpuV4Hybrid final : public V4HybridOps {
   void HashIds(const TensorView& token_ids, const TensorView& table, const TensorView& ids) override;
 
  private:
-  // Where a sequence's position lies in the cache.
+  // Where a sequence's position lies: its window row (the window table) and the entry row of the window of `rate`
+  // tokens that ends there (the main table: ceil(block_size / rate) slots a block, KvCacheSpec::layer_slots).
   struct SeqRows {
+    const int32_t* window_table;
     const int32_t* table;
     int64_t block_size;
     int64_t Slot(int64_t pos) const {
-      return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      return static_cast<int64_t>(window_table[pos / block_size]) * block_size + pos % block_size;
+    }
+    int64_t EntrySlot(int64_t pos, int64_t rate, int64_t slots) const {
+      return static_cast<int64_t>(table[pos / block_size]) * slots +
+             (rate >= block_size ? 0 : (pos % block_size) / rate);
     }
   };
   SeqRows RowsOf(const AttentionMetadata& meta, int32_t seq) const {
-    return {meta.block_tables.data<int32_t>() + meta.block_table_start.data<int32_t>()[seq], meta.block_size};
+    return {meta.window_block_tables.data<int32_t>() + meta.window_block_table_start.data<int32_t>()[seq],
+            meta.block_tables.data<int32_t>() + meta.block_table_start.data<int32_t>()[seq], meta.block_size};
   }
-  // `dim` values from column `col` of a slot's row, as f32.
-  static void Load(const KvLayerView& cache, int64_t slot, int64_t bs, int64_t col, int64_t dim, float* out) {
-    const size_t esize = DTypeSize(cache.k.dtype());
-    LoadCacheRow(CacheRow(cache.k, slot, bs, 0) + col * static_cast<int64_t>(esize), cache.k.dtype(), nullptr, 0, dim,
-                 out);
+  // `dim` values from column `col` of a window row (or, with `entry`, of an entry row), as f32.
+  static void Load(const KvLayerView& cache, int64_t slot, int64_t bs, int64_t col, int64_t dim, float* out,
+                   bool entry = false) {
+    const TensorView& t = entry ? cache.k : cache.window;
+    const size_t esize = DTypeSize(t.dtype());
+    LoadCacheRow(CacheRow(t, slot, entry ? t.dim(1) : bs, 0) + col * static_cast<int64_t>(esize), t.dtype(), nullptr, 0,
+                 dim, out);
   }
-  static void Store(const KvLayerView& cache, int64_t slot, int64_t bs, int64_t col, int64_t dim, const float* src) {
-    const size_t esize = DTypeSize(cache.k.dtype());
-    StoreCacheRow(src, dim, cache.k.dtype(), CacheRow(cache.k, slot, bs, 0) + col * static_cast<int64_t>(esize),
+  static void Store(const KvLayerView& cache, int64_t slot, int64_t bs, int64_t col, int64_t dim, const float* src,
+                    bool entry = false) {
+    const TensorView& t = entry ? cache.k : cache.window;
+    const size_t esize = DTypeSize(t.dtype());
+    StoreCacheRow(src, dim, t.dtype(), CacheRow(t, slot, entry ? t.dim(1) : bs, 0) + col * static_cast<int64_t>(esize),
                   nullptr, 0);
   }
   // The unweighted RMS normalization of n values (x / sqrt(mean(x^2) + eps)) into out.
@@ -94,8 +105,8 @@ class CpuV4Hybrid final : public V4HybridOps {
 void CpuV4Hybrid::WriteRows(const TensorView& src, int64_t col, const AttentionMetadata& meta,
                             const KvLayerView& cache) {
   const int64_t n = src.dim(0), d = src.dim(1), bs = meta.block_size;
-  FATHOM_CHECK(src.dtype() == DType::kF32 && src.stride(1) == 1 && col >= 0 && col + d <= cache.k.dim(3));
-  const int32_t* slots = meta.slot_mapping.data<int32_t>();
+  FATHOM_CHECK(src.dtype() == DType::kF32 && src.stride(1) == 1 && col >= 0 && col + d <= cache.window.dim(3));
+  const int32_t* slots = meta.window_slot_mapping.data<int32_t>();
   for (int64_t t = 0; t < n; ++t) Store(cache, slots[t], bs, col, d, Row(src, t));
 }
 
@@ -163,7 +174,7 @@ void CpuV4Hybrid::Compress(const V4CompressArgs& a, const AttentionMetadata& met
         r[2 * i] = x0 * cs - x1 * sn;
         r[2 * i + 1] = x1 * cs + x0 * sn;
       }
-      Store(cache, rows.Slot(p), bs, a.out, dim, entry.data());
+      Store(cache, rows.EntrySlot(p, rate, cache.k.dim(1)), bs, a.out, dim, entry.data(), /*entry=*/true);
     }
   });
 }
@@ -187,7 +198,7 @@ void CpuV4Hybrid::SelectEntries(const TensorView& q, const TensorView& weights, 
       const float* wt = weights.data<float>() + t * weights.stride(0);
       score.assign(static_cast<size_t>(entries), 0.0f);
       for (int64_t w = 0; w < entries; ++w) {
-        Load(cache, rows.Slot((w + 1) * rate - 1), bs, col, d, key.data());
+        Load(cache, rows.EntrySlot((w + 1) * rate - 1, rate, cache.k.dim(1)), bs, col, d, key.data(), true);
         float sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
           const float dot = DotF32(q.data<float>() + t * q.stride(0) + h * q.stride(1), key.data(), d);
@@ -227,12 +238,14 @@ void CpuV4Hybrid::Attend(const TensorView& q, const V4AttendArgs& a, const Atten
       const int64_t p = pos[t];
       const SeqRows rows = RowsOf(meta, seq_of[static_cast<size_t>(t)]);
       // The keys (= values): the window's rows, then the entries this token reads.
-      std::vector<std::pair<int64_t, int64_t>> sources;  // (slot, column)
-      for (int64_t j = std::max<int64_t>(0, p - a.window + 1); j <= p; ++j) sources.push_back({rows.Slot(j), 0});
+      std::vector<std::pair<int64_t, int64_t>> sources;  // (window slot, -1) or (entry slot, column)
+      for (int64_t j = std::max<int64_t>(0, p - a.window + 1); j <= p; ++j) sources.push_back({rows.Slot(j), -1});
       if (a.rate > 0) {
-        const int64_t entries = (p + 1) / a.rate;
+        const int64_t entries = (p + 1) / a.rate, slots = cache.k.dim(1);
         if (k == 0) {
-          for (int64_t w = 0; w < entries; ++w) sources.push_back({rows.Slot((w + 1) * a.rate - 1), a.entry});
+          for (int64_t w = 0; w < entries; ++w) {
+            sources.push_back({rows.EntrySlot((w + 1) * a.rate - 1, a.rate, slots), a.entry});
+          }
         } else {
           const int32_t* sel = a.selected.data<int32_t>() + t * a.selected.stride(0);
           for (int64_t i = 0; i < k && sel[i] >= 0; ++i) {
@@ -241,13 +254,16 @@ void CpuV4Hybrid::Attend(const TensorView& q, const V4AttendArgs& a, const Atten
                   fmt::format("V4 attention: token {} selected entry {} of {}", t, sel[i], entries)));
               return;
             }
-            sources.push_back({rows.Slot((sel[i] + 1) * a.rate - 1), a.entry});
+            sources.push_back({rows.EntrySlot((sel[i] + 1) * a.rate - 1, a.rate, slots), a.entry});
           }
         }
       }
       const int64_t m = static_cast<int64_t>(sources.size());
       keys.resize(static_cast<size_t>(m * d));
-      for (int64_t j = 0; j < m; ++j) Load(cache, sources[j].first, bs, sources[j].second, d, keys.data() + j * d);
+      for (int64_t j = 0; j < m; ++j) {
+        const bool entry = sources[j].second >= 0;
+        Load(cache, sources[j].first, bs, entry ? sources[j].second : 0, d, keys.data() + j * d, entry);
+      }
       logits.resize(static_cast<size_t>(m));
       for (int64_t h = 0; h < heads; ++h) {
         const float* qh = q.data<float>() + t * q.stride(0) + h * q.stride(1);
