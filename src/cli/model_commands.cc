@@ -150,13 +150,24 @@ void PrintV4Attention(const ModelConfig& cfg, const KvCacheSpec& kv, DType kv_dt
       "compressed: the key and the compressors' inputs), kept for the newest {} tokens; entry rows of {} values a {} "
       "tokens (compressed sparse: the entry and the indexer's key) and {} a {} tokens (heavily compressed)\n",
       swa.width, csa.width, hca.width, kv.window_tokens, csa.entry_width, v.csa_rate, hca.entry_width, v.hca_rate);
-  const int64_t window_bytes =
-      ((kv.window_tokens + bs - 1) / bs + 1) * kv.window_bytes_per_block(kv_dtype, bs);  // the window and a block
+  const int64_t es = static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t ring = ((kv.window_tokens + bs - 1) / bs + 1) * bs;  // window tokens kept: the window and a block
   for (const int64_t len : {int64_t{8192}, int64_t{131072}, int64_t{1} << 20}) {
-    const int64_t entries = (len + bs - 1) / bs * kv.bytes_per_block(kv_dtype, bs);
-    std::cout << fmt::format("kv at {:>7} tokens: {} a sequence: {} of entries, {} of window rows\n", len,
-                             HumanBytes(static_cast<double>(entries + window_bytes)),
-                             HumanBytes(static_cast<double>(entries)), HumanBytes(static_cast<double>(window_bytes)));
+    // Each kind's layers: their window rows (a ring of `ring` tokens at most) and their entries, in whole blocks.
+    int64_t kind_bytes[3] = {0, 0, 0}, entries = 0, window = 0;
+    for (int64_t l = 0; l < kv.num_layers; ++l) {
+      const int64_t w = std::min(ring, (len + bs - 1) / bs * bs) * kv.layer_window_dim(l) * es;
+      const int64_t e = (len + bs - 1) / bs * kv.layer_slots(l, bs) * kv.layer_k_dim(l) * es;
+      kind_bytes[static_cast<int>(v.attention[static_cast<size_t>(l)])] += w + e;
+      window += w;
+      entries += e;
+    }
+    std::cout << fmt::format(
+        "kv at {:>7} tokens: {} a sequence: {} sliding, {} compressed sparse, {} heavily compressed ({} of entries, "
+        "{} of window rows)\n",
+        len, HumanBytes(static_cast<double>(entries + window)), HumanBytes(static_cast<double>(kind_bytes[0])),
+        HumanBytes(static_cast<double>(kind_bytes[1])), HumanBytes(static_cast<double>(kind_bytes[2])),
+        HumanBytes(static_cast<double>(entries)), HumanBytes(static_cast<double>(window)));
   }
 }
 

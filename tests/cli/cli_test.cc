@@ -284,16 +284,20 @@ TEST(CliTest, InspectDummyDeepseekV4Flash) {
       << r.out;
   EXPECT_NE(r.out.find("kv cache:          6880 bytes per token (bf16, 3440 values per token"), std::string::npos)
       << r.out;
-  // A block of 16 tokens: 21 x 4 x 640 + 20 x 1 x 512 values = 128,000 bytes of entries; the window's 9 blocks of
-  // 16 x 96,256 values, 27,721,728 bytes. 128k tokens: 8,192 blocks, 1,048,576,000 bytes of entries (the rows a token
-  // kept every token took 31.44 GB).
-  EXPECT_NE(r.out.find("kv at    8192 tokens: 93.26 MB a sequence: 65.54 MB of entries, 27.72 MB of window rows"),
+  // A sequence in blocks of 16 tokens: a layer keeps the window rows of 144 tokens (the window of 128 and a block)
+  // and its entries, 4 slots of 640 values a block (CSA) or one of 512 (HCA). At 8k: sliding 2 x 144 x 512 x 2 bytes;
+  // CSA 21 x (144 x 3072 + 512 x 4 x 640) x 2; HCA 20 x (144 x 1536 + 512 x 512) x 2. At 128k the entries are 16
+  // times as many (the rows a token kept in every layer took 31.44 GB).
+  EXPECT_NE(r.out.find("kv at    8192 tokens: 93.26 MB a sequence: 294.91 KB sliding, 73.63 MB compressed sparse, "
+                       "19.33 MB heavily compressed (65.54 MB of entries, 27.72 MB of window rows)"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("kv at  131072 tokens: 1.08 GB a sequence: 1.05 GB of entries, 27.72 MB of window rows"),
+  EXPECT_NE(r.out.find("kv at  131072 tokens: 1.08 GB a sequence: 294.91 KB sliding, 899.38 MB compressed sparse, "
+                       "176.62 MB heavily compressed (1.05 GB of entries, 27.72 MB of window rows)"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("kv at 1048576 tokens: 8.42 GB a sequence: 8.39 GB of entries, 27.72 MB of window rows"),
+  EXPECT_NE(r.out.find("kv at 1048576 tokens: 8.42 GB a sequence: 294.91 KB sliding, 7.07 GB compressed sparse, "
+                       "1.35 GB heavily compressed (8.39 GB of entries, 27.72 MB of window rows)"),
             std::string::npos)
       << r.out;
 }
