@@ -34,22 +34,22 @@ CachedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> tokens, u
     keys.push_back(std::move(key));
   }
   if (window_pool_ != nullptr) {
-    // The longest hit whose last window_tokens tokens have their window-group blocks too.
-    for (int32_t m = static_cast<int32_t>(out.blocks.size()); m >= 0; --m) {
-      const int32_t first = FirstWindowBlock(m * block_size_);
-      std::vector<BlockId> window(static_cast<size_t>(m), kNoBlock);
-      bool found = true;
-      for (int32_t b = first; b < m && found; ++b) {
-        std::optional<BlockId> hit = window_pool_->Lookup(keys[static_cast<size_t>(b)]);
-        found = hit.has_value();
-        if (found) window[static_cast<size_t>(b)] = *hit;
-      }
-      if (found) {
-        out.blocks.resize(static_cast<size_t>(m));
-        out.window_blocks = std::move(window);
-        break;
+    // The longest hit whose last window_tokens tokens have their window-group blocks too: from the main group's hit
+    // down, each window block looked up once (below a missing block b, only hits of at most b blocks remain).
+    const int32_t main_hit = static_cast<int32_t>(out.blocks.size());
+    std::vector<BlockId> window(static_cast<size_t>(main_hit), kNoBlock);
+    int32_t m = main_hit, b = main_hit - 1;  // blocks [b + 1, m) are found
+    while (m > 0 && b >= FirstWindowBlock(m * block_size_)) {
+      const std::optional<BlockId> hit = window_pool_->Lookup(keys[static_cast<size_t>(b)]);
+      if (hit) {
+        window[static_cast<size_t>(b--)] = *hit;
+      } else {
+        m = b--;  // a hit may end at block b at most
       }
     }
+    window.resize(static_cast<size_t>(m));  // kNoBlock before the window: b only went down from there
+    out.blocks.resize(static_cast<size_t>(m));
+    out.window_blocks = std::move(window);
   }
   out.num_tokens = static_cast<int32_t>(out.blocks.size()) * block_size_;
   return out;
@@ -60,6 +60,19 @@ void KvCacheManager::RecordLookup(int64_t queried, int64_t hit) {
   stats_.queried_tokens += queried;
   stats_.hit_tokens += hit;
 }
+
+namespace {
+
+// The blocks of a window table still held (not kNoBlock), in the order given.
+std::vector<BlockId> LiveBlocks(std::span<const BlockId> table) {
+  std::vector<BlockId> live;
+  for (BlockId b : table) {
+    if (b != kNoBlock) live.push_back(b);
+  }
+  return live;
+}
+
+}  // namespace
 
 bool KvCacheManager::NeedsCopy(const BlockPool& pool, const std::vector<BlockId>& blocks, int32_t num_computed) const {
   if (num_computed % block_size_ == 0) return false;
@@ -132,9 +145,7 @@ bool KvCacheManager::Allocate(SeqId seq, int32_t num_tokens, const CachedPrefix*
     if (window_pool_ != nullptr) {
       FATHOM_CHECK_EQ(prefix->window_blocks.size(), prefix->blocks.size());
       s.window_blocks = prefix->window_blocks;
-      for (BlockId b : s.window_blocks) {
-        if (b != kNoBlock) window_pool_->Touch(std::span<const BlockId>(&b, 1));
-      }
+      window_pool_->Touch(LiveBlocks(s.window_blocks));
     }
     // The prefix blocks are cached, so their hashes are known: recompute the chain for later Commit calls.
     s.hashes.clear();
@@ -202,10 +213,8 @@ void KvCacheManager::Free(SeqId seq) {
   std::vector<BlockId> reversed(it->second.blocks.rbegin(), it->second.blocks.rend());
   pool_.Free(reversed);
   if (window_pool_ != nullptr) {
-    std::vector<BlockId> live;
-    for (auto b = it->second.window_blocks.rbegin(); b != it->second.window_blocks.rend(); ++b) {
-      if (*b != kNoBlock) live.push_back(*b);
-    }
+    std::vector<BlockId> live = LiveBlocks(it->second.window_blocks);
+    std::reverse(live.begin(), live.end());
     window_pool_->Free(live);
   }
   seqs_.erase(it);
@@ -217,9 +226,7 @@ void KvCacheManager::Fork(SeqId parent, SeqId child) {
   FATHOM_CHECK(seqs_.count(child) == 0, "Fork into existing sequence {}", child);
   SeqState copy = it->second;
   pool_.Touch(copy.blocks);
-  for (BlockId b : copy.window_blocks) {
-    if (b != kNoBlock) window_pool_->Touch(std::span<const BlockId>(&b, 1));
-  }
+  if (window_pool_ != nullptr) window_pool_->Touch(LiveBlocks(copy.window_blocks));
   seqs_.emplace(child, std::move(copy));
 }
 
